@@ -7,7 +7,9 @@ executor's tracker measures the same quantity on real tensors:
   are resident;
 * ``Compute`` makes its outputs resident; a storage is allocated when its first tensor
   becomes resident while the storage is not; the sample after a Compute includes every
-  output (they all exist when the op returns) plus the op's variant workspace, if any;
+  output (they all exist when the op returns), including a recompute's duplicates of
+  outputs that are still resident (made, then dropped at once), plus the op's variant
+  workspace, if any;
 * ``Prefetch`` allocates the storage at issue time (its bytes are reserved while the copy
   runs); ``Wait(h2d)`` makes the tensor usable;
 * ``Free`` drops one tensor; the storage is released when none of its tensors is resident
@@ -85,9 +87,11 @@ def memory_curve(graph: Graph, schedule: Schedule,
         extra = 0
         if isinstance(ins, Compute):
             for out in graph.ops[ins.op].outputs:
+                if out in resident and not tensors[out].is_view:
+                    extra += tensors[out].nbytes  # a recompute's duplicate, dropped at once
                 make_resident(out)
             if workspace is not None:
-                extra = workspace(ins.op)
+                extra += workspace(ins.op)
         elif isinstance(ins, Prefetch):
             make_resident(ins.tensor)
         elif isinstance(ins, Free):

@@ -33,6 +33,7 @@ class Plan:
     prefetch_at: dict[int, int] = field(default_factory=dict)
     sub_batches: int = 1
     budget: int | None = None
+    free_at_last_use: bool = True  # False = network-wide allocation (nothing freed in the step)
 
     def decision(self, tid: int) -> Decision:
         """The decision for ``tid``; tensors not mentioned are kept."""

@@ -1,0 +1,224 @@
+"""Convert an exported joint ATen FX graph into the plain-data IR.
+
+* ``getitem`` nodes are folded: a multi-output op owns one Tensor per tensor it returns
+  (also the ones nobody reads: they are allocated all the same).
+* Aliasing comes from the fake storages in ``node.meta['val']``: every meta value stays alive
+  with the graph, so equal StorageImpl pointers mean shared memory. The first tensor of a
+  storage is its base and carries the bytes; later ones are views with 0 bytes.
+* Kinds come from the export's descriptors: parameters, buffers, plain inputs, the tangent;
+  gradients of parameters, the loss and buffer updates from the output descriptors.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from outcore.graph.categories import categorize
+from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
+
+_RANDOM_MARKERS = ("dropout", "bernoulli", "rand", "normal", "multinomial", "uniform")
+
+
+@dataclass
+class NodeMap:
+    """How the FX graph maps onto the IR (kept beside the Graph for the executor)."""
+
+    op_nodes: list[fx.Node] = field(default_factory=list)
+    node_tensors: dict[fx.Node, int] = field(default_factory=dict)  # single-tensor nodes
+    op_outputs: dict[fx.Node, list[int | None]] = field(default_factory=dict)  # per return slot
+    placeholders: dict[int, Any] = field(default_factory=dict)  # tensor id -> descriptor
+    output_roles: list[tuple[str, int, str]] = field(default_factory=list)  # role, tid, name
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _phase(node: fx.Node) -> Phase:
+    tag = node.meta.get("partitioner_tag", "is_forward")
+    return Phase.BACKWARD if tag == "is_backward" else Phase.FORWARD
+
+
+class _Builder:
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.tensors: list[Tensor] = []
+        self.ops: list[Op] = []
+        self.storage_owner: dict[int, int] = {}
+        self.map = NodeMap()
+
+    def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
+                   producer: int | None, source: str = "") -> int:
+        tid = len(self.tensors)
+        key = val.untyped_storage()._cdata
+        base = self.storage_owner.setdefault(key, tid)
+        nbytes = val.untyped_storage().nbytes() if base == tid else 0
+        self.tensors.append(Tensor(id=tid, name=name, shape=tuple(int(s) for s in val.shape),
+                                   dtype=_dtype_name(val.dtype), nbytes=int(nbytes), kind=kind,
+                                   storage=base, producer=producer, source=source))
+        return tid
+
+    def placeholder(self, node: fx.Node) -> None:
+        desc = node.meta.get("desc")
+        cls = type(desc).__name__
+        kind, source = TensorKind.INPUT, ""
+        if cls == "ParamAOTInput":
+            kind, source = TensorKind.PARAMETER, desc.target
+        elif cls == "BufferAOTInput":
+            kind, source = TensorKind.BUFFER, desc.target
+        elif cls == "TangentAOTInput":
+            kind = TensorKind.TANGENT
+        elif cls == "PlainAOTInput":
+            source = f"input:{desc.idx}"
+        tid = self.add_tensor(node.meta["val"], node.name, kind, None, source)
+        self.map.node_tensors[node] = tid
+        self.map.placeholders[tid] = desc
+
+    def call(self, node: fx.Node) -> None:
+        if node.target is operator.getitem:
+            parent, index = node.args
+            slot = self.map.op_outputs[parent][index]
+            if slot is not None:
+                self.map.node_tensors[node] = slot
+                self.tensors[slot].name = node.name
+            return
+        oid = len(self.ops)
+        phase = _phase(node)
+        kind = TensorKind.ACTIVATION if phase is Phase.FORWARD else TensorKind.GRADIENT
+        val = node.meta["val"]
+        outputs: list[int] = []
+        if isinstance(val, (tuple, list)):
+            slots: list[int | None] = []
+            for i, v in enumerate(val):
+                if isinstance(v, torch.Tensor):
+                    tid = self.add_tensor(v, f"{node.name}.{i}", kind, oid)
+                    outputs.append(tid)
+                    slots.append(tid)
+                else:
+                    slots.append(None)
+            self.map.op_outputs[node] = slots
+        elif isinstance(val, torch.Tensor):
+            tid = self.add_tensor(val, node.name, kind, oid)
+            outputs.append(tid)
+            self.map.node_tensors[node] = tid
+        inputs = self._inputs(node)
+        target = _target_name(node.target)
+        category = categorize(target)
+        for tid in inputs:
+            if oid not in self.tensors[tid].consumers:
+                self.tensors[tid].consumers.append(oid)
+        self.ops.append(Op(id=oid, name=node.name, target=target, phase=phase,
+                           category=category, inputs=inputs, outputs=outputs,
+                           flops=_flops(node), bytes_touched=self._bytes(inputs, outputs),
+                           random=_is_random(target, phase)))
+        self.map.op_nodes.append(node)
+
+    def _inputs(self, node: fx.Node) -> list[int]:
+        seen: list[int] = []
+        for arg in node.all_input_nodes:
+            tid = self.map.node_tensors.get(arg)
+            if tid is None:
+                raise ValueError(f"op {node.name} reads {arg.name}, which is not a tensor")
+            if tid not in seen:
+                seen.append(tid)
+        return seen
+
+    def _bytes(self, inputs: list[int], outputs: list[int]) -> int:
+        total = 0
+        for tid in inputs + outputs:
+            t = self.tensors[tid]
+            numel = 1
+            for s in t.shape:
+                numel *= s
+            total += numel * _itemsize(t.dtype)
+        return total
+
+    def output(self, node: fx.Node) -> list[int]:
+        descs = node.meta.get("desc") or []
+        values = node.args[0]
+        result: list[int] = []
+        for value, desc in zip(values, descs):
+            if not isinstance(value, fx.Node):
+                continue
+            tid = self.map.node_tensors[value]
+            cls = type(desc).__name__
+            if cls == "GradAOTOutput":
+                role, name = "grad", desc.grad_of.target
+                self.tensors[tid].source = f"grad:{name}"
+            elif cls == "InputMutationAOTOutput":
+                role, name = "buffer", desc.mutated_input.target
+                self.tensors[tid].kind = TensorKind.OUTPUT
+                self.tensors[tid].source = f"update:{name}"
+            else:
+                role, name = "loss", "loss"
+                self.tensors[tid].kind = TensorKind.OUTPUT
+                self.tensors[tid].source = "loss"
+            self.map.output_roles.append((role, tid, name))
+            result.append(tid)
+        return result
+
+
+def _is_random(target: str, phase: Phase) -> bool:
+    """Ops that draw from the RNG: forward dropout/bernoulli/rand*, never their backward."""
+    return "backward" not in target and any(m in target for m in _RANDOM_MARKERS)
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def _flops(node: fx.Node) -> float:
+    """FLOPs from torch's flop registry (matmul, conv, attention); else one per element."""
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(node.target, "overloadpacket", None)
+    args = fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("val"))
+    if packet in flop_registry:
+        try:
+            return float(flop_registry[packet](*args, **kwargs, out_val=node.meta["val"]))
+        except Exception:  # a formula that does not cover this overload: fall back below
+            pass
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return float(sum(v.numel() for v in vals if isinstance(v, torch.Tensor)))
+
+
+def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
+    """Walk ``gm`` once and return the IR and its node map. The graph is validated."""
+    builder = _Builder(gm)
+    outputs: list[int] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            builder.placeholder(node)
+        elif node.op == "call_function":
+            builder.call(node)
+        elif node.op == "output":
+            outputs = builder.output(node)
+        else:
+            raise ValueError(f"unexpected node {node.op} {node.name} in the joint graph")
+    graph = Graph(tensors=builder.tensors, ops=builder.ops, outputs=outputs, name=name)
+    graph.validate()
+    _mark_categories(graph)
+    return graph, builder.map
+
+
+def _mark_categories(graph: Graph) -> None:
+    """Ops whose every output is a view of an input are VIEW, whatever their name says."""
+    for op in graph.ops:
+        if op.outputs and all(graph.tensors[t].is_view for t in op.outputs):
+            if any(graph.tensors[t].storage in {graph.tensors[i].storage for i in op.inputs}
+                   for t in op.outputs):
+                op.category = OpCategory.VIEW
+                op.flops = 0.0

@@ -1,0 +1,186 @@
+"""Cost models: how long an op or a copy takes, and how much workspace an op needs.
+
+A ``CostModel`` is anything with ``op_time(op)``, ``transfer_time(nbytes, direction)``,
+``workspace(op)`` and ``copy_engines``; the simulator and the planners only use that.
+Two implementations exist: ``AnalyticCostModel`` (a roofline on a ``HardwareProfile``, below)
+and ``outcore.cost.measured.MeasuredProfile`` (per-op seconds measured on this machine).
+
+The roofline, per op::
+
+    time = launch_overhead + max(flops / (peak[dtype] * eff[category]),
+                                 bytes_touched / (memory_bandwidth * eff["memory"]))
+
+View ops cost nothing (no kernel). A copy costs ``launch_overhead + nbytes / bandwidth``.
+The default efficiencies were fitted to published figures (PoocH's ResNet-50 on a V100 PCIe,
+Torch + cuDNN 4 on a Maxwell Titan X, vDNN's setup); ``benchmarks/calibration.py`` prints the
+fit and its residuals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from outcore.cost.profiles import HardwareProfile
+from outcore.errors import ProfileError
+from outcore.graph.ir import Graph, Op, OpCategory
+
+#: Fraction of peak FLOP/s reached per op category, and of DRAM bandwidth ("memory").
+#: Fitted by benchmarks/calibration.py (see its residual table); categories that are
+#: memory-bound in practice keep a nominal compute efficiency, their memory term dominates.
+DEFAULT_EFFICIENCY: Mapping[str, float] = {
+    OpCategory.CONV.value: 0.60,
+    OpCategory.MATMUL.value: 0.60,
+    OpCategory.ATTENTION.value: 0.50,
+    OpCategory.NORM.value: 0.25,
+    OpCategory.POOL.value: 0.25,
+    OpCategory.ELEMENTWISE.value: 0.25,
+    OpCategory.REDUCTION.value: 0.25,
+    OpCategory.DROPOUT.value: 0.25,
+    OpCategory.LOSS.value: 0.25,
+    OpCategory.CONCAT.value: 0.25,
+    OpCategory.OTHER.value: 0.25,
+    OpCategory.VIEW.value: 1.0,
+    "memory": 0.60,
+}
+
+_FLOATING = ("float", "bfloat", "tf32")
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the simulator needs to time a schedule.
+
+    ``copy_engines``: 1 means host->device and device->host copies share one engine (they
+    serialise); 2 or more gives each direction its own.
+    """
+
+    copy_engines: int
+
+    def op_time(self, op: Op) -> float: ...
+
+    def transfer_time(self, nbytes: int, direction: str) -> float: ...
+
+    def workspace(self, op: Op) -> int: ...
+
+
+@runtime_checkable
+class VariantCosts(Protocol):
+    """How an operator algorithm (``op.variant``, see outcore.variants) changes an op's cost:
+    ``time_factor`` multiplies the default kernel's time, ``workspace`` is its extra bytes."""
+
+    def time_factor(self, op: Op) -> float: ...
+
+    def workspace(self, op: Op) -> int: ...
+
+
+def check_direction(direction: str) -> None:
+    if direction not in ("h2d", "d2h"):
+        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+
+
+class AnalyticCostModel:
+    """Roofline cost model on a hardware profile.
+
+    Args:
+        profile: the device.
+        graph: when given, each op's dtype is its first floating output's (else input's)
+            dtype in this graph; otherwise every op uses ``dtype``.
+        dtype: force one compute dtype for every op (e.g. "tf32" for float32 convolutions on
+            Ampere); default "float32" when no graph is given.
+        efficiency: per-category overrides on top of ``DEFAULT_EFFICIENCY`` and the profile's
+            own ``efficiency``.
+        variants: prices ``op.variant`` (time factor, workspace); without it variants cost
+            what the default kernel costs and need no workspace.
+    """
+
+    def __init__(self, profile: HardwareProfile, *, graph: Graph | None = None,
+                 dtype: str | None = None, efficiency: Mapping[str, float] | None = None,
+                 variants: VariantCosts | None = None) -> None:
+        self.profile = profile
+        self.graph = graph
+        self.dtype = dtype.removeprefix("torch.") if dtype else None
+        eff = {**DEFAULT_EFFICIENCY, **profile.efficiency, **(efficiency or {})}
+        for key, value in eff.items():
+            if not 0 < value <= 1:
+                raise ProfileError(f"efficiency[{key!r}] must be in (0, 1], got {value}")
+        self.efficiency: dict[str, float] = eff
+        self.variants = variants
+        self.copy_engines = profile.copy_engines
+        self._dtypes: dict[int, str] = {}
+        if self.dtype is not None:
+            profile.peak(self.dtype)  # refuse an unknown dtype now, not mid-simulation
+
+    def __repr__(self) -> str:
+        return f"AnalyticCostModel({self.profile.name!r}, dtype={self.dtype or 'per-op'})"
+
+    # -- CostModel ---------------------------------------------------------------------------
+    def op_time(self, op: Op) -> float:
+        """Seconds for ``op`` on the profile's device (0 for a view)."""
+        if op.category is OpCategory.VIEW:
+            return 0.0
+        peak = self._peak(op)
+        compute = op.flops / (peak * self.efficiency[op.category.value])
+        memory = op.bytes_touched / (self.profile.memory_bandwidth * self.efficiency["memory"])
+        t = self.profile.launch_overhead + max(compute, memory)
+        if op.variant and self.variants is not None:
+            t *= self.variants.time_factor(op)
+        return t
+
+    def transfer_time(self, nbytes: int, direction: str) -> float:
+        """Seconds to copy ``nbytes`` over the host link in ``direction``."""
+        check_direction(direction)
+        if nbytes <= 0:
+            return 0.0
+        return self.profile.launch_overhead + nbytes / self.profile.bandwidth(direction)
+
+    def workspace(self, op: Op) -> int:
+        """Transient bytes of the op's variant; 0 for the framework's default kernel."""
+        if op.variant and self.variants is not None:
+            return int(self.variants.workspace(op))
+        return 0
+
+    # -- binding -----------------------------------------------------------------------------
+    def bind(self, graph: Graph) -> AnalyticCostModel:
+        """This model, reading per-op dtypes from ``graph``; refuses (ProfileError) a graph
+        whose dtypes the profile cannot price, or one other than the graph it was built for.
+
+        The simulator calls ``bind`` before pricing any op.
+        """
+        if self.graph is not None and (self.graph.name != graph.name
+                                       or len(self.graph.ops) != len(graph.ops)):
+            raise ProfileError(
+                f"this cost model reads dtypes from graph {self.graph.name!r} "
+                f"({len(self.graph.ops)} ops) but was asked to price {graph.name!r} "
+                f"({len(graph.ops)} ops); build AnalyticCostModel(profile, graph=that_graph)")
+        model = self
+        if self.graph is None and self.dtype is None:
+            model = AnalyticCostModel(self.profile, graph=graph, efficiency=self.efficiency,
+                                      variants=self.variants)
+        for op in graph.ops:
+            if op.category is not OpCategory.VIEW:
+                model._peak(op)
+        return model
+
+    # -- internals ---------------------------------------------------------------------------
+    def _peak(self, op: Op) -> float:
+        dtype = self._dtype_of(op)
+        if dtype not in self.profile.peak_flops and not dtype.startswith(_FLOATING):
+            dtype = "float32"  # integer/bool ops: memory-bound; price ALU work at the FP32 rate
+        return self.profile.peak(dtype)
+
+    def _dtype_of(self, op: Op) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        if self.graph is None:
+            return "float32"
+        cached = self._dtypes.get(op.id)
+        if cached is None:
+            cached = "float32"
+            for tid in (*op.outputs, *op.inputs):
+                d = self.graph.tensors[tid].dtype.removeprefix("torch.")
+                if d.startswith(_FLOATING):
+                    cached = d
+                    break
+            self._dtypes[op.id] = cached
+        return cached

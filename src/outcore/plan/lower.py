@@ -1,0 +1,214 @@
+"""Lowering: Plan -> Schedule (plain Python).
+
+Three passes, each simple enough to check by eye:
+
+1. **Sequence.** Forward ops in order; an ``Offload`` right after the producer of every
+   offloaded activation ("an offload starts as soon as its producer finishes"). Then
+   backward ops in order; before each, every input that is not resident is brought back:
+   an offloaded base by ``Prefetch`` + ``Wait(h2d)``, a recomputed tensor (or a view of a
+   dropped base) by recursively bringing back its producer's inputs and a
+   ``Compute(recompute=True)``. Activations that are offloaded or recomputed (and their views)
+   are not resident in backward until brought back.
+2. **Frees.** Each tensor's residency is split into intervals at every (re)definition; a
+   ``Free`` follows the last use of each interval (right after the definition when it has
+   no use). An offloaded tensor's forward Free is preceded by ``Wait(d2h)``. Static tensors
+   and the step's outputs (loss, gradients, buffer updates) are never freed.
+3. **Prefetch window.** Each ``Prefetch`` is hoisted from just before its use to before the
+   ``lookahead``-th earlier heavy compute (conv, matmul, attention), as vDNN prefetches
+   during the previous layer, or to the op the plan names in ``prefetch_at``; never above
+   the Free that ended the tensor's previous residency.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Sequence
+
+from outcore.errors import ScheduleError
+from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
+from outcore.plan.plan import Decision, Plan
+from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
+
+HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
+
+
+def effective_decisions(graph: Graph, plan: Plan) -> dict[int, Decision]:
+    """Storage id -> decision actually lowered. Only activations a policy may move are moved:
+    static tensors and step outputs are always kept; an error names any other misuse."""
+    movable = {t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT}
+    result: dict[int, Decision] = {}
+    for tid, decision in plan.decisions.items():
+        if decision is Decision.KEEP:
+            continue
+        if not 0 <= tid < len(graph.tensors):
+            raise ScheduleError(f"plan {plan.policy!r} names unknown tensor {tid}")
+        t = graph.tensors[tid]
+        if t.is_view or t.kind in STATIC_KINDS:
+            raise ScheduleError(f"plan {plan.policy!r} asks to {decision} {t.name!r}, which is a "
+                                f"{'view' if t.is_view else t.kind}; decide about base activations")
+        if tid in movable:
+            result[tid] = decision
+    return result
+
+
+def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
+          lookahead: int = 1) -> Schedule:
+    """Turn ``plan`` into a Schedule for ``graph`` (see the module docstring)."""
+    ops = list(order) if order is not None else list(range(len(graph.ops)))
+    if sorted(ops) != list(range(len(graph.ops))):
+        raise ScheduleError("the execution order must list every op exactly once")
+    ops = [o for o in ops if graph.ops[o].phase is Phase.FORWARD] + \
+          [o for o in ops if graph.ops[o].phase is not Phase.FORWARD]
+    decisions = effective_decisions(graph, plan)
+    seq, defs = _sequence(graph, ops, decisions)
+    keep = list(graph.outputs)
+    seq = _insert_frees(graph, seq, defs, keep)
+    seq = _free_unused_remakes(graph, seq, set(keep))
+    if not plan.free_at_last_use:
+        if decisions:
+            raise ScheduleError(f"plan {plan.policy!r} keeps every allocation but also moves "
+                                "tensors; network-wide allocation must keep everything")
+        seq = [ins for ins in seq if not isinstance(ins, Free)]
+    seq = _hoist_prefetches(graph, seq, plan.prefetch_at, lookahead)
+    return Schedule(instructions=seq, keep_at_end=keep, variants=dict(plan.variants),
+                    sub_batches=plan.sub_batches, policy=plan.policy)
+
+
+def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
+              ) -> tuple[list[Instruction], dict[int, list[int]]]:
+    """The instruction sequence without Frees, and each tensor's definition indices."""
+    seq: list[Instruction] = []
+    defs: dict[int, list[int]] = defaultdict(list)
+    tensors = graph.tensors
+    forward = [o for o in ops if graph.ops[o].phase is Phase.FORWARD]
+    for oid in forward:
+        for out in graph.ops[oid].outputs:
+            defs[out].append(len(seq))
+        seq.append(Compute(oid))
+        for out in graph.ops[oid].outputs:
+            if decisions.get(out) is Decision.OFFLOAD:
+                seq.append(Offload(out))
+    resident = {t.id for t in tensors if decisions.get(t.storage) is None}
+
+    def ensure(tid: int) -> None:
+        if tid in resident:
+            return
+        t = tensors[tid]
+        if not t.is_view and decisions.get(tid) is Decision.OFFLOAD:
+            defs[tid].append(len(seq))
+            seq.append(Prefetch(tid))
+            seq.append(Wait(tid, "h2d"))
+            resident.add(tid)
+            return
+        producer = graph.ops[t.producer]  # recompute (or re-make a view of a dropped base)
+        for inp in producer.inputs:
+            ensure(inp)
+        for out in producer.outputs:
+            if out not in resident:
+                defs[out].append(len(seq))
+                resident.add(out)
+        seq.append(Compute(producer.id, recompute=True))
+
+    for oid in ops[len(forward):]:
+        for inp in graph.ops[oid].inputs:
+            ensure(inp)
+        for out in graph.ops[oid].outputs:
+            defs[out].append(len(seq))
+            resident.add(out)
+        seq.append(Compute(oid))
+    return seq, defs
+
+
+def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]],
+                  keep: list[int]) -> list[Instruction]:
+    """Free every tensor after the last use of each residency interval."""
+    never_free = {t.id for t in graph.tensors if t.kind in STATIC_KINDS} | set(keep)
+    uses: dict[int, list[int]] = defaultdict(list)
+    offloads: dict[int, list[int]] = defaultdict(list)
+    for i, ins in enumerate(seq):
+        if isinstance(ins, Compute):
+            for inp in graph.ops[ins.op].inputs:
+                uses[inp].append(i)
+        elif isinstance(ins, Offload):
+            uses[ins.tensor].append(i)
+            offloads[ins.tensor].append(i)
+        elif isinstance(ins, Wait):
+            uses[ins.tensor].append(i)
+    free_after: dict[int, list[tuple[int, bool]]] = defaultdict(list)
+    for tid, starts in defs.items():
+        bounds = starts + [len(seq)]
+        for k, start in enumerate(starts):
+            end = bounds[k + 1]
+            if end == len(seq) and tid in never_free:
+                continue
+            inside = [u for u in uses.get(tid, []) if start <= u < end]
+            last = max(inside, default=start)
+            copied = any(start <= o < end for o in offloads.get(tid, []))
+            free_after[last].append((tid, copied))
+    out: list[Instruction] = []
+    for i, ins in enumerate(seq):
+        out.append(ins)
+        for tid, copied in free_after.get(i, []):
+            if copied:
+                out.append(Wait(tid, "d2h"))
+            out.append(Free(tid))
+    return out
+
+
+def _free_unused_remakes(graph: Graph, seq: list[Instruction], keep: set[int]) -> list[Instruction]:
+    """A recompute re-makes every output of its op. Outputs that were freed before it (so
+    become resident again) but that nothing reads any more are freed right after it."""
+    touched: dict[int, list[int]] = defaultdict(list)  # tensor -> indices that read/free it
+    for i, ins in enumerate(seq):
+        if isinstance(ins, Compute):
+            for inp in graph.ops[ins.op].inputs:
+                touched[inp].append(i)
+        else:
+            touched[ins.tensor].append(i)
+    resident = {t.id for t in graph.tensors if t.kind in STATIC_KINDS}
+    out: list[Instruction] = []
+    for i, ins in enumerate(seq):
+        out.append(ins)
+        if isinstance(ins, Compute):
+            fresh = [t for t in graph.ops[ins.op].outputs if t not in resident]
+            resident.update(graph.ops[ins.op].outputs)
+            if ins.recompute:
+                for tid in fresh:
+                    later = touched.get(tid, [])
+                    if tid not in keep and bisect.bisect_right(later, i) == len(later):
+                        out.append(Free(tid))
+                        resident.discard(tid)
+        elif isinstance(ins, Free):
+            resident.discard(ins.tensor)
+        elif isinstance(ins, Prefetch):
+            resident.add(ins.tensor)
+    return out
+
+
+def _hoist_prefetches(graph: Graph, seq: list[Instruction], prefetch_at: dict[int, int],
+                      lookahead: int) -> list[Instruction]:
+    """Move each Prefetch up to its window (see the module docstring)."""
+    result = list(seq)
+    for tid in [ins.tensor for ins in seq if isinstance(ins, Prefetch)]:
+        pos = next(i for i, s in enumerate(result) if isinstance(s, Prefetch) and s.tensor == tid)
+        floor = max((i for i, s in enumerate(result[:pos]) if isinstance(s, Free) and s.tensor == tid),
+                    default=-1) + 1
+        target = pos
+        if tid in prefetch_at:
+            at = next((i for i in range(floor, pos) if isinstance(result[i], Compute)
+                       and result[i].op == prefetch_at[tid]), None)
+            target = at if at is not None else pos
+        else:
+            heavy_seen = 0
+            for i in range(pos - 1, floor - 1, -1):
+                s = result[i]
+                if isinstance(s, Compute) and graph.ops[s.op].category in HEAVY:
+                    heavy_seen += 1
+                    target = i
+                    if heavy_seen >= lookahead:
+                        break
+        if target < pos:
+            ins = result.pop(pos)
+            result.insert(target, ins)
+    return result

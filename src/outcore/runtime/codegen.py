@@ -1,0 +1,138 @@
+"""Generate Python source that runs a Schedule (FX-style codegen, not an interpreter).
+
+Each tensor id ``k`` lives in a local ``v{k}``. Instructions become straight-line code:
+
+* ``Compute``: ``v7 = f3(v1, k3_0)`` (or ``_o = f3(...); v7 = _o[0]; ...; del _o`` for a
+  multi-output op); outputs already resident (a recompute's duplicates) are not rebound, so
+  they die with ``_o``. Random ops save (forward) or replay (recompute) the RNG state.
+* ``Free``: ``rt.release(k, v{k}, last_alias); del v{k}``.
+* ``Offload`` / ``Prefetch`` / ``Wait``: calls on the runtime ``rt`` (the device).
+
+Op callables and non-tensor constants are passed in through the generated function's
+globals (``f{op}``, ``k{op}_{i}``), never through ``repr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx
+
+from outcore.capture.step import CapturedStep
+from outcore.graph.ir import STATIC_KINDS, Graph
+from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+
+
+@dataclass
+class GeneratedStep:
+    """The generated function and its source (kept for debugging and for tests)."""
+
+    fn: Callable[..., dict[int, Any]]
+    source: str
+    static_ids: list[int]
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, step: CapturedStep,
+                 impls: dict[int, Callable[..., Any]]) -> None:
+        self.graph = graph
+        self.step = step
+        self.impls = impls
+        self.globals: dict[str, Any] = {}
+        self.lines: list[str] = []
+
+    def arg(self, value: Any, oid: int, counter: list[int]) -> str:
+        if isinstance(value, fx.Node):
+            tid = self.step.nodes.node_tensors.get(value)
+            if tid is None:
+                raise ValueError(f"op {oid} reads {value.name}, which holds no tensor")
+            return f"v{tid}"
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(self.arg(v, oid, counter) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        if value is None or isinstance(value, bool):
+            return repr(value)
+        name = f"k{oid}_{counter[0]}"
+        counter[0] += 1
+        self.globals[name] = value
+        return name
+
+    def compute(self, oid: int, resident: set[int], recompute: bool) -> None:
+        op = self.graph.ops[oid]
+        node = self.step.op_nodes[oid]
+        fname = f"f{oid}"
+        self.globals[fname] = self.impls.get(oid, node.target)
+        counter = [0]
+        args = [self.arg(a, oid, counter) for a in node.args]
+        args += [f"{k}={self.arg(v, oid, counter)}" for k, v in node.kwargs.items()]
+        call = f"{fname}({', '.join(args)})"
+        if op.random:
+            call = (f"rt.replay_rng({oid}, lambda: {call})" if recompute
+                    else f"rt.save_rng({oid}, lambda: {call})")
+        self.lines.append(f"rt.naming({op.name!r})")
+        slots = self.step.nodes.op_outputs.get(node)
+        if slots is None:
+            (tid,) = op.outputs
+            target = f"v{tid}" if tid not in resident else "_dup"
+            self.lines.append(f"{target} = {call}")
+            if target == "_dup":
+                self.lines.append("del _dup")
+        else:
+            self.lines.append(f"_o = {call}")
+            for idx, tid in enumerate(slots):
+                if tid is not None and tid not in resident:
+                    self.lines.append(f"v{tid} = _o[{idx}]")
+            self.lines.append("del _o")
+        resident.update(op.outputs)
+
+
+def generate(graph: Graph, schedule: Schedule,
+             impls: dict[int, Callable[..., Any]] | None = None) -> GeneratedStep:
+    """Compile ``schedule`` into a Python function ``step(rt, inputs) -> {tid: tensor}``.
+
+    ``inputs`` maps every static tensor id to its value; the result maps each tensor in
+    ``schedule.keep_at_end`` to its value. ``impls`` overrides an op's callable (variants).
+    """
+    step = graph.source
+    if not isinstance(step, CapturedStep):
+        raise ValueError("this graph has no captured step to run; capture it with outcore.capture")
+    em = _Emitter(graph, step, impls or {})
+    static = [t.id for t in graph.tensors if t.kind in STATIC_KINDS]
+    em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
+    resident = set(static)
+    storage_count: dict[int, int] = {}
+    for tid in static:
+        s = graph.tensors[tid].storage
+        storage_count[s] = storage_count.get(s, 0) + 1
+    for ins in schedule.instructions:
+        if isinstance(ins, Compute):
+            new = [t for t in graph.ops[ins.op].outputs if t not in resident]
+            em.compute(ins.op, resident, ins.recompute)
+            for t in new:
+                s = graph.tensors[t].storage
+                storage_count[s] = storage_count.get(s, 0) + 1
+        elif isinstance(ins, Free):
+            s = graph.tensors[ins.tensor].storage
+            storage_count[s] -= 1
+            last = storage_count[s] == 0
+            em.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
+            em.lines.append(f"del v{ins.tensor}")
+            resident.discard(ins.tensor)
+        elif isinstance(ins, Offload):
+            em.lines.append(f"rt.start_offload({ins.tensor}, v{ins.tensor})")
+        elif isinstance(ins, Prefetch):
+            name = graph.tensors[ins.tensor].name
+            em.lines.append(f"v{ins.tensor} = rt.start_prefetch({ins.tensor}, {name!r})")
+            s = graph.tensors[ins.tensor].storage
+            storage_count[s] = storage_count.get(s, 0) + 1
+            resident.add(ins.tensor)
+        elif isinstance(ins, Wait):
+            fn = "wait_offload" if ins.direction == "d2h" else "wait_prefetch"
+            em.lines.append(f"rt.{fn}({ins.tensor})")
+    em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
+    source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
+    namespace = dict(em.globals)
+    exec(compile(source, f"<outcore step {graph.name}>", "exec"), namespace)  # noqa: S102
+    return GeneratedStep(fn=namespace["step"], source=source, static_ids=static)

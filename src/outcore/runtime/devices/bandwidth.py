@@ -1,0 +1,82 @@
+"""Link bandwidth for the emulated device, scaled so a CPU run keeps a GPU's ratio.
+
+On the target GPU, moving ``B`` bytes takes ``B / link_bw`` while an op of ``F`` FLOPs takes
+``F / gpu_flops``. Here the same op takes ``F / cpu_flops``; for the copy to keep the same
+share of the step, the emulated link must run at
+
+    emulated_bw = link_bw * cpu_flops / gpu_flops.
+
+``cpu_flops`` is measured once per process (and per dtype and size) by timing a square
+matmul on this CPU, outside any dispatch mode. Peak GPU FLOP/s against achieved CPU FLOP/s
+makes the emulated link conservative (slower) by the GPU's matmul efficiency.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from outcore.errors import ProfileError
+
+
+def emulated_bandwidth(link_bw: float, gpu_flops: float, cpu_flops: float) -> float:
+    """Bytes/s the emulated link needs so that transfer/compute time matches the GPU's."""
+    for label, value in (("link bandwidth", link_bw), ("GPU FLOP/s", gpu_flops),
+                         ("CPU FLOP/s", cpu_flops)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{label} must be a finite number > 0, got {value}")
+    return link_bw * cpu_flops / gpu_flops
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
+    """This CPU's matmul FLOP/s for ``dtype``: the best of ``repeats`` timed ``n x n``
+    products after one warm-up (``2 n^3`` FLOPs each). Cached per process and arguments."""
+    if n <= 0 or repeats <= 0:
+        raise ValueError(f"n and repeats must be > 0, got n={n}, repeats={repeats}")
+    with _disable_current_modes(), torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        a = torch.rand(n, n, generator=gen).to(dtype)
+        b = torch.rand(n, n, generator=gen).to(dtype)
+        out = torch.empty(n, n, dtype=dtype)
+        torch.mm(a, b, out=out)
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / max(best, 1e-9)
+
+
+def bandwidth_for_gpu(name: str, dtype: str = "float32",
+                      cpu: float | None = None) -> tuple[float, float]:
+    """(d2h, h2d) bytes/s for the emulated device standing in for GPU profile ``name``.
+
+    ``cpu`` overrides the measured CPU FLOP/s (for reproducible runs). Reads the profile
+    from ``outcore.cost.profiles.get_profile``; raises ProfileError if it lacks a field.
+    """
+    from outcore.cost.profiles import get_profile  # lazy: profiles are optional here
+
+    profile = get_profile(name)
+    d2h, h2d, gpu = _profile_numbers(profile, name, dtype)
+    if cpu is None:
+        cpu = cpu_flops(getattr(torch, dtype))
+    return emulated_bandwidth(d2h, gpu, cpu), emulated_bandwidth(h2d, gpu, cpu)
+
+
+def _profile_numbers(profile: object, name: str, dtype: str) -> tuple[float, float, float]:
+    """(d2h bytes/s, h2d bytes/s, peak FLOP/s for dtype) from a GPU profile."""
+    try:
+        d2h = float(profile.d2h_bandwidth)  # type: ignore[attr-defined]
+        h2d = float(profile.h2d_bandwidth)  # type: ignore[attr-defined]
+        flops = float(profile.peak_flops[dtype])  # type: ignore[attr-defined]
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ProfileError(
+            f"GPU profile {name!r} lacks what the emulated device needs ({exc}): host-link "
+            f"bandwidth per direction and peak FLOP/s for {dtype}. Pass bandwidth= explicitly."
+        ) from exc
+    return d2h, h2d, flops

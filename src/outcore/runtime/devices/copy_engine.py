@@ -1,0 +1,266 @@
+"""An emulated copy engine: one thread that moves bytes at a link's bandwidth, FIFO.
+
+A ``CopyEngine`` stands for one direction of a host link (device->host or host->device).
+Jobs run one after the other in submission order, like copies queued on one CUDA stream.
+A job of ``n`` bytes occupies the engine for ``LinkModel.seconds(n)`` =
+``(latency_s + n / bandwidth) * slowdown`` seconds of monotonic time.
+
+Invariants:
+
+* The data is moved progressively: the job is cut into chunks and chunk ``[a, b)`` is read
+  at ``start + LinkModel.arrival(a)``. Whatever the source holds at that moment is what
+  the destination gets, so a source overwritten mid-transfer yields a torn copy (this is
+  what makes a free-before-wait race visible).
+* A job is never reported done before its deadline: waits loop on ``time.perf_counter``
+  until the deadline has passed, sleeping on a ``threading.Event`` (no busy-waiting).
+* A job may name another job (``after``) that must complete first, like a stream waiting
+  on an event; if that job failed, this one fails too.
+* When a job finishes (well or not) it drops its references to the source and destination
+  *before* signalling ``done``, so a waiter that frees the source afterwards really frees it.
+* ``close()`` aborts: the running job and every queued job fail with ``CopyError``, so no
+  waiter blocks forever. A closed engine refuses new jobs.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from outcore.errors import OutcoreError
+
+Direction = Literal["d2h", "h2d"]
+
+#: Largest chunk moved at once; smaller chunks make the progressive read finer.
+MAX_CHUNK_BYTES = 1 << 20
+#: Smallest chunk worth a separate deadline (below this, Python overhead dominates).
+MIN_CHUNK_BYTES = 4096
+#: A transfer is cut into at least this many chunks when its size allows.
+MIN_CHUNKS = 16
+
+
+class CopyError(OutcoreError):
+    """A copy between host and device failed; raised on the thread that waits for it.
+
+    Attributes:
+        tid: the graph tensor id whose copy failed.
+        direction: "d2h" or "h2d".
+    """
+
+    def __init__(self, tid: int, name: str, direction: str, reason: str) -> None:
+        self.tid = tid
+        self.direction = direction
+        label = f"{name!r} (tensor {tid})" if name else f"tensor {tid}"
+        super().__init__(
+            f"{direction} copy of {label} failed: {reason}. The copy did not complete, so "
+            "its destination must not be used; see the chained exception for the cause."
+        )
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Time model of one link direction: ``seconds(n) = (latency_s + n / bandwidth) * slowdown``.
+
+    ``bandwidth`` is in bytes per second and may be ``math.inf`` (copies take only the
+    latency). ``slowdown`` > 1 slows the engine on purpose, to expose races.
+    """
+
+    bandwidth: float
+    latency_s: float = 0.0
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"latency_s must be a finite number >= 0, got {self.latency_s}")
+        if not (self.slowdown > 0 and math.isfinite(self.slowdown)):
+            raise ValueError(f"slowdown must be a finite number > 0, got {self.slowdown}")
+
+    def arrival(self, offset: int) -> float:
+        """Seconds after the start at which byte ``offset`` crosses the link."""
+        return (self.latency_s + offset / self.bandwidth) * self.slowdown
+
+    def seconds(self, nbytes: int) -> float:
+        """Seconds a copy of ``nbytes`` occupies the engine."""
+        return self.arrival(nbytes)
+
+
+def chunk_bounds(nbytes: int) -> list[tuple[int, int]]:
+    """Cut ``[0, nbytes)`` into contiguous chunks: at least ``MIN_CHUNKS`` when each can be
+    ``MIN_CHUNK_BYTES`` long, none longer than ``MAX_CHUNK_BYTES``. Empty for 0 bytes."""
+    if nbytes <= 0:
+        return []
+    size = max(MIN_CHUNK_BYTES, math.ceil(nbytes / MIN_CHUNKS))
+    size = min(size, MAX_CHUNK_BYTES)
+    return [(a, min(a + size, nbytes)) for a in range(0, nbytes, size)]
+
+
+ByteSource = Callable[[], torch.Tensor]
+
+
+@dataclass(eq=False)
+class CopyJob:
+    """One copy of ``nbytes`` bytes from ``source()`` to ``dest()`` (flat uint8 tensors).
+
+    ``source`` and ``dest`` are called on the engine thread when the job starts (so host
+    buffers are allocated there, outside any dispatch mode of the caller). ``reads`` is an
+    identity of the storage read (used by the device to detect a release during the copy).
+    Times are ``time.perf_counter`` values; ``error`` is set when the job failed.
+    """
+
+    tid: int
+    name: str
+    direction: Direction
+    nbytes: int
+    source: ByteSource | None
+    dest: ByteSource | None
+    after: CopyJob | None = None
+    reads: int | None = None
+    submitted: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Raise ``CopyError`` (chained to the cause) if the job failed."""
+        if self.error is not None:
+            reason = self.error.args[0] if self.error.args else type(self.error).__name__
+            raise CopyError(self.tid, self.name, self.direction, str(reason)) from self.error
+
+
+class _Aborted(Exception):
+    """Internal: the engine was closed while a job ran or waited."""
+
+
+class CopyEngine:
+    """One copy-engine thread for one direction; the thread starts on the first submit.
+
+    ``on_done(job)`` is called on the engine thread after each job ends (successful or not),
+    before ``job.done`` is set; it must be quick and thread-safe.
+    """
+
+    def __init__(self, direction: Direction, link: LinkModel,
+                 on_done: Callable[[CopyJob], None] | None = None) -> None:
+        self.direction = direction
+        self.link = link
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue[CopyJob | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    # -- caller side -------------------------------------------------------------------------
+    def submit(self, job: CopyJob) -> None:
+        """Queue ``job`` behind every job submitted before it; returns at once."""
+        if self._stop.is_set():
+            raise OutcoreError(
+                f"the {self.direction} copy engine is closed; create a new device to copy "
+                f"tensor {job.tid}"
+            )
+        job.submitted = time.perf_counter()
+        self._ensure_thread()
+        self._queue.put(job)
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Abort the running and queued jobs (they fail with CopyError) and stop the thread."""
+        self._stop.set()
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"outcore-copy-{self.direction}", daemon=True)
+                self._thread.start()
+
+    # -- engine thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                if self._stop.is_set():
+                    self._drain()
+                    return
+                continue
+            self._run(job)
+
+    def _drain(self) -> None:
+        """Fail the jobs still queued after close()."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self._finish(job, _Aborted("the device was closed before the copy started"))
+
+    def _run(self, job: CopyJob) -> None:
+        error: BaseException | None = None
+        try:
+            if self._stop.is_set():
+                raise _Aborted("the device was closed before the copy started")
+            if job.after is not None:
+                job.after.done.wait()
+                if job.after.error is not None:
+                    raise OutcoreError(
+                        f"the {job.after.direction} copy it depends on failed") from job.after.error
+            self._transfer(job)
+        except Exception as exc:  # noqa: BLE001 - reported to the waiting thread
+            error = exc
+        self._finish(job, error)
+
+    def _transfer(self, job: CopyJob) -> None:
+        assert job.source is not None and job.dest is not None
+        src = job.source()
+        dst = job.dest()
+        if src.numel() < job.nbytes or dst.numel() < job.nbytes:
+            raise OutcoreError(
+                f"copy of {job.nbytes} bytes between buffers of {src.numel()} and "
+                f"{dst.numel()} bytes")
+        start = time.perf_counter()
+        job.started = start
+        for a, b in chunk_bounds(job.nbytes):
+            self._wait_until(start + self.link.arrival(a))
+            dst[a:b].copy_(src[a:b])
+        self._wait_until(start + self.link.seconds(job.nbytes))
+
+    def _wait_until(self, deadline: float) -> None:
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            if self._stop.wait(left):
+                raise _Aborted("the device was closed during the copy")
+
+    def _finish(self, job: CopyJob, error: BaseException | None) -> None:
+        job.source = None  # drop the storages before anyone is told the copy is over
+        job.dest = None
+        job.finished = time.perf_counter()
+        if job.started == 0.0:
+            job.started = job.finished
+        if error is not None:  # keep the traceback text, drop the frames' tensors
+            traceback.clear_frames(error.__traceback__)
+        job.error = error
+        if self._on_done is not None:
+            try:
+                self._on_done(job)
+            except Exception as exc:  # noqa: BLE001 - never leave a waiter hanging
+                job.error = job.error or exc
+        job.done.set()

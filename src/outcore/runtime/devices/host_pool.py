@@ -1,0 +1,138 @@
+"""A host buffer pool carved by offsets: big buffers allocated rarely, slices handed out.
+
+Pinned (page-locked) host memory costs milliseconds per allocation and serialises with
+the GPU, so the CUDA device allocates a few large pinned segments and places each host
+copy at an offset in one of them. ``OffsetAllocator`` is the plain-Python first-fit
+allocator over one segment; ``HostPool`` owns the segments.
+
+Invariants: live ranges never overlap; every offset is a multiple of ``alignment``; a
+freed range is merged with free neighbours, so allocating and freeing everything returns
+the segment to one free block.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+class OffsetAllocator:
+    """First-fit allocation of aligned byte ranges inside ``[0, size)``."""
+
+    def __init__(self, size: int, alignment: int = 256) -> None:
+        if size < 0 or alignment <= 0:
+            raise ValueError(f"need size >= 0 and alignment > 0, got {size}, {alignment}")
+        self.size = size
+        self.alignment = alignment
+        self._free: list[tuple[int, int]] = [(0, size)] if size else []  # sorted (start, len)
+        self._used: dict[int, int] = {}
+
+    def _round(self, nbytes: int) -> int:
+        return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Offset of a free range of at least ``nbytes``, or None if none fits."""
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes} bytes")
+        need = self._round(nbytes)
+        for i, (start, length) in enumerate(self._free):
+            if length >= need:
+                if length == need:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + need, length - need)
+                self._used[start] = need
+                return start
+        return None
+
+    def free(self, offset: int) -> None:
+        """Return the range at ``offset``; merges it with free neighbours."""
+        length = self._used.pop(offset, None)
+        if length is None:
+            raise ValueError(f"offset {offset} is not allocated")
+        i = bisect.bisect_left(self._free, (offset, 0))
+        if i < len(self._free) and offset + length == self._free[i][0]:
+            length += self._free.pop(i)[1]
+        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:
+            offset, prev = self._free[i - 1][0], self._free[i - 1][1]
+            length += prev
+            i -= 1
+            del self._free[i]
+        self._free.insert(i, (offset, length))
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    @property
+    def largest_free(self) -> int:
+        return max((length for _, length in self._free), default=0)
+
+    def free_ranges(self) -> list[tuple[int, int]]:
+        """The free (start, length) ranges, sorted by start."""
+        return list(self._free)
+
+
+@dataclass(frozen=True)
+class HostSlot:
+    """A range handed out by ``HostPool``: ``view`` is a flat uint8 tensor over it."""
+
+    segment: int
+    offset: int
+    view: torch.Tensor
+
+
+class HostPool:
+    """Segments from ``allocate(nbytes)`` (e.g. pinned), carved by ``OffsetAllocator``.
+
+    The first segment has ``segment_bytes``; when nothing fits, a new segment of
+    ``max(segment_bytes, 2 * largest so far, nbytes)`` is added. ``segments_allocated`` counts
+    calls to ``allocate``, the expensive operation this pool exists to avoid repeating.
+    """
+
+    def __init__(self, segment_bytes: int, allocate: Callable[[int], torch.Tensor],
+                 alignment: int = 256) -> None:
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
+        self.segment_bytes = segment_bytes
+        self.alignment = alignment
+        self._allocate = allocate
+        self._segments: list[tuple[torch.Tensor, OffsetAllocator]] = []
+
+    @property
+    def segments_allocated(self) -> int:
+        return len(self._segments)
+
+    @property
+    def capacity(self) -> int:
+        return sum(a.size for _, a in self._segments)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(a.used_bytes for _, a in self._segments)
+
+    def try_alloc(self, nbytes: int) -> HostSlot | None:
+        """A slot in an existing segment, or None (never allocates a segment)."""
+        for i, (buffer, allocator) in enumerate(self._segments):
+            offset = allocator.alloc(nbytes)
+            if offset is not None:
+                return HostSlot(i, offset, buffer[offset:offset + nbytes])
+        return None
+
+    def alloc(self, nbytes: int) -> HostSlot:
+        """A slot of ``nbytes``, adding a segment if no existing one has room."""
+        slot = self.try_alloc(nbytes)
+        if slot is not None:
+            return slot
+        largest = max((a.size for _, a in self._segments), default=0)
+        size = max(self.segment_bytes, 2 * largest, nbytes)
+        self._segments.append((self._allocate(size), OffsetAllocator(size, self.alignment)))
+        slot = self.try_alloc(nbytes)
+        assert slot is not None, "a fresh segment must fit the request"
+        return slot
+
+    def free(self, slot: HostSlot) -> None:
+        self._segments[slot.segment][1].free(slot.offset)

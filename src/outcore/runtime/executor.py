@@ -1,0 +1,156 @@
+"""Run a Schedule on real PyTorch, on a device, with exact memory accounting.
+
+``Executor(graph, schedule, device).run((x, y))`` executes one training step from generated
+code under ``torch.no_grad()``:
+
+* device memory is measured by a fresh ``MemoryTracker`` per step (the device's capacity,
+  if any, is enforced by it); the step's static tensors (parameters, buffers, batch) are
+  counted first, so the measured peak is comparable with ``plan.memory.predicted_peak``;
+* random ops save the RNG state in forward and replay it when recomputed;
+* only when the whole step has succeeded are the results applied: parameter gradients are
+  accumulated into ``.grad`` (as ``loss.backward()`` does) and BatchNorm running statistics
+  are copied into the buffers once. A failure (e.g. DeviceOutOfMemory) leaves the model,
+  its gradients and any optimizer state untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from outcore.capture.step import CapturedStep
+from outcore.errors import OutcoreError
+from outcore.graph.ir import Graph
+from outcore.plan.schedule import Schedule
+from outcore.plan.verify import verify
+from outcore.runtime.codegen import GeneratedStep, generate
+from outcore.runtime.devices.base import Device, SyncCPUDevice, _untracked
+from outcore.runtime.tracker import MemoryTracker
+
+
+@dataclass
+class StepResult:
+    """What one executed step returns and measured."""
+
+    loss: torch.Tensor
+    peak_bytes: int
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    seconds: float = 0.0
+    op_calls: dict[int, int] = field(default_factory=dict)
+
+
+class _Runtime:
+    """The object generated code calls: device copies, tensor naming, RNG save/replay."""
+
+    def __init__(self, device: Device, tracker: MemoryTracker, count_ops: bool) -> None:
+        self.device = device
+        self.tracker = tracker
+        self.rng: dict[int, torch.Tensor] = {}
+        self.calls: dict[int, int] = {}
+        self.count_ops = count_ops
+        self.start_offload = device.start_offload
+        self.wait_offload = device.wait_offload
+        self.wait_prefetch = device.wait_prefetch
+        self.release = device.release
+
+    def naming(self, name: str) -> None:
+        self.tracker.naming = name
+
+    def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
+        self.tracker.naming = name
+        return self.device.start_prefetch(tid, name)
+
+    def save_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
+        with _untracked():
+            self.rng[oid] = torch.get_rng_state()
+        return fn()
+
+    def replay_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
+        with _untracked():
+            current = torch.get_rng_state()
+            torch.set_rng_state(self.rng[oid])
+        try:
+            return fn()
+        finally:
+            with _untracked():
+                torch.set_rng_state(current)
+
+
+class Executor:
+    """Runs one Schedule of one captured Graph; reusable across steps.
+
+    Args:
+        graph: a Graph from ``outcore.capture`` with real (not fake) tensors.
+        schedule: a Schedule for it; verified here unless ``check=False``.
+        device: where to run (default: the plain CPU, synchronous copies, no capacity).
+        impls: op id -> callable replacing the op's ATen kernel (operator variants).
+    """
+
+    def __init__(self, graph: Graph, schedule: Schedule, device: Device | None = None, *,
+                 impls: dict[int, Callable[..., Any]] | None = None, check: bool = True) -> None:
+        step = graph.source
+        if not isinstance(step, CapturedStep):
+            raise OutcoreError("this graph has no captured step: capture it with "
+                               "outcore.capture(model, loss_fn, (x, y)) to run it")
+        if step.fake:
+            raise OutcoreError("this graph was captured with fake tensors (fake=True or a fake "
+                               "model); it can be planned and simulated but not run. Capture "
+                               "the real model to execute it.")
+        if check:
+            verify(graph, schedule)
+        self.graph = graph
+        self.schedule = schedule
+        self.step = step
+        self.device: Device = device if device is not None else SyncCPUDevice()
+        self.generated: GeneratedStep = generate(graph, schedule, impls)
+        self.capacity: int | None = getattr(self.device, "capacity", None)
+
+    def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0) -> StepResult:
+        """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees."""
+        import time
+
+        values = self.step.static_values(self.graph, batch)
+        tracker = MemoryTracker(self.capacity)
+        self.device.tracker = tracker
+        rt = _Runtime(self.device, tracker, count_ops=False)
+        start = time.perf_counter()
+        try:
+            with torch.no_grad(), tracker:
+                tracker.track(values.values(), "step inputs")
+                outputs = self.generated.fn(rt, values)
+            self.device.synchronize()
+        finally:
+            for tid in {i.tensor for i in self.schedule.instructions if hasattr(i, "tensor")}:
+                self.device.drop_host(tid)
+        seconds = time.perf_counter() - start
+        result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=seconds)
+        self._collect(outputs, result)
+        if apply:
+            self.apply(result, outputs, grad_scale)
+        return result
+
+    def _collect(self, outputs: dict[int, torch.Tensor], result: StepResult) -> None:
+        for role, tid, name in self.step.nodes.output_roles:
+            if role == "loss":
+                result.loss = outputs[tid]
+            elif role == "grad":
+                result.grads[name.removeprefix("model.")] = outputs[tid]
+
+    def apply(self, result: StepResult, outputs: dict[int, torch.Tensor],
+              grad_scale: float = 1.0) -> None:
+        """Accumulate gradients into ``.grad`` and write buffer updates, once."""
+        with torch.no_grad():
+            for role, tid, name in self.step.nodes.output_roles:
+                value = outputs[tid]
+                if role == "grad":
+                    param = self.step.parameter(name)
+                    grad = value if grad_scale == 1.0 else value * grad_scale
+                    if param.grad is None:
+                        param.grad = grad.clone(memory_format=torch.contiguous_format)
+                    else:
+                        param.grad.add_(grad)
+                elif role == "buffer":
+                    self.step.buffer(name).copy_(value)

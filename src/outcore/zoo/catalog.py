@@ -1,0 +1,166 @@
+"""The zoo's table: every registered name, how to build it, and its paper-scale and small options.
+
+An ``Entry`` holds a builder, a batch maker, a loss, the paper-scale defaults of every option a
+user may pass, and the overrides that ``small=True`` applies (reduced width, resolution, and
+for a few nets depth, keeping the topology). A builder is called with the options its
+signature names; the batch maker reads the ones it needs (``image_size``, ``num_classes``, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.zoo import alexnet, densenet, fcn, googlenet, inception, mlp, resnet, transformer, vgg
+from outcore.zoo.inputs import (
+    Batch,
+    cross_entropy,
+    image_batch,
+    lm_loss,
+    segmentation_batch,
+    token_batch,
+    vector_batch,
+)
+
+BatchMaker = Callable[[Mapping[str, Any], int, torch.Generator], Batch]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered network.
+
+    Invariant: every key of ``defaults`` is read by ``build`` or ``make_batch``; ``small`` only
+    overrides keys of ``defaults``.
+    """
+
+    name: str
+    description: str
+    build: Callable[..., nn.Module]
+    make_batch: BatchMaker
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    defaults: Mapping[str, Any]
+    small: Mapping[str, Any] = field(default_factory=dict)
+
+    def build_model(self, opts: Mapping[str, Any]) -> nn.Module:
+        """Call ``build`` with the options its signature names."""
+        params = inspect.signature(self.build).parameters
+        return self.build(**{k: v for k, v in opts.items() if k in params})
+
+
+IMAGENET = {"image_size": 224, "num_classes": 1000, "width": 1.0}
+SMALL = {"image_size": 32, "num_classes": 10}
+
+
+def _image(name: str, description: str, build: Callable[..., nn.Module], defaults: dict[str, Any],
+           small: dict[str, Any]) -> Entry:  # fmt: skip
+    return Entry(name, description, build, image_batch, cross_entropy, defaults, small)
+
+
+def _vgg_entries() -> list[Entry]:
+    opts = {**IMAGENET, "batchnorm": False, "dropout": 0.5}
+    small = {**SMALL, "width": 1 / 16}
+    out = [
+        _image(f"vgg{n}", f"VGG-{n} (Simonyan & Zisserman 2015), conv groups {groups}",
+               partial(vgg.build_vgg, groups=groups), opts, small)  # fmt: skip
+        for n, groups in vgg.CONFIGS.items()
+    ]
+    deep = [(101, 19, "moDNN's VGG-101, deepened VGG-19"), (116, 16, "vDNN's VGG-116"),
+            (216, 16, "vDNN's VGG-216"), (316, 16, "vDNN's VGG-316"), (416, 16, "vDNN's VGG-416")]  # fmt: skip
+    for depth, base, what in deep:
+        groups = vgg.deep_groups(depth, base)
+        build = partial(vgg.build_vgg, groups=groups)
+        out.append(_image(f"vgg{depth}", f"{what}: conv groups {groups}", build, opts, small))
+    out.append(_image("vgg-deep", "VGG with `depth` weight layers grown from VGG-`base` (vDNN §IV-C)",
+                      vgg.build_vgg_deep, {"depth": 116, "base": 16, **opts}, small))  # fmt: skip
+    return out
+
+
+def _classic_entries() -> list[Entry]:
+    return [
+        _image("alexnet", "AlexNet (Krizhevsky et al. 2012), Caffe reference: LRN, 2-way groups",
+               alexnet.build_alexnet,
+               {**IMAGENET, "image_size": 227, "dropout": 0.5, "lrn": True, "grouped": True},
+               {**SMALL, "image_size": 67, "width": 1 / 16}),
+        _image("overfeat", "OverFeat fast (Sermanet et al. 2014, Table 1), as vDNN benchmarks it",
+               partial(alexnet.build_overfeat, variant="fast"),
+               {**IMAGENET, "image_size": 231, "dropout": 0.5},
+               {**SMALL, "image_size": 71, "width": 1 / 16}),
+        _image("overfeat-accurate", "OverFeat accurate (Sermanet et al. 2014, Table 3)",
+               partial(alexnet.build_overfeat, variant="accurate"),
+               {**IMAGENET, "image_size": 221, "dropout": 0.5},
+               {**SMALL, "image_size": 83, "width": 1 / 16}),
+        _image("googlenet", "GoogLeNet / Inception v1 (Szegedy et al. 2015), no auxiliary heads",
+               googlenet.build_googlenet, {**IMAGENET, "dropout": 0.4, "lrn": True},
+               {**SMALL, "width": 1 / 8}),
+        Entry("fcn", "FCN-32s on VGG-16 (Long et al. 2015), per-pixel cross-entropy (moDNN)",
+              fcn.build_fcn, segmentation_batch, cross_entropy,
+              {"image_size": 224, "num_classes": 21, "width": 1.0, "dropout": 0.5},
+              {"image_size": 32, "num_classes": 5, "width": 1 / 16}),
+    ]  # fmt: skip
+
+
+def _resnet_entries() -> list[Entry]:
+    out = [
+        _image(f"resnet{depth}", f"ResNet-{depth} (He et al. 2016), {block} blocks {stages}",
+               partial(resnet.build_resnet, block=block, stages=stages), dict(IMAGENET),
+               {**SMALL, "width": 1 / 8})  # fmt: skip
+        for depth, (block, stages) in resnet.IMAGENET.items()
+    ]
+    cifar = {"image_size": 32, "num_classes": 10, "width": 1.0, "batchnorm": True}
+    for depth in (20, 32, 56, 110):
+        out.append(_image(f"resnet{depth}-cifar",
+                          f"CIFAR ResNet-{depth} (He et al. 2016 §4.2), option-A shortcuts",
+                          partial(resnet.build_resnet_cifar, depth=depth), cifar,
+                          {"image_size": 16, "width": 0.25}))  # fmt: skip
+    out.append(_image("resnet-units",
+                      "bottleneck ResNet with `units` residual units, depth 3·units+2 "
+                      "(SuperNeurons Table 4: stages (6, 32, units-44, 6))",
+                      resnet.build_resnet_units, {"units": 2500, **IMAGENET},
+                      {**SMALL, "units": 4, "width": 1 / 8}))  # fmt: skip
+    return out
+
+
+def _dense_inception_entries() -> list[Entry]:
+    return [
+        _image("densenet121", "DenseNet-121 (Huang et al. 2017), k=32, blocks (6, 12, 24, 16)",
+               partial(densenet.build_densenet, blocks=(6, 12, 24, 16), growth=32, stem="imagenet"),
+               dict(IMAGENET), {**SMALL, "width": 1 / 8}),
+        _image("densenet-bc100-cifar", "DenseNet-BC-100 for CIFAR (Huang et al. 2017), k=12",
+               partial(densenet.build_densenet, blocks=(16, 16, 16), growth=12, stem="cifar"),
+               {"image_size": 32, "num_classes": 10, "width": 1.0},
+               {"image_size": 16, "width": 1 / 3}),
+        _image("inception-v4", "Inception-v4 (Szegedy et al. 2017): stem, 4xA, RedA, 7xB, RedB, 3xC",
+               inception.build_inception_v4,
+               {**IMAGENET, "image_size": 299, "dropout": 0.2, "blocks": (4, 7, 3)},
+               {**SMALL, "image_size": 75, "width": 1 / 8}),
+        _image("inception-small", "small Inception for CIFAR (Zhang et al. 2017, Fig. 3)",
+               inception.build_inception_small,
+               {"image_size": 28, "num_classes": 10, "width": 1.0},
+               {"image_size": 16, "width": 1 / 8}),
+    ]  # fmt: skip
+
+
+def _other_entries() -> list[Entry]:
+    return [
+        Entry("mlp", "multi-layer perceptron: (Linear → ReLU) x depth → Linear",
+              mlp.build_mlp, vector_batch, cross_entropy,
+              {"in_features": 784, "num_classes": 10, "hidden": 1024, "depth": 3, "widths": ()},
+              {"in_features": 32, "hidden": 64}),
+        Entry("transformer", "GPT-style decoder (GPT-2 small by default): pre-LN causal attention",
+              transformer.build_transformer, token_batch, lm_loss,
+              {"vocab": 50257, "seq_len": 1024, "n_layer": 12, "n_head": 12, "d_model": 768,
+               "dropout": 0.1, "tie_weights": True, "attention": "math"},
+              {"vocab": 64, "seq_len": 16, "n_layer": 2, "n_head": 2, "d_model": 32}),
+    ]  # fmt: skip
+
+
+ENTRIES: tuple[Entry, ...] = tuple(
+    _other_entries() + _vgg_entries() + _classic_entries() + _resnet_entries()
+    + _dense_inception_entries()
+)  # fmt: skip

@@ -1,0 +1,117 @@
+"""Capture: kinds, aliasing, multi-output ops, JSON round trip, fake sizing, bad input."""
+
+import time
+
+import pytest
+import torch
+from models import MODELS, make
+from torch import nn
+
+from outcore.capture import capture
+from outcore.errors import CaptureError, GraphError
+from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_kinds_and_invariants(name):
+    model, loss_fn, batch = make(name)
+    graph = capture(model, loss_fn, batch)
+    graph.validate()
+    kinds = {t.kind for t in graph.tensors}
+    assert {TensorKind.PARAMETER, TensorKind.INPUT, TensorKind.TANGENT, TensorKind.ACTIVATION,
+            TensorKind.GRADIENT, TensorKind.OUTPUT} <= kinds
+    params = {t.source for t in graph.tensors if t.kind is TensorKind.PARAMETER}
+    assert params == {f"model.{n}" for n, _ in model.named_parameters()}
+    grads = {t.source for t in graph.tensors if t.source.startswith("grad:")}
+    assert grads == {f"grad:{p}" for p in params}
+    assert {op.phase for op in graph.ops} == {Phase.FORWARD, Phase.BACKWARD}
+    for t in graph.tensors:  # views carry no bytes; their base does
+        if t.is_view:
+            assert t.nbytes == 0 and not graph.tensors[t.storage].is_view
+    assert graph.static_bytes() == sum(
+        p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()) + sum(
+        x.numel() * x.element_size() for x in batch) + 4  # + the tangent
+
+
+def test_categories_and_flops():
+    model, loss_fn, batch = make("vgg")
+    graph = capture(model, loss_fn, batch)
+    cats = {op.category for op in graph.ops}
+    assert {OpCategory.CONV, OpCategory.NORM, OpCategory.POOL, OpCategory.MATMUL,
+            OpCategory.VIEW} <= cats
+    conv = next(op for op in graph.ops if op.target == "aten.convolution.default")
+    # 2 * N * Cout * H * W * Cin * k * k for the first 3->8 conv on 16x16, batch 4
+    assert conv.flops == 2 * 4 * 8 * 16 * 16 * 3 * 3 * 3
+    assert all(op.flops == 0 for op in graph.ops if op.category is OpCategory.VIEW)
+
+
+def test_multi_output_ops_own_every_output():
+    model, loss_fn, batch = make("vgg")
+    graph = capture(model, loss_fn, batch)
+    bn = next(op for op in graph.ops if "batch_norm" in op.target and op.phase is Phase.FORWARD)
+    assert len(bn.outputs) == 5  # out, mean, invstd, new running mean, new running var
+    updates = [t for t in graph.tensors if t.source.startswith("update:")]
+    assert {t.source for t in updates} >= {"update:model.features.1.running_mean"}
+
+
+def test_json_round_trip_and_bad_documents():
+    model, loss_fn, batch = make("densenet")
+    graph = capture(model, loss_fn, batch)
+    again = Graph.from_json(graph.to_json())
+    assert again.tensors == graph.tensors and again.ops == graph.ops
+    assert again.outputs == graph.outputs
+    with pytest.raises(GraphError):
+        Graph.from_json('{"tensors": []}')
+    doc = graph.to_json().replace('"producer": 0', '"producer": 999', 1)
+    with pytest.raises(GraphError):
+        Graph.from_json(doc)
+
+
+def big_vgg16():
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+           512, 512, 512, "M"]
+    layers, c = [], 3
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU()]
+            c = v
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * 7 * 7, 4096), nn.ReLU(),
+                         nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1000))
+
+
+def test_fake_capture_of_paper_scale_vgg16_is_fast_and_sized():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        model = big_vgg16()
+        batch = (torch.randn(256, 3, 224, 224), torch.randint(0, 1000, (256,)))
+    start = time.perf_counter()
+    graph = capture(model, nn.CrossEntropyLoss(), batch)
+    elapsed = time.perf_counter() - start
+    assert graph.meta["fake"]
+    first = next(op for op in graph.ops if op.target == "aten.convolution.default")
+    out = graph.tensors[first.outputs[0]]
+    assert out.nbytes == 256 * 64 * 224 * 224 * 4  # 3.2 GB, never allocated
+    assert elapsed < 60, "capture must not run the model"
+
+
+def test_fake_flag_sizes_a_real_model_without_running_it():
+    model, loss_fn, batch = make("resnet")
+    real = capture(model, loss_fn, batch)
+    fake = capture(model, loss_fn, batch, fake=True)
+    assert [t.nbytes for t in fake.tensors] == [t.nbytes for t in real.tensors]
+    assert isinstance(next(model.parameters()), nn.Parameter)
+    assert not isinstance(next(model.parameters()).data, torch._subclasses.FakeTensor)
+
+
+def test_bad_input_is_refused_clearly():
+    model, loss_fn, batch = make("mlp")
+    with pytest.raises(CaptureError, match=r"\(x, y\)"):
+        capture(model, loss_fn, batch[0])
+    with pytest.raises(CaptureError, match="nn.Module"):
+        capture(lambda x: x, loss_fn, batch)
+    with pytest.raises(CaptureError, match="scalar"):
+        capture(model, lambda out, y: out, batch)

@@ -1,0 +1,134 @@
+"""The verifier rejects every kind of broken schedule, naming the instruction."""
+
+import pytest
+from models import make
+
+from outcore.capture import capture
+from outcore.errors import ScheduleError
+from outcore.plan.lower import lower
+from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+from outcore.plan.verify import verify
+from outcore.policies import baseline
+
+
+@pytest.fixture(scope="module")
+def vgg():
+    model, loss_fn, batch = make("vgg")
+    graph = capture(model, loss_fn, batch)
+    GRAPH[:] = [graph]
+    return graph, lower(graph, baseline.offload_all(graph))
+
+
+def mutate(schedule, fn):
+    return Schedule(instructions=fn(list(schedule.instructions)),
+                    keep_at_end=schedule.keep_at_end, policy="mutated")
+
+
+def index_of(instructions, kind, pred=lambda i: True):
+    return next(k for k, i in enumerate(instructions) if isinstance(i, kind) and pred(i))
+
+
+def drop_first(kind, pred=lambda i: True):
+    def fn(instructions):
+        del instructions[index_of(instructions, kind, pred)]
+        return instructions
+    return fn
+
+
+def move_free_before_use(instructions):
+    k = index_of(instructions, Free)
+    free = instructions.pop(k)
+    # put it before the compute that produced it +1, i.e. before its readers
+    instructions.insert(k - 1, free)
+    return instructions
+
+
+def use_before_produce(instructions):
+    # the first compute that reads a produced tensor, moved to the front
+    graph = GRAPH[0]
+    k = next(i for i, s in enumerate(instructions) if isinstance(s, Compute) and any(
+        graph.tensors[t].producer is not None for t in graph.ops[s.op].inputs))
+    instructions.insert(0, instructions.pop(k))
+    return instructions
+
+
+GRAPH: list = []
+
+
+def recompute_first(instructions):
+    return [Compute(0, recompute=True)] + instructions
+
+
+CASES = [
+    ("missing wait d2h", drop_first(Wait, lambda w: w.direction == "d2h"), "offload is in flight"),
+    ("missing wait h2d", drop_first(Wait, lambda w: w.direction == "h2d"), "prefetch is"),
+    ("wait without offload", drop_first(Offload), "no copy in flight"),
+    ("use before produce", use_before_produce, "not resident"),
+    ("recompute before run", recompute_first, "before it ever ran"),
+    ("missing prefetch", drop_first(Prefetch), ""),
+]
+
+
+@pytest.mark.parametrize("label,fn,words", CASES, ids=[c[0] for c in CASES])
+def test_broken_schedules_are_rejected(vgg, label, fn, words):
+    graph, schedule = vgg
+    verify(graph, schedule)
+    with pytest.raises(ScheduleError) as err:
+        verify(graph, mutate(schedule, fn))
+    assert words in str(err.value)
+    assert err.value.index >= 0 or "end" in str(err.value) or "flight" in str(err.value)
+
+
+def test_prefetch_without_host_copy_rejected(vgg):
+    graph, schedule = vgg
+    t = next(i.tensor for i in schedule.instructions if isinstance(i, Prefetch))
+    stripped = [i for i in schedule.instructions
+                if not (isinstance(i, (Offload,)) and i.tensor == t)
+                and not (isinstance(i, Wait) and i.tensor == t and i.direction == "d2h")]
+    with pytest.raises(ScheduleError, match="no completed host copy"):
+        verify(graph, mutate(schedule, lambda _: stripped))
+
+
+def test_use_after_free_is_rejected(vgg):
+    graph, schedule = vgg
+    instructions = list(schedule.instructions)
+    # free a tensor right after it is made, before its readers run
+    k = index_of(instructions, Compute, lambda c: c.op == 1)
+    out = graph.ops[1].outputs[0]
+    instructions.insert(k + 1, Free(out))
+    with pytest.raises(ScheduleError, match="not resident"):
+        verify(graph, mutate(schedule, lambda _: instructions))
+
+
+def test_double_free_and_missing_output_rejected(vgg):
+    graph, schedule = vgg
+    k = index_of(schedule.instructions, Free)
+    doubled = list(schedule.instructions)
+    doubled.insert(k + 1, doubled[k])
+    with pytest.raises(ScheduleError, match="not resident"):
+        verify(graph, mutate(schedule, lambda _: doubled))
+    loss = schedule.keep_at_end[0]
+    with pytest.raises(ScheduleError, match="not resident at the end"):
+        verify(graph, mutate(schedule, lambda ins: ins + [Free(loss)]))
+
+
+def test_recompute_without_inputs_rejected():
+    model, loss_fn, batch = make("vgg")
+    graph = capture(model, loss_fn, batch)
+    schedule = lower(graph, baseline.recompute_cheap(graph))
+    ins = list(schedule.instructions)
+    k = next(i for i, s in enumerate(ins) if isinstance(s, Compute) and s.recompute)
+    needed = graph.ops[ins[k].op].inputs
+    victim = next(t for t in needed if graph.tensors[t].producer is not None)
+    ins.insert(k, Free(victim))
+    with pytest.raises(ScheduleError, match="recomputed but its input"):
+        verify(graph, mutate(schedule, lambda _: ins))
+
+
+def test_schedule_json_round_trip(vgg):
+    graph, schedule = vgg
+    again = Schedule.from_json(schedule.to_json())
+    assert again.instructions == schedule.instructions
+    assert again.keep_at_end == schedule.keep_at_end
+    with pytest.raises(ScheduleError):
+        Schedule.from_json('{"instructions": [["Bogus", {}]]}')

@@ -1,0 +1,6 @@
+"""Policies: each turns a Graph, a budget and a cost model into a Plan and a Schedule."""
+
+from outcore.policies.registry import (PolicyContext, PolicyInfo, PolicyOutput, get, names,
+                                       register)
+
+__all__ = ["PolicyContext", "PolicyInfo", "PolicyOutput", "get", "names", "register"]

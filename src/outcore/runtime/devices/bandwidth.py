@@ -32,7 +32,7 @@ def emulated_bandwidth(link_bw: float, gpu_flops: float, cpu_flops: float) -> fl
     return link_bw * cpu_flops / gpu_flops
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
     """This CPU's matmul FLOP/s for ``dtype``: the best of ``repeats`` timed ``n x n``
     products after one warm-up (``2 n^3`` FLOPs each). Cached per process and arguments."""
@@ -56,27 +56,19 @@ def bandwidth_for_gpu(name: str, dtype: str = "float32",
                       cpu: float | None = None) -> tuple[float, float]:
     """(d2h, h2d) bytes/s for the emulated device standing in for GPU profile ``name``.
 
-    ``cpu`` overrides the measured CPU FLOP/s (for reproducible runs). Reads the profile
-    from ``outcore.cost.profiles.get_profile``; raises ProfileError if it lacks a field.
+    Uses the profile's host-link bandwidth per direction and its peak FLOP/s for ``dtype``
+    (``outcore.cost.profiles.get_profile``, imported lazily). ``cpu`` overrides this CPU's
+    FLOP/s, e.g. with ``get_profile("this-cpu").peak(dtype)`` or a fixed number for
+    reproducible runs; by default ``cpu_flops`` measures it.
     """
-    from outcore.cost.profiles import get_profile  # lazy: profiles are optional here
+    from outcore.cost.profiles import get_profile
 
     profile = get_profile(name)
-    d2h, h2d, gpu = _profile_numbers(profile, name, dtype)
+    gpu = profile.peak(dtype)  # ProfileError naming the dtypes it knows
     if cpu is None:
-        cpu = cpu_flops(getattr(torch, dtype))
-    return emulated_bandwidth(d2h, gpu, cpu), emulated_bandwidth(h2d, gpu, cpu)
-
-
-def _profile_numbers(profile: object, name: str, dtype: str) -> tuple[float, float, float]:
-    """(d2h bytes/s, h2d bytes/s, peak FLOP/s for dtype) from a GPU profile."""
-    try:
-        d2h = float(profile.d2h_bandwidth)  # type: ignore[attr-defined]
-        h2d = float(profile.h2d_bandwidth)  # type: ignore[attr-defined]
-        flops = float(profile.peak_flops[dtype])  # type: ignore[attr-defined]
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise ProfileError(
-            f"GPU profile {name!r} lacks what the emulated device needs ({exc}): host-link "
-            f"bandwidth per direction and peak FLOP/s for {dtype}. Pass bandwidth= explicitly."
-        ) from exc
-    return d2h, h2d, flops
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ProfileError(f"cannot time a {dtype!r} matmul on this CPU; pass cpu= FLOP/s")
+        cpu = cpu_flops(torch_dtype)
+    return (emulated_bandwidth(profile.bandwidth("d2h"), gpu, cpu),
+            emulated_bandwidth(profile.bandwidth("h2d"), gpu, cpu))

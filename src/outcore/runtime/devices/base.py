@@ -31,6 +31,7 @@ from outcore.runtime.tracker import MemoryTracker
 class Device(Protocol):
     name: str
     tracker: MemoryTracker
+    capacity: int | None
 
     def start_offload(self, tid: int, t: torch.Tensor) -> None: ...
     def wait_offload(self, tid: int) -> None: ...
@@ -52,6 +53,7 @@ class SyncCPUDevice:
     name = "cpu"
 
     def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
         self.tracker = MemoryTracker(capacity)
         self._host: dict[int, torch.Tensor] = {}
 

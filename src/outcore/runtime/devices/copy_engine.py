@@ -7,7 +7,8 @@ A job of ``n`` bytes occupies the engine for ``LinkModel.seconds(n)`` =
 
 Invariants:
 
-* The data is moved progressively: the job is cut into chunks and chunk ``[a, b)`` is read
+* The data is moved progressively: the job is cut into chunks (``chunk_bounds``, at least
+  ``MIN_CHUNKS`` when they can be ``MIN_CHUNK_SECONDS`` long) and chunk ``[a, b)`` is read
   at ``start + LinkModel.arrival(a)``. Whatever the source holds at that moment is what
   the destination gets, so a source overwritten mid-transfer yields a torn copy (this is
   what makes a free-before-wait race visible).
@@ -38,11 +39,13 @@ from outcore.errors import OutcoreError
 
 Direction = Literal["d2h", "h2d"]
 
-#: Largest chunk moved at once; smaller chunks make the progressive read finer.
+#: A chunk is at most this long unless ``min_chunk`` says otherwise (progressive reads).
 MAX_CHUNK_BYTES = 1 << 20
 #: Smallest chunk worth a separate deadline (below this, Python overhead dominates).
 MIN_CHUNK_BYTES = 4096
-#: A transfer is cut into at least this many chunks when its size allows.
+#: Nor is a chunk shorter than this many seconds of transfer (thread wake-ups cost ~0.1 ms).
+MIN_CHUNK_SECONDS = 5e-4
+#: A transfer is cut into at least this many chunks when the two floors above allow.
 MIN_CHUNKS = 16
 
 
@@ -92,14 +95,21 @@ class LinkModel:
         """Seconds a copy of ``nbytes`` occupies the engine."""
         return self.arrival(nbytes)
 
+    def min_chunk(self) -> int:
+        """The chunk floor for this link: ``MIN_CHUNK_BYTES``, or the bytes that cross in
+        ``MIN_CHUNK_SECONDS`` if more (an infinitely fast link copies in one chunk)."""
+        rate = self.bandwidth / self.slowdown
+        if not math.isfinite(rate) or rate * MIN_CHUNK_SECONDS >= 2**62:
+            return 2**62
+        return max(MIN_CHUNK_BYTES, int(rate * MIN_CHUNK_SECONDS))
 
-def chunk_bounds(nbytes: int) -> list[tuple[int, int]]:
-    """Cut ``[0, nbytes)`` into contiguous chunks: at least ``MIN_CHUNKS`` when each can be
-    ``MIN_CHUNK_BYTES`` long, none longer than ``MAX_CHUNK_BYTES``. Empty for 0 bytes."""
+
+def chunk_bounds(nbytes: int, min_chunk: int = MIN_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """Cut ``[0, nbytes)`` into contiguous chunks: ``nbytes / MIN_CHUNKS`` long, capped at
+    ``MAX_CHUNK_BYTES``, but never shorter than ``min_chunk``. Empty for 0 bytes."""
     if nbytes <= 0:
         return []
-    size = max(MIN_CHUNK_BYTES, math.ceil(nbytes / MIN_CHUNKS))
-    size = min(size, MAX_CHUNK_BYTES)
+    size = max(min_chunk, min(math.ceil(nbytes / MIN_CHUNKS), MAX_CHUNK_BYTES), 1)
     return [(a, min(a + size, nbytes)) for a in range(0, nbytes, size)]
 
 
@@ -236,7 +246,7 @@ class CopyEngine:
                 f"{dst.numel()} bytes")
         start = time.perf_counter()
         job.started = start
-        for a, b in chunk_bounds(job.nbytes):
+        for a, b in chunk_bounds(job.nbytes, self.link.min_chunk()):
             self._wait_until(start + self.link.arrival(a))
             dst[a:b].copy_(src[a:b])
         self._wait_until(start + self.link.seconds(job.nbytes))

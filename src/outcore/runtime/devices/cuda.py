@@ -27,6 +27,7 @@ prefetch is reported as ``DeviceOutOfMemory`` naming the tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 
@@ -108,6 +109,10 @@ class CudaDevice:
         self._totals = {"d2h": DirectionStats(), "h2d": DirectionStats()}
 
     @property
+    def capacity(self) -> int | None:
+        return self.tracker.capacity
+
+    @property
     def compute_stream(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
 
@@ -138,7 +143,6 @@ class CudaDevice:
 
     def release(self, tid: int, t: torch.Tensor, last_alias: bool) -> None:
         """Nothing to do: ``record_stream`` already keeps an in-flight source alive."""
-        return None
 
     # -- prefetch ----------------------------------------------------------------------------
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
@@ -207,7 +211,7 @@ class CudaDevice:
             self.drop_host(tid)
         self._reclaim(block=True)
 
-    def __enter__(self) -> CudaDevice:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,11 +30,17 @@ from __future__ import annotations
 import time
 import weakref
 from functools import partial
+from typing import Self
 
 import torch
 
 from outcore.errors import OutcoreError, ScheduleError
-from outcore.runtime.devices.copy_engine import CopyEngine, CopyJob, Direction, LinkModel
+from outcore.runtime.devices.copy_engine import (
+    CopyEngine,
+    CopyJob,
+    Direction,
+    LinkModel,
+)
 from outcore.runtime.devices.stats import StatsRecorder, TransferStats
 from outcore.runtime.devices.storage import TensorLayout, byte_view, poison_storage
 from outcore.runtime.tracker import MemoryTracker
@@ -210,7 +216,7 @@ class EmulatedDevice:
         self._closed = True
         self._finalizer()
 
-    def __enter__(self) -> EmulatedDevice:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 import torch
 
 
+def align_up(nbytes: int, alignment: int) -> int:
+    """The bytes an allocation of ``nbytes`` takes: a multiple of ``alignment``, at least one."""
+    return max(alignment, -(-nbytes // alignment) * alignment)
+
+
 class OffsetAllocator:
     """First-fit allocation of aligned byte ranges inside ``[0, size)``."""
 
@@ -30,14 +35,11 @@ class OffsetAllocator:
         self._free: list[tuple[int, int]] = [(0, size)] if size else []  # sorted (start, len)
         self._used: dict[int, int] = {}
 
-    def _round(self, nbytes: int) -> int:
-        return max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
-
     def alloc(self, nbytes: int) -> int | None:
         """Offset of a free range of at least ``nbytes``, or None if none fits."""
         if nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes} bytes")
-        need = self._round(nbytes)
+        need = align_up(nbytes, self.alignment)
         for i, (start, length) in enumerate(self._free):
             if length >= need:
                 if length == need:
@@ -89,7 +91,7 @@ class HostPool:
     """Segments from ``allocate(nbytes)`` (e.g. pinned), carved by ``OffsetAllocator``.
 
     The first segment has ``segment_bytes``; when nothing fits, a new segment of
-    ``max(segment_bytes, 2 * largest so far, nbytes)`` is added. ``segments_allocated`` counts
+    ``max(segment_bytes, 2 * largest so far, nbytes rounded up to alignment)`` is added. ``segments_allocated`` counts
     calls to ``allocate``, the expensive operation this pool exists to avoid repeating.
     """
 
@@ -128,7 +130,8 @@ class HostPool:
         if slot is not None:
             return slot
         largest = max((a.size for _, a in self._segments), default=0)
-        size = max(self.segment_bytes, 2 * largest, nbytes)
+        need = align_up(nbytes, self.alignment)
+        size = max(self.segment_bytes, 2 * largest, need)
         self._segments.append((self._allocate(size), OffsetAllocator(size, self.alignment)))
         slot = self.try_alloc(nbytes)
         assert slot is not None, "a fresh segment must fit the request"

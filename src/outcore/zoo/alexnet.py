@@ -12,6 +12,8 @@ what the Facebook convnet-benchmarks reference that vDNN uses implements) and "a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from outcore.zoo.layers import (
@@ -21,16 +23,19 @@ from outcore.zoo.layers import (
     check_spatial,
     conv_out,
     mlp_head,
-    pair,
     scale,
 )
 
 
-def _final(size: int, windows: list[tuple[int, int, int]]) -> int:
-    """Apply (kernel, stride, padding) windows in turn to one spatial axis."""
-    for kernel, stride, padding in windows:
-        size = conv_out(size, kernel, stride, padding)
-    return size
+def _through(windows: list[tuple[int, int, int]]) -> Callable[[int], int]:
+    """Input length → output length after (kernel, stride, padding) windows applied in turn."""
+
+    def final(size: int) -> int:
+        for kernel, stride, padding in windows:
+            size = conv_out(size, kernel, stride, padding) if size >= kernel - 2 * padding else 0
+        return size
+
+    return final
 
 
 def build_alexnet(
@@ -51,9 +56,8 @@ def build_alexnet(
         # Krizhevsky et al. §3.3: n=5, alpha=1e-4, beta=0.75, k=2.
         return [nn.LocalResponseNorm(5, alpha=1e-4, beta=0.75, k=2.0)] if lrn else []
 
-    windows = [(11, 4, 0), (3, 2, 0), (5, 1, 2), (3, 2, 0), (3, 1, 1), (3, 1, 1), (3, 1, 1), (3, 2, 0)]
-    h, w = (_final(s, windows) for s in pair(image_size))
-    check_spatial("alexnet", image_size, (h, w), "63")
+    windows = [(11, 4, 0), (3, 2, 0), (5, 1, 2), (3, 2, 0)] + [(3, 1, 1)] * 3 + [(3, 2, 0)]
+    h, w = check_spatial("alexnet", image_size, _through(windows))
     features = nn.Sequential(
         ConvReLU(3, c1, 11, stride=4), *norm(), nn.MaxPool2d(3, 2),
         ConvReLU(c1, c2, 5, padding=2, groups=groups), *norm(), nn.MaxPool2d(3, 2),
@@ -73,7 +77,7 @@ def build_overfeat(
     check_positive(width=width, num_classes=num_classes)
     c = {n: scale(n, width) for n in (96, 256, 512, 1024, 3072, 4096)}
     if variant == "fast":
-        windows = [(11, 4, 0), (2, 2, 0), (5, 1, 0), (2, 2, 0), (3, 1, 1), (3, 1, 1), (3, 1, 1), (2, 2, 0)]
+        windows = [(11, 4, 0), (2, 2, 0), (5, 1, 0), (2, 2, 0)] + [(3, 1, 1)] * 3 + [(2, 2, 0)]
         features = nn.Sequential(
             ConvReLU(3, c[96], 11, stride=4), nn.MaxPool2d(2, 2),
             ConvReLU(c[96], c[256], 5), nn.MaxPool2d(2, 2),
@@ -81,7 +85,7 @@ def build_overfeat(
             ConvReLU(c[512], c[1024], 3, padding=1),
             ConvReLU(c[1024], c[1024], 3, padding=1), nn.MaxPool2d(2, 2),
         )  # fmt: skip
-        hidden, minimum = (c[3072], c[4096]), "71"
+        hidden = (c[3072], c[4096])
     elif variant == "accurate":
         windows = [(7, 2, 0), (3, 3, 0), (7, 1, 0), (2, 2, 0)] + [(3, 1, 1)] * 4 + [(3, 3, 0)]
         features = nn.Sequential(
@@ -92,11 +96,10 @@ def build_overfeat(
             ConvReLU(c[512], c[1024], 3, padding=1),
             ConvReLU(c[1024], c[1024], 3, padding=1), nn.MaxPool2d(3, 3),
         )  # fmt: skip
-        hidden, minimum = (c[4096], c[4096]), "83"
+        hidden = (c[4096], c[4096])
     else:
         raise ValueError(f"overfeat: variant must be 'fast' or 'accurate', got {variant!r}")
-    h, w = (_final(s, windows) for s in pair(image_size))
-    check_spatial(f"overfeat-{variant}", image_size, (h, w), minimum)
+    h, w = check_spatial(f"overfeat-{variant}", image_size, _through(windows))
     head = nn.Sequential(
         nn.Flatten(),
         nn.Linear(c[1024] * h * w, hidden[0]), nn.ReLU(inplace=False), nn.Dropout(dropout),

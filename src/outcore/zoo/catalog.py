@@ -70,13 +70,13 @@ def _vgg_entries() -> list[Entry]:
                partial(vgg.build_vgg, groups=groups), opts, small)  # fmt: skip
         for n, groups in vgg.CONFIGS.items()
     ]
-    deep = [(101, 19, "moDNN's VGG-101, deepened VGG-19"), (116, 16, "vDNN's VGG-116"),
-            (216, 16, "vDNN's VGG-216"), (316, 16, "vDNN's VGG-316"), (416, 16, "vDNN's VGG-416")]  # fmt: skip
+    deep = [(101, 19, "moDNN's VGG-101, a deepened VGG-19")]
+    deep += [(d, 16, f"vDNN's VGG-{d}, a deepened VGG-16") for d in (116, 216, 316, 416)]
     for depth, base, what in deep:
         groups = vgg.deep_groups(depth, base)
         build = partial(vgg.build_vgg, groups=groups)
         out.append(_image(f"vgg{depth}", f"{what}: conv groups {groups}", build, opts, small))
-    out.append(_image("vgg-deep", "VGG with `depth` weight layers grown from VGG-`base` (vDNN §IV-C)",
+    out.append(_image("vgg-deep", "VGG of `depth` weight layers grown from VGG-`base` (vDNN §IV-C)",
                       vgg.build_vgg_deep, {"depth": 116, "base": 16, **opts}, small))  # fmt: skip
     return out
 
@@ -119,9 +119,9 @@ def _resnet_entries() -> list[Entry]:
                           partial(resnet.build_resnet_cifar, depth=depth), cifar,
                           {"image_size": 16, "width": 0.25}))  # fmt: skip
     out.append(_image("resnet-units",
-                      "bottleneck ResNet with `units` residual units, depth 3·units+2 "
-                      "(SuperNeurons Table 4: stages (6, 32, units-44, 6))",
-                      resnet.build_resnet_units, {"units": 2500, **IMAGENET},
+                      "bottleneck ResNet of `units` residual units, depth 3·units+2, stages "
+                      "(6, 32, units-44, 6) (SuperNeurons Table 4); 833 units = its ResNet2500",
+                      resnet.build_resnet_units, {"units": 833, **IMAGENET},
                       {**SMALL, "units": 4, "width": 1 / 8}))  # fmt: skip
     return out
 
@@ -129,13 +129,13 @@ def _resnet_entries() -> list[Entry]:
 def _dense_inception_entries() -> list[Entry]:
     return [
         _image("densenet121", "DenseNet-121 (Huang et al. 2017), k=32, blocks (6, 12, 24, 16)",
-               partial(densenet.build_densenet, blocks=(6, 12, 24, 16), growth=32, stem="imagenet"),
-               dict(IMAGENET), {**SMALL, "width": 1 / 8}),
+               partial(densenet.build_densenet, growth=32, stem="imagenet"),
+               {**IMAGENET, "blocks": (6, 12, 24, 16)}, {**SMALL, "width": 1 / 8}),
         _image("densenet-bc100-cifar", "DenseNet-BC-100 for CIFAR (Huang et al. 2017), k=12",
-               partial(densenet.build_densenet, blocks=(16, 16, 16), growth=12, stem="cifar"),
-               {"image_size": 32, "num_classes": 10, "width": 1.0},
+               partial(densenet.build_densenet, growth=12, stem="cifar"),
+               {"image_size": 32, "num_classes": 10, "width": 1.0, "blocks": (16, 16, 16)},
                {"image_size": 16, "width": 1 / 3}),
-        _image("inception-v4", "Inception-v4 (Szegedy et al. 2017): stem, 4xA, RedA, 7xB, RedB, 3xC",
+        _image("inception-v4", "Inception-v4 (Szegedy et al. 2017): stem, A x4, B x7, C x3",
                inception.build_inception_v4,
                {**IMAGENET, "image_size": 299, "dropout": 0.2, "blocks": (4, 7, 3)},
                {**SMALL, "image_size": 75, "width": 1 / 8}),

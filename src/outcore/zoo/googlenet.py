@@ -61,5 +61,6 @@ def build_googlenet(*, num_classes: int, width: float, dropout: float, lrn: bool
         layers.append(module)
         if name in POOL_AFTER:
             layers.append(nn.MaxPool2d(3, 2, ceil_mode=True))
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(channels, num_classes)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout)]
+    layers.append(nn.Linear(channels, num_classes))
     return nn.Sequential(*layers)

@@ -18,6 +18,7 @@ modules (a stride-2 3x3 conv beside a stride-2 max pool), for 28x28 or 32x32 ima
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,11 +28,18 @@ from outcore.zoo.layers import Concat, ConvBNReLU, check_positive, scale
 BN_EPS = 1e-3  # TF-slim's batch-norm epsilon
 
 
-def _conv(in_ch: int, out_ch: int, kernel: int | tuple[int, int], stride: int = 1, padding: int | tuple[int, int] = 0) -> ConvBNReLU:
+def _conv(
+    in_ch: int,
+    out_ch: int,
+    kernel: int | tuple[int, int],
+    stride: int = 1,
+    padding: int | tuple[int, int] = 0,
+) -> ConvBNReLU:
     return ConvBNReLU(in_ch, out_ch, kernel, stride, padding, eps=BN_EPS)
 
 
-Spec = tuple  # (out channels, kernel, stride) or (out channels, kernel, stride, "V")
+#: (out channels, kernel, stride) or (out channels, kernel, stride, "V")
+Spec = tuple[Any, ...]
 
 
 def _chain(in_ch: int, specs: Sequence[Spec]) -> tuple[nn.Sequential, int]:
@@ -129,7 +137,8 @@ class _Builder:
 
         t3, m3 = self.chain(ch, (384, 1, 1))
         t4, m4 = self.chain(ch, (384, 1, 1), (448, (3, 1), 1), (512, (1, 3), 1))
-        branches = [self.pooled(ch, 256), self.chain(ch, (256, 1, 1))[0], split(t3, m3), split(t4, m4)]
+        plain = self.chain(ch, (256, 1, 1))[0]
+        branches = [self.pooled(ch, 256), plain, split(t3, m3), split(t4, m4)]
         return Concat(branches), 6 * self.c(256)
 
 
@@ -149,14 +158,18 @@ def build_inception_v4(
         for _ in range(n):
             block, ch = build_block(ch)
             layers.append(block)
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(ch, num_classes)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout)]
+    layers.append(nn.Linear(ch, num_classes))
     return nn.Sequential(*layers)
 
 
-#: Zhang et al. 2017, Fig. 3: ("I", 1x1 channels, 3x3 channels) or ("D", 3x3 channels).
+#: Zhang et al. 2017, Fig. 3, after the first conv: an Inception module is (1x1 channels,
+#: 3x3 channels); a downsample module is (3x3 channels,).
 SMALL_LAYOUT: tuple[tuple[int, ...], ...] = (
-    (32, 32), (32, 48), (80,), (112, 48), (96, 64), (80, 80), (48, 96), (96,), (176, 160), (176, 160),
-)
+    (32, 32), (32, 48), (80,),
+    (112, 48), (96, 64), (80, 80), (48, 96), (96,),
+    (176, 160), (176, 160),
+)  # fmt: skip
 
 
 def build_inception_small(*, num_classes: int, width: float) -> nn.Sequential:
@@ -171,7 +184,8 @@ def build_inception_small(*, num_classes: int, width: float) -> nn.Sequential:
             ch = n1 + n3
         else:
             n3 = scale(spec[0], width)
-            layers.append(Concat([ConvBNReLU(ch, n3, 3, stride=2, padding=1), nn.MaxPool2d(3, 2, padding=1)]))
+            conv = ConvBNReLU(ch, n3, 3, stride=2, padding=1)
+            layers.append(Concat([conv, nn.MaxPool2d(3, 2, padding=1)]))
             ch += n3
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, num_classes)]
     return nn.Sequential(*layers)

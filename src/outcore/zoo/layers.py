@@ -12,7 +12,7 @@ data-dependent shapes), so every block builds under ``FakeTensorMode``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -127,10 +127,26 @@ def check_positive(**values: float) -> None:
         raise ValueError(f"these options must be positive: {', '.join(bad)}")
 
 
-def check_spatial(model: str, image_size: Size2, final: tuple[int, int], minimum: str) -> None:
-    """Raise ValueError when ``image_size`` leaves no pixels at the network's last feature map."""
-    if final[0] < 1 or final[1] < 1:
+def smallest_input(final_size: Callable[[int], int], limit: int = 4096) -> int:
+    """The least input length for which ``final_size`` (input length → last map length) is >= 1."""
+    for size in range(1, limit + 1):
+        if final_size(size) >= 1:
+            return size
+    return limit
+
+
+def check_spatial(
+    model: str, image_size: Size2, final_size: Callable[[int], int]
+) -> tuple[int, int]:
+    """The last feature map's (height, width) for ``image_size`` inputs.
+
+    ``final_size`` maps an input length to the last map's length along one axis.
+    Raises ValueError, naming the smallest input that works, when the map would be empty.
+    """
+    h, w = (final_size(s) for s in pair(image_size))
+    if h < 1 or w < 1:
         raise ValueError(
             f"{model}: image_size={image_size!r} is too small (the last feature map would be "
-            f"{final[0]}x{final[1]}); use image_size >= {minimum}."
+            f"{h}x{w}); use image_size >= {smallest_input(final_size)}."
         )
+    return h, w

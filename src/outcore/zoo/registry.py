@@ -14,7 +14,8 @@ from outcore.zoo.catalog import ENTRIES, Entry
 from outcore.zoo.workload import Workload
 
 _BY_NAME: dict[str, Entry] = {e.name: e for e in ENTRIES}
-assert len(_BY_NAME) == len(ENTRIES), "duplicate zoo names"
+if len(_BY_NAME) != len(ENTRIES):
+    raise RuntimeError("outcore.zoo.catalog registers a name twice; give each entry its own name")
 
 
 def names() -> list[str]:

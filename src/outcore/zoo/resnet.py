@@ -12,8 +12,10 @@
   A bottleneck strides in its 3x3 convolution, as in the Torch implementation
   (fb.resnet.torch) that Dymem follows.
 * Arbitrary depth (``stages_for_units``): SuperNeurons Table 4 grows a bottleneck ResNet with
-  depth = 3(n1 + n2 + n3 + n4) + 2 by fixing n1 = 6, n2 = 32, n4 = 6 and raising n3, up to
-  2500 residual units.
+  depth = 3(n1 + n2 + n3 + n4) + 2 by fixing n1 = 6, n2 = 32, n4 = 6 and raising n3. Its
+  headline "ResNet2500 ... 10^4 basic layers ... at batch 1 on a 12 GB GPU" must mean depth
+  2500, i.e. about 833 units (0.92G parameters, ~10 layers per unit): 2500 *units* at full
+  width would hold 2.78G parameters, 11 GB of fp32 weights before any gradient.
 
 Every residual join is an out-of-place ``branch + shortcut`` followed by ReLU.
 """
@@ -64,7 +66,9 @@ class PadShortcut(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions (+BN) with a ReLU between, added to the shortcut, then ReLU."""
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int, *, batchnorm: bool, pad_shortcut: bool) -> None:
+    def __init__(
+        self, in_ch: int, out_ch: int, stride: int, *, batchnorm: bool, pad_shortcut: bool
+    ) -> None:
         super().__init__()
         self.branch = nn.Sequential(
             _conv(in_ch, out_ch, 3, stride, batchnorm), _norm(out_ch, batchnorm), relu(),
@@ -105,11 +109,15 @@ def _shortcut(in_ch: int, out_ch: int, stride: int, *, batchnorm: bool, pad: boo
     return nn.Sequential(_conv(in_ch, out_ch, 1, stride, batchnorm), _norm(out_ch, batchnorm))
 
 
-def build_resnet_cifar(*, depth: int, num_classes: int, width: float, batchnorm: bool) -> nn.Sequential:
+def build_resnet_cifar(
+    *, depth: int, num_classes: int, width: float, batchnorm: bool
+) -> nn.Sequential:
     """CIFAR ResNet of ``depth`` = 6n + 2 layers (20, 32, 44, 56, 110, ...)."""
     check_positive(width=width, num_classes=num_classes)
     if depth < 8 or (depth - 2) % 6:
-        raise ValueError(f"resnet-cifar: depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, ...), got {depth}")
+        raise ValueError(
+            f"resnet-cifar: depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, ...), got {depth}"
+        )
     n = (depth - 2) // 6
     c16 = scale(16, width)
     layers: list[nn.Module] = [_conv(3, c16, 3, 1, batchnorm), _norm(c16, batchnorm), relu()]
@@ -167,7 +175,10 @@ def stages_for_units(units: int) -> tuple[int, int, int, int]:
 
 
 def build_resnet_units(*, units: int, num_classes: int, width: float) -> nn.Sequential:
-    """A bottleneck ResNet of ``units`` residual units (depth 3·units + 2), per ``stages_for_units``."""
+    """A bottleneck ResNet of ``units`` residual units (depth 3·units + 2).
+
+    The units are spread over the stages by ``stages_for_units``.
+    """
     return build_resnet(
         block="bottleneck", stages=stages_for_units(units), num_classes=num_classes, width=width
     )

@@ -26,7 +26,9 @@ from outcore.zoo.layers import check_positive
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection."""
 
-    def __init__(self, d_model: int, n_head: int, seq_len: int, dropout: float, attention: str) -> None:
+    def __init__(
+        self, d_model: int, n_head: int, seq_len: int, dropout: float, attention: str
+    ) -> None:
         super().__init__()
         self.n_head = n_head
         self.attention = attention
@@ -56,7 +58,9 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block: attention then MLP, each added to the residual stream."""
 
-    def __init__(self, d_model: int, n_head: int, seq_len: int, dropout: float, attention: str) -> None:
+    def __init__(
+        self, d_model: int, n_head: int, seq_len: int, dropout: float, attention: str
+    ) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head, seq_len, dropout, attention)
@@ -114,7 +118,8 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue  # biases stay 0, LayerNorm weights stay 1
-            std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+            residual = name.endswith(("proj.weight", "mlp.2.weight"))
+            std = 0.02 / math.sqrt(2 * max(n_layer, 1)) if residual else 0.02
             nn.init.normal_(p, 0.0, std)
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is not None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from outcore.zoo.layers import Size2, check_positive, check_spatial, mlp_head, pair, relu, scale
+from outcore.zoo.layers import Size2, check_positive, check_spatial, mlp_head, relu, scale
 
 CHANNELS = (64, 128, 256, 512, 512)
 
@@ -88,9 +88,7 @@ def build_vgg(
     check_positive(width=width, num_classes=num_classes)
     if len(groups) != len(CHANNELS) or any(n < 0 for n in groups):
         raise ValueError(f"vgg: groups must be 5 non-negative counts, got {tuple(groups)}")
-    h, w = pair(image_size)
-    final = (h // 32, w // 32)
-    check_spatial("vgg", image_size, final, "32")
+    final = check_spatial("vgg", image_size, lambda size: size // 32)
     feats, channels = features(groups, width=width, batchnorm=batchnorm)
     hidden = scale(4096, width)
     head = mlp_head(channels * final[0] * final[1], hidden, num_classes, dropout)

@@ -14,6 +14,7 @@ Public API:
     errors: CaptureError, InfeasibleBudgetError, ScheduleError, DeviceOutOfMemory
 """
 
+from outcore import plan, policies  # callable subpackages: plan(...), policies()
 from outcore.capture import capture
 from outcore.errors import (CaptureError, DeviceOutOfMemory, GraphError, InfeasibleBudgetError,
                             OutcoreError, ProfileError, ScheduleError)

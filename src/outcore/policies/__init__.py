@@ -4,3 +4,8 @@ from outcore.policies.registry import (PolicyContext, PolicyInfo, PolicyOutput, 
                                        register)
 
 __all__ = ["PolicyContext", "PolicyInfo", "PolicyOutput", "get", "names", "register"]
+
+from outcore._callable_module import make_callable  # noqa: E402
+
+# ``outcore.policies()`` lists the policy names (see outcore._callable_module).
+make_callable(__name__, lambda: names)

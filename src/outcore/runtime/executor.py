@@ -79,6 +79,16 @@ class _Runtime:
                 torch.set_rng_state(current)
 
 
+def variant_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., Any]]:
+    """Op id -> the callable of the operator algorithm the schedule chose for it."""
+    if not schedule.variants:
+        return {}
+    from outcore.variants.registry import implementation
+
+    return {oid: implementation(graph.ops[oid].target, variant)
+            for oid, variant in schedule.variants.items() if variant != "framework"}
+
+
 class Executor:
     """Runs one Schedule of one captured Graph; reusable across steps.
 
@@ -105,7 +115,8 @@ class Executor:
         self.schedule = schedule
         self.step = step
         self.device: Device = device if device is not None else SyncCPUDevice()
-        self.generated: GeneratedStep = generate(graph, schedule, impls)
+        self.generated: GeneratedStep = generate(graph, schedule,
+                                                 {**variant_impls(graph, schedule), **(impls or {})})
         self.capacity: int | None = getattr(self.device, "capacity", None)
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0) -> StepResult:

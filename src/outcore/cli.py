@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     _planning_arguments(p)
     p.add_argument("--list-models", action="store_true", help=argparse.SUPPRESS)
 
-    p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot and trace")
+    p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot, trace, HTML")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
-    p.add_argument("--out", default="out", help="folder for memory.png and trace.json")
+    p.add_argument("--out", default="out", help="folder for memory.png, trace.json, report.html")
 
     p = sub.add_parser("run", help="train N steps on the CPU-emulated device")
     _model_arguments(p, default_fake=False)

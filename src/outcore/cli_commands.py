@@ -111,10 +111,14 @@ def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
     png = plot_memory(planned.simulation, out / "memory.png", graph=planned.graph)
     trace = out / "trace.json"
     write_trace(trace, planned.simulation, planned.graph, planned.schedule)
-    result = _summary(planned, label) | {"plot": str(png), "trace": str(trace)}
+    from outcore.report.html import write_html
+
+    report = write_html(planned, out / "report.html", title=f"outcore plan: {label}")
+    result = _summary(planned, label) | {"plot": str(png), "trace": str(trace),
+                                         "report": str(report)}
     emit(args, lambda console: console.print(
         f"[bold]{label}[/bold], policy {planned.plan.policy}\n{planned.simulation.summary()}\n"
-        f"wrote {png} and {trace}"))
+        f"wrote {png}, {trace} and {report}"))
     return result
 
 

@@ -1,7 +1,7 @@
 """Convolution by FFT (cuDNN's "FFT" algorithm family), forward and both backward passes.
 
-Every pass works on the zero-padded plane of size ``P x Q = (H + 2ph) x (W + 2pw)``, which is
-large enough that the circular correlation/convolution of the DFT never wraps onto an index
+Every pass works on a zero-padded plane of size ``P x Q >= (H + 2ph) x (W + 2pw)`` (rounded
+up to 2-3-5-smooth lengths, which FFTs do fast), large enough that the circular correlation/convolution of the DFT never wraps onto an index
 that is read (proof in ``workspace.conv_fft_plane``):
 
 * forward: ``Y = irfft2( sum_c rfft2(x_pad)[n,c] * conj(rfft2(w)[o,c]) )``, sampled at the
@@ -11,8 +11,10 @@ that is read (proof in ``workspace.conv_fft_plane``):
 * weight gradient: ``dW = irfft2( sum_n rfft2(x_pad)[n,c] * conj(rfft2(dY)[n,o]) )`` cropped
   to ``kh x kw``.
 
-The channel sums are one batched complex GEMM over the ``P * (Q//2 + 1)`` frequencies.
-Workspace is the frequency-domain buffers and the padded planes alive at once; the formulas in
+Planes are laid out frequency-major, (P, Q, batch, channels), and transformed over dims
+(0, 1), so the channel sums are one batched complex GEMM over the ``P * (Q//2 + 1)``
+frequencies on dense matrices (a (N, C, P, Q) layout makes ``bmm`` copy every matrix).
+Workspace is the padded planes and frequency-domain buffers alive at once; the formulas in
 ``workspace.conv_fft_*`` follow the allocation order of this module line by line, so keep
 them in step. Preconditions: ``check_supported`` passed (2-d, groups 1, dilation 1, not
 transposed, float32/float64). Outputs are new tensors; inputs are never written.
@@ -23,31 +25,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
+
+from outcore.variants.workspace import fast_fft_length
 
 
 def _pair(v: Sequence[int]) -> tuple[int, int]:
     return (int(v[0]), int(v[0])) if len(v) == 1 else (int(v[0]), int(v[1]))
 
 
-def _spectrum(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
-    """rfft2 of ``x`` zero-padded by (ph, pw) on both sides: shape (A, B, P, Q//2+1)."""
-    if ph or pw:
-        padded = F.pad(x, (pw, pw, ph, ph))
-        return torch.fft.rfft2(padded)
-    return torch.fft.rfft2(x)
+def _plane(t: torch.Tensor, p: int, q: int, top: int, left: int,
+           rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+    """A new zero (P, Q, A, B) plane holding ``t`` (A, B, h, w) at rows/cols (default: a
+    block at (top, left))."""
+    plane = t.new_zeros((p, q, t.shape[0], t.shape[1]))
+    rows = rows or slice(top, top + t.shape[2])
+    cols = cols or slice(left, left + t.shape[3])
+    plane[rows, cols] = t.permute(2, 3, 0, 1)
+    return plane
 
 
-def _freq_major(spec: torch.Tensor, outer_first: bool) -> torch.Tensor:
-    """View (A, B, P, Qf) as (F, A, B) if ``outer_first`` else (F, B, A); no copy."""
-    a, b = spec.shape[0], spec.shape[1]
-    flat = spec.view(a, b, -1)
-    return flat.permute(2, 0, 1) if outer_first else flat.permute(2, 1, 0)
+def _spectrum(plane: torch.Tensor) -> torch.Tensor:
+    """rfft2 over the plane dims: (P, Q, A, B) real -> (P, Q//2+1, A, B) complex."""
+    return torch.fft.rfft2(plane, dim=(0, 1))
 
 
-def _from_freq_major(prod: torch.Tensor, p: int, qf: int) -> torch.Tensor:
-    """View a (F, A, B) product as (A, B, P, Qf); no copy."""
-    return prod.permute(1, 2, 0).view(prod.shape[1], prod.shape[2], p, qf)
+def _matrices(spec: torch.Tensor) -> torch.Tensor:
+    """View a (P, Qf, A, B) spectrum as (F, A, B) matrices; no copy."""
+    return spec.view(-1, spec.shape[2], spec.shape[3])
+
+
+def _inverse(prod: torch.Tensor, p: int, q: int) -> torch.Tensor:
+    """irfft2 of a (F, A, B) product: a new (P, Q, A, B) real plane."""
+    return torch.fft.irfft2(prod.view(p, q // 2 + 1, prod.shape[1], prod.shape[2]), s=(p, q),
+                            dim=(0, 1))
 
 
 def conv_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -56,16 +66,17 @@ def conv_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """``aten.convolution`` computed in the frequency domain."""
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
-    p, q = input.shape[2] + 2 * ph, input.shape[3] + 2 * pw
-    ho, wo = (p - kh) // sh + 1, (q - kw) // sw + 1
-    xf = _spectrum(input, ph, pw)                       # (N, C, P, Qf)
-    wf = torch.fft.rfft2(weight, s=(p, q))              # (O, C, P, Qf)
+    ho = (input.shape[2] + 2 * ph - kh) // sh + 1
+    wo = (input.shape[3] + 2 * pw - kw) // sw + 1
+    p, q = fast_fft_length(input.shape[2] + 2 * ph), fast_fft_length(input.shape[3] + 2 * pw)
+    xf = _spectrum(_plane(input, p, q, ph, pw))         # (P, Qf, N, C)
+    wf = _spectrum(_plane(weight, p, q, 0, 0))          # (P, Qf, O, C)
     wf.conj_physical_()
-    yf = torch.bmm(_freq_major(xf, True), _freq_major(wf, False))  # (F, N, O)
+    yf = torch.bmm(_matrices(xf), _matrices(wf).transpose(1, 2))  # (F, N, O)
     del xf, wf
-    full = torch.fft.irfft2(_from_freq_major(yf, p, q // 2 + 1), s=(p, q))  # (N, O, P, Q)
+    full = _inverse(yf, p, q)                           # (P, Q, N, O)
     del yf
-    out = full[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw].clone(
+    out = full[: (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw].permute(2, 3, 0, 1).clone(
         memory_format=torch.contiguous_format)
     del full
     if bias is not None:
@@ -83,37 +94,34 @@ def conv_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.
     Returns (grad_input, grad_weight, grad_bias) with None where ``output_mask`` is False.
     """
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    n, o = grad_output.shape[0], grad_output.shape[1]
     h, w = input.shape[2], input.shape[3]
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
-    p, q = h + 2 * ph, w + 2 * pw
-    qf = q // 2 + 1
+    p, q = fast_fft_length(h + 2 * ph), fast_fft_length(w + 2 * pw)
     grad_input = grad_weight = grad_bias = None
     if output_mask[2]:  # first, so no output appears after the workspace peak
         grad_bias = grad_output.sum(dim=(0, 2, 3))
     if not (output_mask[0] or output_mask[1]):
         return grad_input, grad_weight, grad_bias
     ho, wo = grad_output.shape[2], grad_output.shape[3]
-    plane = grad_output.new_zeros((n, o, p, q))         # dY dilated by the stride
-    plane[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw] = grad_output
-    dyf = torch.fft.rfft2(plane)                        # (N, O, P, Qf)
-    del plane
+    dyf = _spectrum(_plane(grad_output, p, q, 0, 0,     # dY dilated by the stride
+                           slice(0, (ho - 1) * sh + 1, sh), slice(0, (wo - 1) * sw + 1, sw)))
     if output_mask[0]:
-        wf = torch.fft.rfft2(weight, s=(p, q))          # (O, C, P, Qf)
-        dxf = torch.bmm(_freq_major(dyf, True), _freq_major(wf, True))  # (F, N, C)
+        wf = _spectrum(_plane(weight, p, q, 0, 0))      # (P, Qf, O, C)
+        dxf = torch.bmm(_matrices(dyf), _matrices(wf))  # (F, N, C)
         del wf
-        full = torch.fft.irfft2(_from_freq_major(dxf, p, qf), s=(p, q))  # (N, C, P, Q)
+        full = _inverse(dxf, p, q)                      # (P, Q, N, C)
         del dxf
-        grad_input = full[:, :, ph : ph + h, pw : pw + w].clone(
+        grad_input = full[ph : ph + h, pw : pw + w].permute(2, 3, 0, 1).clone(
             memory_format=torch.contiguous_format)
         del full
     if output_mask[1]:
         dyf.conj_physical_()
-        xf = _spectrum(input, ph, pw)                   # (N, C, P, Qf)
-        dwf = torch.bmm(_freq_major(xf, False), _freq_major(dyf, True))  # (F, C, O)
+        xf = _spectrum(_plane(input, p, q, ph, pw))     # (P, Qf, N, C)
+        dwf = torch.bmm(_matrices(xf).transpose(1, 2), _matrices(dyf))  # (F, C, O)
         del xf, dyf
-        full = torch.fft.irfft2(_from_freq_major(dwf, p, qf).transpose(0, 1), s=(p, q))
+        full = _inverse(dwf, p, q)                      # (P, Q, C, O)
         del dwf
-        grad_weight = full[:, :, :kh, :kw].clone(memory_format=torch.contiguous_format)
+        grad_weight = full[:kh, :kw].permute(3, 2, 0, 1).clone(
+            memory_format=torch.contiguous_format)
         del full
     return grad_input, grad_weight, grad_bias

@@ -71,7 +71,7 @@ def tensor_meta(value: Any) -> TensorMeta | None:
     return TensorMeta(shape, dtype_name(value[1]), stride)
 
 
-def _pair(value: Any, name: str) -> tuple[int, int]:
+def _pair(value: Any) -> tuple[int, int]:
     seq = [int(v) for v in (value if isinstance(value, Sequence) else [value])]
     if len(seq) == 1:
         seq = seq * 2
@@ -168,8 +168,8 @@ def conv_meta(target: str, arg_meta: Sequence[Any]) -> ConvMeta:
         raise ValueError(f"{target} is not a convolution op")
     assert inp is not None and weight is not None
     dims = len(inp.shape) - 2
-    return ConvMeta(inp, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
-                    _pair(dilation, "dilation"), bool(transposed), int(groups), dims,
+    return ConvMeta(inp, weight, bias, _pair(stride), _pair(padding),
+                    _pair(dilation), bool(transposed), int(groups), dims,
                     mask, bias_sizes)
 
 

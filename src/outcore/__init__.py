@@ -15,7 +15,6 @@ Public API:
 """
 
 from outcore import plan, policies  # callable subpackages: plan(...), policies()
-from outcore.capture import capture
 from outcore.errors import (CaptureError, DeviceOutOfMemory, GraphError, InfeasibleBudgetError,
                             OutcoreError, ProfileError, ScheduleError)
 from outcore.units import format_bytes, parse_bytes
@@ -29,11 +28,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # lazy: keep `import outcore` light, avoid import cycles
-    if name in ("compile", "policies"):
-        from outcore import api
+def __getattr__(name: str):  # lazy: `import outcore` does not import torch
+    if name == "capture":
+        from outcore.capture import capture
 
-        return getattr(api, name)
+        return capture
+    if name == "compile":
+        from outcore.api import compile
+
+        return compile
     if name == "backend":
         from outcore.compile_backend import backend
 

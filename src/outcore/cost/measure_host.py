@@ -9,7 +9,8 @@ What is measured, each the best of a few short runs (about a second in all):
 * launch overhead: the time of a tiny op (torch's dispatch cost per op);
 * memory: the machine's physical RAM.
 
-``copy_engines`` is 1: the emulated device runs its copies on one copy-engine thread.
+``copy_engines`` is 2: the emulated device runs one copy-engine thread per direction
+(``outcore.runtime.devices.emulated``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def measure_this_cpu() -> HardwareProfile:
         memory_bandwidth=2 * link,
         h2d_bandwidth=link,
         d2h_bandwidth=link,
-        copy_engines=1,
+        copy_engines=2,
         launch_overhead=launch,
         link="memcpy (emulated device)",
         sources=("measured by outcore.cost.measure_host at first use",),

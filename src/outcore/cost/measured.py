@@ -62,13 +62,14 @@ class MeasuredProfile:
     h2d_bandwidth: float | None = None
     d2h_bandwidth: float | None = None
     transfer_latency: float = 0.0
-    copy_engines: int = 1
+    copy_engines: int = 2
     variants: VariantCosts | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph_name, str) or not self.graph_name:
             raise ProfileError("measured profile: field 'graph_name' must be a non-empty string")
-        if isinstance(self.op_count, bool) or not isinstance(self.op_count, int) or self.op_count < 0:
+        count = self.op_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ProfileError(f"measured profile: field 'op_count' must be an integer >= 0, "
                                f"got {self.op_count!r}")
         if not isinstance(self.op_seconds, list) or len(self.op_seconds) != self.op_count:
@@ -85,6 +86,15 @@ class MeasuredProfile:
                 or self.copy_engines < 1:
             raise ProfileError(f"measured profile: field 'copy_engines' must be an integer "
                                f">= 1, got {self.copy_engines!r}")
+
+    def __repr__(self) -> str:
+        if self.h2d_bandwidth is None:
+            link = "no link"
+        else:
+            d2h = (self.d2h_bandwidth or 0) / 1e9
+            link = f"h2d {self.h2d_bandwidth / 1e9:.3g} GB/s, d2h {d2h:.3g} GB/s"
+        return (f"MeasuredProfile({self.graph_name!r}, {self.op_count} ops, "
+                f"{sum(self.op_seconds) * 1e3:.3f} ms, {link}, {self.device or 'unknown device'})")
 
     @classmethod
     def for_graph(cls, graph: Graph, op_seconds: list[float], **fields: Any) -> MeasuredProfile:

@@ -126,14 +126,17 @@ class HardwareProfile:
     def from_dict(cls, doc: Mapping[str, Any]) -> HardwareProfile:
         """Read the JSON form (see gpus.json); ProfileError names a missing/bad field."""
         if not isinstance(doc, Mapping):
-            raise ProfileError(f"a hardware profile must be a JSON object, got {type(doc).__name__}")
-        name = doc.get("name") if isinstance(doc.get("name"), str) else "<unnamed>"
+            raise ProfileError("a hardware profile must be a JSON object, "
+                               f"got {type(doc).__name__}")
+        raw_name = doc.get("name")
+        name: str = raw_name if isinstance(raw_name, str) else "<unnamed>"
         for key in _REQUIRED:
             if key not in doc:
                 raise _fail(name, key, "is missing")
         unknown = sorted(set(doc) - _JSON_KEYS)
         if unknown:
-            raise _fail(name, unknown[0], f"is not a profile field; known fields: {sorted(_JSON_KEYS)}")
+            raise _fail(name, unknown[0],
+                        f"is not a profile field; known fields: {sorted(_JSON_KEYS)}")
         try:
             memory = parse_bytes(doc["memory"])
         except ValueError as exc:
@@ -148,7 +151,8 @@ class HardwareProfile:
             name=name,
             memory=memory,
             peak_flops={k: _positive(name, f"peak_tflops.{k}", v) * 1e12 for k, v in peaks.items()},
-            memory_bandwidth=_positive(name, "memory_bandwidth_gbs", doc["memory_bandwidth_gbs"]) * 1e9,
+            memory_bandwidth=_positive(name, "memory_bandwidth_gbs",
+                                       doc["memory_bandwidth_gbs"]) * 1e9,
             h2d_bandwidth=_positive(name, "h2d_gbs", doc["h2d_gbs"]) * 1e9,
             d2h_bandwidth=_positive(name, "d2h_gbs", doc["d2h_gbs"]) * 1e9,
             copy_engines=doc["copy_engines"],
@@ -164,7 +168,8 @@ class HardwareProfile:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form; ``from_dict(p.to_dict()) == p``."""
+        """The JSON form; ``from_dict(p.to_dict())`` equals ``p`` up to float rounding of
+        the unit conversions."""
         doc: dict[str, Any] = {
             "name": self.name,
             "aliases": list(self.aliases),
@@ -206,10 +211,12 @@ def _check_efficiency(name: str, eff: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in dict(eff).items():
         if key not in allowed:
-            raise _fail(name, f"efficiency.{key}", f"is not an op category; use one of {sorted(allowed)}")
+            raise _fail(name, f"efficiency.{key}",
+                        f"is not an op category; use one of {sorted(allowed)}")
         v = _positive(name, f"efficiency.{key}", value)
         if v > 1:
-            raise _fail(name, f"efficiency.{key}", f"is a fraction of peak and must be <= 1, got {value}")
+            raise _fail(name, f"efficiency.{key}",
+                        f"is a fraction of peak and must be <= 1, got {value}")
         out[key] = v
     return out
 
@@ -246,7 +253,7 @@ def _resolve(name: str) -> str:
         if key in profile.aliases:
             return profile.name
     raise ProfileError(f"unknown hardware profile {name!r}; known: "
-                       f"{sorted(catalogue) + [THIS_CPU]} (aliases: "
+                       f"{[*sorted(catalogue), THIS_CPU]} (aliases: "
                        f"{sorted(a for p in catalogue.values() for a in p.aliases)})")
 
 
@@ -273,4 +280,4 @@ def profiles(*, include_measured: bool = False) -> dict[str, HardwareProfile]:
 
 def profile_names() -> list[str]:
     """Names ``get_profile`` accepts (without aliases), "this-cpu" last; measures nothing."""
-    return sorted(_catalogue()) + [THIS_CPU]
+    return [*sorted(_catalogue()), THIS_CPU]

@@ -1,0 +1,179 @@
+"""Measure every op of a captured graph on this machine (as PoocH and moDNN profile). Torch.
+
+Two ways, both under ``torch.no_grad()``, each op's time the median of ``repeats`` runs
+after ``warmup`` runs, the result a ``MeasuredProfile`` keyed to the graph:
+
+* in the step (``batch`` given, graph captured with real tensors): the joint graph is run
+  node by node on the real parameters and batch, as PoocH and moDNN profile whole
+  iterations, so caches and memory traffic are those of a real step. An op's time runs
+  from the end of the previous op to its own end: it includes the host's per-op overhead
+  (argument handling, dispatch, frees), which a CPU run pays in series with the kernels,
+  so the times add up to the pass's wall time. ``context`` wraps each pass (e.g. the
+  executor's ``MemoryTracker``, so its per-op dispatch cost is in the profile as it is in
+  the executor's time).
+* alone (no ``batch``, or a fake capture): op ``i``'s FX node ``graph.source.op_nodes[i]``
+  runs on its own with fresh inputs of the right shape, stride, storage offset and dtype
+  (floating inputs random normal, integer and bool inputs zeros, so indices stay in range).
+  Repeating one op on the same inputs keeps them in cache: on small tensors this measures
+  less than the op costs inside a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+from torch import fx
+
+from outcore.cost.measured import MeasuredProfile
+from outcore.errors import ProfileError
+from outcore.graph.ir import Graph
+
+
+def _materialize(val: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A real tensor laid out like the (fake) ``val``."""
+    shape, stride, offset = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
+    numel = 1
+    for s in shape:
+        numel *= s
+    extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True))
+    span = offset + (extent if numel else 0)
+    if val.dtype.is_floating_point or val.dtype.is_complex:
+        base = torch.randn(max(span, 1), dtype=val.dtype, generator=generator)
+    else:
+        base = torch.zeros(max(span, 1), dtype=val.dtype)
+    return base.as_strided(shape, stride, offset)
+
+
+def _arguments(node: fx.Node, generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    made: dict[fx.Node, Any] = {}
+
+    def value(arg: fx.Node) -> Any:
+        if arg not in made:
+            val = arg.meta.get("val")
+            if val is None:
+                raise ProfileError(f"cannot measure op {node.name!r}: its input {arg.name!r} "
+                                   "has no meta['val'] (shape unknown)")
+            made[arg] = _materialize(val, generator) if isinstance(val, torch.Tensor) else val
+        return made[arg]
+
+    args = fx.node.map_arg(node.args, value)
+    kwargs = fx.node.map_arg(node.kwargs, value)
+    return tuple(args), dict(kwargs)
+
+
+def time_node(node: fx.Node, *, repeats: int = 5, warmup: int = 1, seed: int = 0) -> float:
+    """Median seconds of running ``node.target`` alone on inputs shaped like its arguments."""
+    generator = torch.Generator().manual_seed(seed)
+    args, kwargs = _arguments(node, generator)
+    fn = cast(Callable[..., Any], node.target)
+    samples: list[float] = []
+    try:
+        with torch.no_grad():
+            for _ in range(warmup):
+                fn(*args, **kwargs)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn(*args, **kwargs)
+                samples.append(time.perf_counter() - t0)
+    except Exception as exc:  # torch raises many types; name the op and keep its reason
+        raise ProfileError(f"cannot measure op {node.name!r} ({fn}): {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    return statistics.median(samples)
+
+
+def _last_users(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """node -> the values whose last reader it is (so a pass frees them as it goes)."""
+    last: dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            last[arg] = node
+    result: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        result.setdefault(user, []).append(value)
+    return result
+
+
+def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
+             context: Callable[[], AbstractContextManager[Any]] | None) -> list[float]:
+    """Per-op median seconds from running the whole joint graph ``warmup + repeats`` times."""
+    step = graph.source
+    gm: fx.GraphModule = step.gm
+    values = step.static_values(graph, batch)
+    placeholders = {n: values[step.nodes.node_tensors[n]] for n in gm.graph.nodes
+                    if n.op == "placeholder"}
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    op_of = {node: i for i, node in enumerate(step.op_nodes)}
+    last = _last_users(nodes)
+    samples: list[list[float]] = [[] for _ in graph.ops]
+    for rep in range(warmup + repeats):
+        env: dict[fx.Node, Any] = dict(placeholders)
+        with torch.no_grad(), (context() if context else contextlib.nullcontext()):
+            mark = time.perf_counter()
+            for node in nodes:
+                args = fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                env[node] = cast(Callable[..., Any], node.target)(*args, **kwargs)
+                for dead in last.get(node, ()):
+                    if dead.op != "placeholder":
+                        env.pop(dead, None)
+                i = op_of.get(node)
+                if i is not None:
+                    now = time.perf_counter()
+                    if rep >= warmup:
+                        samples[i].append(now - mark)
+                    mark = now
+        del env
+    return [statistics.median(s) for s in samples]
+
+
+def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: int = 1,
+                context: Callable[[], AbstractContextManager[Any]] | None = None,
+                op_nodes: Sequence[fx.Node] | None = None, device: str = "this-cpu",
+                h2d_bandwidth: float | None = None, d2h_bandwidth: float | None = None,
+                copy_engines: int = 2, threads: int | None = None) -> MeasuredProfile:
+    """Measure each op of ``graph`` and return its ``MeasuredProfile``.
+
+    Args:
+        graph: a captured graph (``graph.source.op_nodes`` gives the FX node of each op);
+            or pass ``op_nodes`` explicitly (op id -> node).
+        batch: ``(x, y)`` to measure in the step (see the module docstring); the graph must
+            have been captured with real tensors. Without it each op is measured alone.
+        context: in the step only: a factory of a context manager entered around each pass.
+        repeats, warmup: timed and untimed runs per op; the median is kept.
+        h2d_bandwidth, d2h_bandwidth, copy_engines: the link to price copies with (e.g. the
+            emulated device's), stored in the profile.
+        threads: torch intra-op threads while measuring (restored after); use the count the
+            executor will run with, or timings will not transfer.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    nodes = list(op_nodes) if op_nodes is not None else list(getattr(graph.source, "op_nodes", []))
+    if len(nodes) != len(graph.ops):
+        raise ProfileError(f"graph {graph.name!r} has {len(graph.ops)} ops but {len(nodes)} FX "
+                           "nodes were found; measure a graph from outcore.capture (not one "
+                           "loaded from JSON) or pass op_nodes")
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if batch is not None:
+            if getattr(graph.source, "fake", True) or op_nodes is not None:
+                raise ProfileError(f"graph {graph.name!r} cannot be measured in the step: it "
+                                   "needs a capture with real tensors (fake=False); measure its "
+                                   "ops alone by leaving batch out")
+            seconds = _in_step(graph, batch, repeats, warmup, context)
+        else:
+            seconds = [time_node(node, repeats=repeats, warmup=warmup, seed=i)
+                       for i, node in enumerate(nodes)]
+    finally:
+        torch.set_num_threads(saved_threads)
+    return MeasuredProfile.for_graph(
+        graph, seconds, device=device, repeats=repeats, h2d_bandwidth=h2d_bandwidth,
+        d2h_bandwidth=d2h_bandwidth if d2h_bandwidth is not None else h2d_bandwidth,
+        copy_engines=copy_engines)

@@ -29,10 +29,10 @@ __all__ = [
 
 
 def __getattr__(name: str):  # lazy: `import outcore` does not import torch
-    if name == "capture":
-        from outcore.capture import capture
+    if name == "capture":  # the callable subpackage (imports torch)
+        import outcore.capture
 
-        return capture
+        return outcore.capture
     if name == "compile":
         from outcore.api import compile
 

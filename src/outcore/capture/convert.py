@@ -121,7 +121,8 @@ class _Builder:
         self.ops.append(Op(id=oid, name=node.name, target=target, phase=phase,
                            category=category, inputs=inputs, outputs=outputs,
                            flops=_flops(node), bytes_touched=self._bytes(inputs, outputs),
-                           random=_is_random(target, phase)))
+                           random=_is_random(target, phase),
+                           variant_options=_variant_options(node, target)))
         self.map.op_nodes.append(node)
 
     def _inputs(self, node: fx.Node) -> list[int]:
@@ -167,6 +168,28 @@ class _Builder:
             self.map.output_roles.append((role, tid, name))
             result.append(tid)
         return result
+
+
+def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
+    """Every operator algorithm outcore has for this op: workspace and relative speed, or
+    the reason it cannot run it (groups, dilation, dtype, ...)."""
+    from outcore.variants import registry, support
+    from outcore.variants.speeds import relative_speed
+    from outcore.variants.torchmeta import arg_meta_of, kwarg_meta_of
+
+    names = registry.variants_for(target)
+    if len(names) <= 1:
+        return {}
+    args, kwargs = arg_meta_of(node.args), kwarg_meta_of(node.kwargs)
+    options: dict[str, dict[str, Any]] = {}
+    for variant in names:
+        reason = support.refusal(target, variant, args, kwargs)
+        if reason is not None:
+            options[variant] = {"refused": reason}
+            continue
+        options[variant] = {"workspace": registry.workspace_bytes(target, variant, args, kwargs),
+                            "speed": relative_speed(target, variant, args, kwargs)}
+    return options
 
 
 def _is_random(target: str, phase: Phase) -> bool:

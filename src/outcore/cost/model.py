@@ -128,6 +128,10 @@ class AnalyticCostModel:
             if not 0 < value <= 1:
                 raise ProfileError(f"efficiency[{key!r}] must be in (0, 1], got {value}")
         self.efficiency: dict[str, float] = eff
+        if variants is None:
+            from outcore.cost.variant_costs import RECORDED
+
+            variants = RECORDED
         self.variants = variants
         self.copy_engines = profile.copy_engines
         self._dtypes: dict[int, str] = {}

@@ -103,6 +103,15 @@ class Op:
     bytes_touched: int = 0
     random: bool = False  # consumes RNG state (dropout); recompute must replay it
     variant: str = ""  # operator algorithm chosen (see outcore.variants); "" = framework default
+    # operator algorithms this op could run: name -> {"workspace": bytes, "speed": time
+    # relative to the framework kernel measured on this CPU} or {"refused": reason}
+    variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def variant_workspace(self, variant: str) -> int:
+        """Workspace bytes of ``variant`` on this op (0 for the framework kernel)."""
+        if variant in ("", "framework"):
+            return 0
+        return int(self.variant_options.get(variant, {}).get("workspace", 0))
 
 
 @dataclass

@@ -52,6 +52,25 @@ def effective_decisions(graph: Graph, plan: Plan) -> dict[int, Decision]:
     return result
 
 
+def check_variants(graph: Graph, plan: Plan) -> None:
+    """Refuse, at planning time, a variant an op cannot run, with capture's recorded reason."""
+    from outcore.variants.errors import VariantUnsupported
+
+    for oid, variant in plan.variants.items():
+        if not 0 <= oid < len(graph.ops):
+            raise ScheduleError(f"plan {plan.policy!r} names a variant for unknown op {oid}")
+        op = graph.ops[oid]
+        if variant in ("", "framework"):
+            continue
+        option = op.variant_options.get(variant)
+        if option is None:
+            known = ", ".join(["framework", *op.variant_options]) or "framework"
+            raise VariantUnsupported(op.target, variant, f"{op.name} has no such variant "
+                                     f"(choose from {known})")
+        if "refused" in option:
+            raise VariantUnsupported(op.target, variant, f"{op.name}: {option['refused']}")
+
+
 def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
           lookahead: int = 1) -> Schedule:
     """Turn ``plan`` into a Schedule for ``graph`` (see the module docstring)."""
@@ -61,6 +80,7 @@ def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
     ops = [o for o in ops if graph.ops[o].phase is Phase.FORWARD] + \
           [o for o in ops if graph.ops[o].phase is not Phase.FORWARD]
     decisions = effective_decisions(graph, plan)
+    check_variants(graph, plan)
     seq, defs = _sequence(graph, ops, decisions)
     keep = list(graph.outputs)
     seq = _insert_frees(graph, seq, defs, keep)

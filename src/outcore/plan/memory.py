@@ -51,9 +51,16 @@ def memory_curve(graph: Graph, schedule: Schedule,
                  workspace: Callable[[int], int] | None = None) -> MemoryTrace:
     """Replay ``schedule`` and return the device/host memory after each instruction.
 
-    ``workspace(op_id)`` gives the transient bytes of an op's chosen variant (default 0).
+    ``workspace(op_id)`` gives the transient bytes of an op's chosen variant; by default it
+    is read from ``schedule.variants`` and each op's recorded ``variant_options``.
     The schedule is assumed verified (see ``outcore.plan.verify``).
     """
+    if workspace is None and schedule.variants:
+        chosen = schedule.variants
+
+        def workspace(op_id: int) -> int:
+            return graph.ops[op_id].variant_workspace(chosen.get(op_id, ""))
+
     tensors = graph.tensors
     resident_count: dict[int, int] = {}  # storage -> resident tensors of it
     resident: set[int] = set()

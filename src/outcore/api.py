@@ -34,11 +34,18 @@ DEFAULT_POLICY = "outcore-auto"
 
 
 def cost_model_for(gpu: str | None) -> Any:
-    """The analytic cost model of a named GPU profile (default ``v100-pcie``)."""
+    """The analytic cost model of a named hardware profile (default ``v100-pcie``).
+
+    Operator variants are timed with the assumed GPU ratios of
+    ``outcore.cost.variant_costs`` on GPU profiles, and with this CPU's measured ratios on
+    ``this-cpu``.
+    """
     from outcore.cost.model import AnalyticCostModel
     from outcore.cost.profiles import get_profile
+    from outcore.cost.variant_costs import ASSUMED_GPU, RECORDED
 
-    return AnalyticCostModel(get_profile(gpu or DEFAULT_GPU))
+    name = gpu or DEFAULT_GPU
+    return AnalyticCostModel(get_profile(name), variants=RECORDED if name == "this-cpu" else ASSUMED_GPU)
 
 
 def _policy_name(policy: str) -> str:

@@ -24,3 +24,28 @@ class RecordedVariantCosts:
 
 
 RECORDED = RecordedVariantCosts()
+
+
+#: Time of a variant relative to the framework kernel on a cuDNN-class GPU, where outcore's
+#: "framework" kernel stands for the memory-optimal, zero-workspace algorithm (cuDNN's
+#: implicit GEMM) and the variants for the faster algorithms that need workspace. These are
+#: ASSUMPTIONS, not measurements (no GPU here): vDNN (MICRO 2016, §V) reports memory-optimal
+#: policies losing 55-58% of throughput against performance-optimal algorithms (offload
+#: stalls included); the cuDNN paper (Chetlur et al. 2014) and Lavin & Gray (CVPR 2016)
+#: report precomputed-GEMM and FFT/Winograd kernels well ahead of implicit GEMM on 3x3
+#: layers. Attention: chunked (flash-style) kernels are about as fast as materialised ones
+#: on GPUs; we charge them 1.1x for the recomputation in backward.
+GPU_RELATIVE_SPEED = {"im2col": 0.8, "fft": 0.6, "materialised": 1.0, "chunked": 1.1}
+
+
+class AssumedGpuVariantCosts(RecordedVariantCosts):
+    """Variant costs for GPU profiles: workspace as recorded (exact), time from
+    ``GPU_RELATIVE_SPEED`` (an assumption, see above) instead of this CPU's measurement."""
+
+    def time_factor(self, op: Op) -> float:
+        if op.variant in GPU_RELATIVE_SPEED:
+            return GPU_RELATIVE_SPEED[op.variant]
+        return super().time_factor(op)
+
+
+ASSUMED_GPU = AssumedGpuVariantCosts()

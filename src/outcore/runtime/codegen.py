@@ -71,7 +71,7 @@ class _Emitter:
         if op.random:
             call = (f"rt.replay_rng({oid}, lambda: {call})" if recompute
                     else f"rt.save_rng({oid}, lambda: {call})")
-        self.lines.append(f"rt.naming({op.name!r})")
+        self.lines.append(f"rt.begin({oid}, {op.name!r})")
         slots = self.step.nodes.op_outputs.get(node)
         if slots is None:
             (tid,) = op.outputs

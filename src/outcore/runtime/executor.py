@@ -15,6 +15,7 @@ code under ``torch.no_grad()``:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,25 +40,28 @@ class StepResult:
     peak_bytes: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     seconds: float = 0.0
-    op_calls: dict[int, int] = field(default_factory=dict)
+    op_seconds: list[tuple[int, float]] = field(default_factory=list)
 
 
 class _Runtime:
     """The object generated code calls: device copies, tensor naming, RNG save/replay."""
 
-    def __init__(self, device: Device, tracker: MemoryTracker, count_ops: bool) -> None:
+    def __init__(self, device: Device, tracker: MemoryTracker, timed: bool) -> None:
         self.device = device
         self.tracker = tracker
         self.rng: dict[int, torch.Tensor] = {}
-        self.calls: dict[int, int] = {}
-        self.count_ops = count_ops
+        self.timed = timed
+        self.marks: list[tuple[int, float]] = []  # (op id, time it started), when timed
         self.start_offload = device.start_offload
         self.wait_offload = device.wait_offload
         self.wait_prefetch = device.wait_prefetch
         self.release = device.release
 
-    def naming(self, name: str) -> None:
+    def begin(self, oid: int, name: str) -> None:
+        """Called before every Compute: names the allocations and, when timed, marks time."""
         self.tracker.naming = name
+        if self.timed:
+            self.marks.append((oid, time.perf_counter()))
 
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
         self.tracker.naming = name
@@ -119,14 +123,18 @@ class Executor:
                                                  {**variant_impls(graph, schedule), **(impls or {})})
         self.capacity: int | None = getattr(self.device, "capacity", None)
 
-    def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0) -> StepResult:
-        """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees."""
-        import time
+    def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
+            timed: bool = False) -> StepResult:
+        """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees.
 
+        ``timed=True`` also records, per Compute, the wall time from its start to the next
+        Compute's (host overhead and the instructions in between included), in
+        ``StepResult.op_seconds`` as (op id, seconds): a profile taken inside a real step.
+        """
         values = self.step.static_values(self.graph, batch)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
-        rt = _Runtime(self.device, tracker, count_ops=False)
+        rt = _Runtime(self.device, tracker, timed=timed)
         start = time.perf_counter()
         try:
             with torch.no_grad(), tracker:
@@ -136,8 +144,11 @@ class Executor:
         finally:
             for tid in {i.tensor for i in self.schedule.instructions if hasattr(i, "tensor")}:
                 self.device.drop_host(tid)
-        seconds = time.perf_counter() - start
-        result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=seconds)
+        end = time.perf_counter()
+        result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=end - start)
+        if timed:
+            stamps = rt.marks + [(-1, end)]
+            result.op_seconds = [(oid, stamps[i + 1][1] - t) for i, (oid, t) in enumerate(rt.marks)]
         self._collect(outputs, result)
         if apply:
             self.apply(result, outputs, grad_scale)

@@ -1,0 +1,100 @@
+"""Simulator fidelity on this CPU (issue 4, item 5).
+
+For three models, profile every op inside a real step (the executor's timed run of the
+liveness schedule, median over repeats), then for keep-all, offload-all and a mixed plan
+(outcore-auto at 60% of the in-core peak):
+
+* run the schedule on the CPU-emulated device (copy engines at a link bandwidth chosen so
+  that the transfers take about 80% of the step's compute time: partly hidden) and take the
+  median step time;
+* simulate the same schedule with the measured op profile and the same link;
+* compare: the simulated peak must equal the measured peak to the byte; the time error is
+  printed (the goal is within 10%).
+
+    .venv/bin/python benchmarks/sim_fidelity.py [--repeats 5]
+
+Timings on a loaded machine are noisy: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import outcore
+from outcore import zoo
+from outcore.cost.measured import MeasuredProfile
+from outcore.graph.bounds import reference_peaks
+from outcore.plan.lower import lower
+from outcore.policies import baseline
+from outcore.policies.auto import plan_auto
+from outcore.runtime.devices import EmulatedDevice, SyncCPUDevice
+from outcore.runtime.executor import Executor
+from outcore.sim import simulate
+
+WORKLOADS = [("resnet20-cifar", 32, {}), ("vgg11", 16, {"small": True}),
+             ("transformer", 8, {"small": True})]
+LATENCY = 2e-4  # seconds per copy on the emulated engine (its measured fixed cost)
+
+
+def profile(graph, batch, repeats: int) -> tuple[list[float], float]:
+    executor = Executor(graph, lower(graph, baseline.liveness(graph)), SyncCPUDevice())
+    executor.run(batch, apply=False)
+    per_op: list[list[float]] = [[] for _ in graph.ops]
+    for _ in range(repeats):
+        result = executor.run(batch, apply=False, timed=True)
+        totals = [0.0] * len(graph.ops)
+        for oid, seconds in result.op_seconds:
+            totals[oid] += seconds
+        for oid, seconds in enumerate(totals):
+            per_op[oid].append(seconds)
+    ops = [statistics.median(s) for s in per_op]
+    return ops, sum(ops)
+
+
+def measure(graph, schedule, batch, bandwidth: float, repeats: int) -> tuple[float, int]:
+    with EmulatedDevice(None, bandwidth, bandwidth, latency_s=LATENCY) as device:
+        executor = Executor(graph, schedule, device)
+        executor.run(batch, apply=False)
+        runs = [executor.run(batch, apply=False) for _ in range(repeats)]
+    return statistics.median(r.seconds for r in runs), runs[-1].peak_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    table = Table(title="simulated vs measured on the CPU-emulated device")
+    for col in ("model", "schedule", "link MB/s", "measured s", "simulated s", "error %",
+                "measured peak", "simulated peak", "peaks equal"):
+        table.add_column(col, justify="left" if col in ("model", "schedule") else "right")
+    for name, batch_size, options in WORKLOADS:
+        torch.manual_seed(0)
+        work = zoo.get(name, batch_size, **options)
+        graph = outcore.capture(work.model, work.loss_fn, work.batch)
+        ops, compute = profile(graph, work.batch, args.repeats)
+        live = reference_peaks(graph).liveness
+        schedules = [("keep-all", lower(graph, baseline.keep_all(graph))),
+                     ("offload-all", lower(graph, baseline.offload_all(graph))),
+                     ("mixed (auto, 60%)", plan_auto(graph, int(live * 0.6), None)[1])]
+        for label, schedule in schedules:
+            moved = sum(graph.tensors[i.tensor].nbytes for i in schedule.instructions
+                        if type(i).__name__ == "Offload")
+            bandwidth = max(moved, 1) / (0.8 * compute)
+            measured, peak = measure(graph, schedule, work.batch, bandwidth, args.repeats)
+            model = MeasuredProfile.for_graph(graph, ops).with_link(bandwidth, bandwidth,
+                                                                   latency=LATENCY)
+            sim = simulate(graph, schedule, model)
+            error = 100 * (sim.step_time - measured) / measured
+            table.add_row(name, label, f"{bandwidth / 1e6:.1f}" if moved else "-",
+                          f"{measured:.4f}", f"{sim.step_time:.4f}", f"{error:+.1f}",
+                          str(peak), str(sim.peak_bytes), "yes" if peak == sim.peak_bytes else "NO")
+    Console(width=150).print(table)
+
+
+if __name__ == "__main__":
+    main()

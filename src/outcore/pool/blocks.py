@@ -4,7 +4,7 @@ A ``Block`` is one allocation: ``size`` bytes that are live at every step ``t`` 
 ``start <= t <= end`` (allocated at step ``start``, freed after step ``end``). Steps are
 integers (for a Schedule: instruction indices). Within one step, frees of blocks whose
 ``end`` was the previous step happen before the step's allocations, and the step's usage is
-sampled after its allocations. ``events`` turns blocks into that ordered alloc/free stream,
+sampled after its allocations. ``event_stream`` turns blocks into that ordered alloc/free stream,
 which is what the online pools consume.
 
 ``mobility`` is Dymem's grouping (§3.3.2, Alg. 3) plus ``static`` for memory that lives the
@@ -102,7 +102,7 @@ def check_unique(blocks: Sequence[Block]) -> None:
         seen.add(b.id)
 
 
-def events(blocks: Iterable[Block]) -> list[Event]:
+def event_stream(blocks: Iterable[Block]) -> list[Event]:
     """The alloc/free stream of ``blocks``, in time order.
 
     At each step: releases of blocks that ended at the previous step (by id), then

@@ -6,14 +6,16 @@ from nothing but the blocks, the offsets and the pool size:
 
 * ``lower_bound``: the peak of live unrounded bytes; no placement can use less;
 * ``per_step_used``: reserved (rounded) bytes of the live blocks at each step;
-* ``per_step_footprint``: Dymem's "used" memory (Fig. 15): the allocated bytes plus the free
-  bytes that are unusable, measured as the pool minus its largest contiguous free piece (the
-  middle gap of a two-ended pool, the top of a one-ended pool);
+* ``per_step_footprint``: Dymem's "used" memory (§5.4, Fig. 15): allocated bytes plus the
+  free but unusable bytes below the highest allocated address. Per ``Region`` of the pool:
+  a one-ended region (filled from its bottom) counts everything below the free piece that
+  reaches its top; a two-ended region (Dymem's main space, filled from both ends) counts
+  everything but its largest free piece (the gap between the low and the high end);
 * ``uf``: Dymem's unusable free space U_f (eq. 1) just before each allocation, in allocation
   order: the fraction of the pool's free bytes held in pieces smaller than the request. Eq. 1
   counts power-of-two nodes; with arbitrary sizes, "nodes of size >= the request" become
-  "free pieces of at least the request's bytes". Free pieces do not merge across
-  ``barriers`` (addresses where two separate spaces meet, e.g. Dymem's incremental space).
+  "free pieces of at least the request's bytes". Free pieces never merge across region
+  borders (e.g. Dymem's main and incremental spaces).
 
 Invariants checked by ``check_placement`` (and so by every ``Placement`` built here): every
 block has an offset, reserves at least its size, lies inside ``[0, pool_size)``, and no two
@@ -23,15 +25,24 @@ blocks.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outcore.pool.blocks import Alloc, Block, check_unique, events, lower_bound, num_steps
+from outcore.pool.blocks import Alloc, Block, check_unique, event_stream, lower_bound, num_steps
 from outcore.pool.errors import PoolError
 from outcore.pool.freelist import FreeList
 from outcore.pool.online import OnlinePool
+
+
+@dataclass(frozen=True)
+class Region:
+    """Addresses ``[start, end)`` of the pool filled from the bottom, or from both ends."""
+
+    start: int
+    end: int
+    two_ended: bool = False
 
 
 @dataclass
@@ -46,7 +57,7 @@ class Placement:
     per_step_used: list[int]
     per_step_footprint: list[int]
     uf: list[float]
-    barriers: tuple[int, ...] = ()
+    regions: tuple[Region, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -79,7 +90,7 @@ def check_placement(blocks: Sequence[Block], offsets: dict[int, int], sizes: dic
             raise PoolError(f"{b.label()} at [{off}, {off + size}) lies outside the pool "
                             f"of {pool_size} B")
     occupied: list[tuple[int, int]] = []  # (offset, id) of live blocks, by address
-    for ev in events(blocks):
+    for ev in event_stream(blocks):
         if not isinstance(ev, Alloc):
             del occupied[bisect_left(occupied, (offsets[ev.id], ev.id))]
             continue
@@ -96,24 +107,42 @@ def check_placement(blocks: Sequence[Block], offsets: dict[int, int], sizes: dic
         occupied.insert(i, (off, ev.id))
 
 
+def _available_piece(free: FreeList, region: Region) -> int:
+    """The free piece of ``region`` that counts as available (not in the footprint): the one
+    reaching its top, or for a two-ended region its largest (the gap between the ends)."""
+    if region.two_ended:
+        return max((size for start, size in free.segments()
+                    if region.start <= start < region.end), default=0)
+    top = free.ending_at(region.end)
+    return free.size_at(top) if top is not None and top >= region.start else 0
+
+
 def measure(blocks: Sequence[Block], offsets: dict[int, int], sizes: dict[int, int],
-            pool_size: int, barriers: Sequence[int] = ()
+            pool_size: int, regions: Sequence[Region] = ()
             ) -> tuple[list[int], list[int], list[float]]:
-    """Per-step used bytes, per-step footprint and per-allocation U_f of a valid placement."""
-    free = FreeList(coalesce=True, barriers=frozenset(barriers))
-    cuts = sorted({0, pool_size, *(b for b in barriers if 0 < b < pool_size)})
-    for lo, hi in zip(cuts, cuts[1:]):
-        free.add(lo, hi - lo)
+    """Per-step used bytes, per-step footprint and per-allocation U_f of a valid placement.
+
+    ``regions`` default to one one-ended region covering the pool.
+    """
+    regions = tuple(regions) or (Region(0, pool_size),)
+    free = FreeList(coalesce=True, barriers=frozenset(r.start for r in regions))
+    for r in regions:
+        if r.end > r.start:
+            free.add(r.start, r.end - r.start)
     steps = num_steps(blocks)
     used: list[int] = []
     footprint: list[int] = []
     uf: list[float] = []
     live = 0
+
+    def sample() -> None:
+        used.append(live)
+        footprint.append(pool_size - sum(_available_piece(free, r) for r in regions))
+
     step = 0
-    for ev in events(blocks):
+    for ev in event_stream(blocks):
         while step < min(ev.step, steps):  # sample every step that ended before this event
-            used.append(live)
-            footprint.append(pool_size - free.largest())
+            sample()
             step += 1
         if ev.step >= steps:
             break
@@ -126,22 +155,22 @@ def measure(blocks: Sequence[Block], offsets: dict[int, int], sizes: dict[int, i
             free.add(offsets[ev.id], size)
             live -= size
     while step < steps:
-        used.append(live)
-        footprint.append(pool_size - free.largest())
+        sample()
         step += 1
     return used, footprint, uf
 
 
 def build_placement(policy: str, blocks: Sequence[Block], offsets: dict[int, int],
-                    sizes: dict[int, int], pool_size: int, barriers: Sequence[int] = (),
+                    sizes: dict[int, int], pool_size: int, regions: Sequence[Region] = (),
                     info: dict[str, Any] | None = None) -> Placement:
     """Check ``offsets`` and wrap them with their metrics in a Placement."""
     check_placement(blocks, offsets, sizes, pool_size)
-    used, footprint, uf = measure(blocks, offsets, sizes, pool_size, barriers)
+    regions = tuple(regions) or (Region(0, pool_size),)
+    used, footprint, uf = measure(blocks, offsets, sizes, pool_size, regions)
     return Placement(policy=policy, offsets=dict(offsets), sizes=dict(sizes),
                      pool_size=pool_size, lower_bound=lower_bound(blocks),
                      per_step_used=used, per_step_footprint=footprint, uf=uf,
-                     barriers=tuple(barriers), info=dict(info or {}))
+                     regions=regions, info=dict(info or {}))
 
 
 def replay(pool: OnlinePool, blocks: Sequence[Block]) -> tuple[dict[int, int], dict[int, int]]:
@@ -152,7 +181,7 @@ def replay(pool: OnlinePool, blocks: Sequence[Block]) -> tuple[dict[int, int], d
     check_unique(blocks)
     offsets: dict[int, int] = {}
     sizes: dict[int, int] = {}
-    for ev in events(blocks):
+    for ev in event_stream(blocks):
         if isinstance(ev, Alloc):
             offsets[ev.id] = pool.allocate(ev.id, ev.size, ev.hint)
             sizes[ev.id] = pool.live[ev.id][1]

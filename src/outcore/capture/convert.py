@@ -155,10 +155,11 @@ class _Builder:
             tid = self.map.node_tensors[value]
             cls = type(desc).__name__
             if cls == "GradAOTOutput":
-                role, name = "grad", desc.grad_of.target
+                role, name = "grad", getattr(desc.grad_of, "target", f"input:{getattr(desc.grad_of, 'idx', '?')}")
                 self.tensors[tid].source = f"grad:{name}"
             elif cls == "InputMutationAOTOutput":
-                role, name = "buffer", desc.mutated_input.target
+                role, name = "buffer", getattr(desc.mutated_input, "target",
+                                               f"input:{getattr(desc.mutated_input, 'idx', '?')}")
                 self.tensors[tid].kind = TensorKind.OUTPUT
                 self.tensors[tid].source = f"update:{name}"
             else:

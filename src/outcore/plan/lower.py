@@ -208,27 +208,43 @@ def _free_unused_remakes(graph: Graph, seq: list[Instruction], keep: set[int]) -
 
 def _hoist_prefetches(graph: Graph, seq: list[Instruction], prefetch_at: dict[int, int],
                       lookahead: int) -> list[Instruction]:
-    """Move each Prefetch up to its window (see the module docstring)."""
-    result = list(seq)
-    for tid in [ins.tensor for ins in seq if isinstance(ins, Prefetch)]:
-        pos = next(i for i, s in enumerate(result) if isinstance(s, Prefetch) and s.tensor == tid)
-        floor = max((i for i, s in enumerate(result[:pos]) if isinstance(s, Free) and s.tensor == tid),
-                    default=-1) + 1
-        target = pos
-        if tid in prefetch_at:
-            at = next((i for i in range(floor, pos) if isinstance(result[i], Compute)
-                       and result[i].op == prefetch_at[tid]), None)
-            target = at if at is not None else pos
-        else:
-            heavy_seen = 0
-            for i in range(pos - 1, floor - 1, -1):
-                s = result[i]
-                if isinstance(s, Compute) and graph.ops[s.op].category in HEAVY:
-                    heavy_seen += 1
-                    target = i
-                    if heavy_seen >= lookahead:
-                        break
-        if target < pos:
-            ins = result.pop(pos)
-            result.insert(target, ins)
+    """Move each Prefetch up to its window (see the module docstring). O(n log n).
+
+    Hoisting only moves Prefetches, so every target can be found on the original sequence:
+    the ``lookahead``-th heavy Compute before the Prefetch, or the Compute of the op named in
+    ``prefetch_at``, but never above the Free that ended the tensor's previous residency.
+    """
+    heavy: list[int] = []
+    computes_of: dict[int, list[int]] = defaultdict(list)
+    last_free: dict[int, int] = {}
+    moves: dict[int, list[int]] = defaultdict(list)  # target index -> prefetch indices
+    moved: set[int] = set()
+    for i, ins in enumerate(seq):
+        if isinstance(ins, Compute):
+            computes_of[ins.op].append(i)
+            if graph.ops[ins.op].category in HEAVY:
+                heavy.append(i)
+        elif isinstance(ins, Free):
+            last_free[ins.tensor] = i
+        elif isinstance(ins, Prefetch):
+            floor = last_free.get(ins.tensor, -1) + 1
+            target = i
+            if ins.tensor in prefetch_at:
+                at = computes_of.get(prefetch_at[ins.tensor], [])
+                k = bisect.bisect_left(at, floor)
+                if k < len(at) and at[k] < i:
+                    target = at[k]
+            else:
+                k = bisect.bisect_left(heavy, i) - max(1, lookahead)
+                k = max(k, bisect.bisect_left(heavy, floor))
+                if 0 <= k < len(heavy) and floor <= heavy[k] < i:
+                    target = heavy[k]
+            if target < i:
+                moves[target].append(i)
+                moved.add(i)
+    result: list[Instruction] = []
+    for i, ins in enumerate(seq):
+        result.extend(seq[j] for j in moves.get(i, []))
+        if i not in moved:
+            result.append(ins)
     return result

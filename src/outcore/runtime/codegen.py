@@ -22,7 +22,15 @@ from torch import fx
 
 from outcore.capture.step import CapturedStep
 from outcore.graph.ir import STATIC_KINDS, Graph
-from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+from outcore.plan.schedule import (
+    Compute,
+    Free,
+    Instruction,
+    Offload,
+    Prefetch,
+    Schedule,
+    Wait,
+)
 
 
 @dataclass
@@ -34,7 +42,7 @@ class GeneratedStep:
     static_ids: list[int]
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, graph: Graph, step: CapturedStep,
                  impls: dict[int, Callable[..., Any]]) -> None:
         self.graph = graph
@@ -88,6 +96,47 @@ class _Emitter:
         resident.update(op.outputs)
 
 
+class EmitState:
+    """What emission tracks across instructions: the resident tensors and the resident
+    tensors per storage (a Free releases memory only when it drops the storage's last)."""
+
+    def __init__(self, graph: Graph, static: list[int]) -> None:
+        self.graph = graph
+        self.resident = set(static)
+        self.storage_count: dict[int, int] = {}
+        for tid in static:
+            self._count(tid, +1)
+
+    def _count(self, tid: int, delta: int) -> int:
+        s = self.graph.tensors[tid].storage
+        self.storage_count[s] = self.storage_count.get(s, 0) + delta
+        return self.storage_count[s]
+
+    def emit(self, em: Emitter, ins: Instruction) -> None:
+        """Append the code of one instruction to ``em.lines``."""
+        graph = self.graph
+        if isinstance(ins, Compute):
+            new = [t for t in graph.ops[ins.op].outputs if t not in self.resident]
+            em.compute(ins.op, self.resident, ins.recompute)
+            for t in new:
+                self._count(t, +1)
+        elif isinstance(ins, Free):
+            last = self._count(ins.tensor, -1) == 0
+            em.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
+            em.lines.append(f"del v{ins.tensor}")
+            self.resident.discard(ins.tensor)
+        elif isinstance(ins, Offload):
+            em.lines.append(f"rt.start_offload({ins.tensor}, v{ins.tensor})")
+        elif isinstance(ins, Prefetch):
+            name = graph.tensors[ins.tensor].name
+            em.lines.append(f"v{ins.tensor} = rt.start_prefetch({ins.tensor}, {name!r})")
+            self._count(ins.tensor, +1)
+            self.resident.add(ins.tensor)
+        elif isinstance(ins, Wait):
+            fn = "wait_offload" if ins.direction == "d2h" else "wait_prefetch"
+            em.lines.append(f"rt.{fn}({ins.tensor})")
+
+
 def generate(graph: Graph, schedule: Schedule,
              impls: dict[int, Callable[..., Any]] | None = None) -> GeneratedStep:
     """Compile ``schedule`` into a Python function ``step(rt, inputs) -> {tid: tensor}``.
@@ -97,40 +146,14 @@ def generate(graph: Graph, schedule: Schedule,
     """
     step = graph.source
     if not isinstance(step, CapturedStep):
-        raise ValueError("this graph has no captured step to run; capture it with outcore.capture")
-    em = _Emitter(graph, step, impls or {})
+        raise ValueError("this graph has no captured step to run; capture it with "
+                         "outcore.capture")
+    em = Emitter(graph, step, impls or {})
     static = [t.id for t in graph.tensors if t.kind in STATIC_KINDS]
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
-    resident = set(static)
-    storage_count: dict[int, int] = {}
-    for tid in static:
-        s = graph.tensors[tid].storage
-        storage_count[s] = storage_count.get(s, 0) + 1
+    state = EmitState(graph, static)
     for ins in schedule.instructions:
-        if isinstance(ins, Compute):
-            new = [t for t in graph.ops[ins.op].outputs if t not in resident]
-            em.compute(ins.op, resident, ins.recompute)
-            for t in new:
-                s = graph.tensors[t].storage
-                storage_count[s] = storage_count.get(s, 0) + 1
-        elif isinstance(ins, Free):
-            s = graph.tensors[ins.tensor].storage
-            storage_count[s] -= 1
-            last = storage_count[s] == 0
-            em.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
-            em.lines.append(f"del v{ins.tensor}")
-            resident.discard(ins.tensor)
-        elif isinstance(ins, Offload):
-            em.lines.append(f"rt.start_offload({ins.tensor}, v{ins.tensor})")
-        elif isinstance(ins, Prefetch):
-            name = graph.tensors[ins.tensor].name
-            em.lines.append(f"v{ins.tensor} = rt.start_prefetch({ins.tensor}, {name!r})")
-            s = graph.tensors[ins.tensor].storage
-            storage_count[s] = storage_count.get(s, 0) + 1
-            resident.add(ins.tensor)
-        elif isinstance(ins, Wait):
-            fn = "wait_offload" if ins.direction == "d2h" else "wait_prefetch"
-            em.lines.append(f"rt.{fn}({ins.tensor})")
+        state.emit(em, ins)
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
     source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
     namespace = dict(em.globals)

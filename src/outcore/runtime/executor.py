@@ -25,7 +25,7 @@ import torch
 from outcore.capture.step import CapturedStep
 from outcore.errors import OutcoreError
 from outcore.graph.ir import Graph
-from outcore.plan.schedule import Schedule
+from outcore.plan.schedule import Offload, Schedule
 from outcore.plan.verify import verify
 from outcore.runtime.codegen import GeneratedStep, generate
 from outcore.runtime.devices.base import Device, SyncCPUDevice, _untracked
@@ -43,7 +43,7 @@ class StepResult:
     op_seconds: list[tuple[int, float]] = field(default_factory=list)
 
 
-class _Runtime:
+class Runtime:
     """The object generated code calls: device copies, tensor naming, RNG save/replay."""
 
     def __init__(self, device: Device, tracker: MemoryTracker, timed: bool) -> None:
@@ -122,6 +122,7 @@ class Executor:
         self.generated: GeneratedStep = generate(graph, schedule,
                                                  {**variant_impls(graph, schedule), **(impls or {})})
         self.capacity: int | None = getattr(self.device, "capacity", None)
+        self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
             timed: bool = False) -> StepResult:
@@ -134,7 +135,7 @@ class Executor:
         values = self.step.static_values(self.graph, batch)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
-        rt = _Runtime(self.device, tracker, timed=timed)
+        rt = Runtime(self.device, tracker, timed=timed)
         start = time.perf_counter()
         try:
             with torch.no_grad(), tracker:
@@ -142,8 +143,9 @@ class Executor:
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
         finally:
-            for tid in {i.tensor for i in self.schedule.instructions if hasattr(i, "tensor")}:
+            for tid in self._copied:
                 self.device.drop_host(tid)
+            tracker.close()
         end = time.perf_counter()
         result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=end - start)
         if timed:

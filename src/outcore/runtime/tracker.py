@@ -36,6 +36,7 @@ class MemoryTracker(TorchDispatchMode):
         self.allocations = 0
         self.naming = ""
         self._tracked: dict[int, int] = {}
+        self._finalizers: list[weakref.finalize] = []
         self._lock = threading.Lock()
 
     # -- accounting --------------------------------------------------------------------------
@@ -58,12 +59,19 @@ class MemoryTracker(TorchDispatchMode):
             self.live += nbytes
             self.allocations += 1
             self.peak = max(self.peak, self.live)
-        weakref.finalize(storage, self._release, key)
+        self._finalizers.append(weakref.finalize(storage, self._release, key))
 
     def _release(self, key: int) -> None:
         with self._lock:
             nbytes = self._tracked.pop(key, 0)
             self.live -= nbytes
+
+    def close(self) -> None:
+        """Stop watching storages: detach every finalizer still pending (e.g. on parameters,
+        which outlive the step), so neither they nor this tracker are kept alive."""
+        for fin in self._finalizers:
+            fin.detach()
+        self._finalizers.clear()
 
     def reset_peak(self) -> None:
         """Start a new high-water mark at the current live bytes."""

@@ -1,0 +1,273 @@
+"""torch.compile(model, backend=outcore.backend(...)): eager gradients, planned memory, errors."""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
+from models import make  # noqa: E402
+
+import outcore  # noqa: E402
+from outcore.graph.bounds import reference_peaks  # noqa: E402
+from outcore.plan.schedule import Compute, Offload  # noqa: E402
+from outcore.runtime.split import generate_split, split_point  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def plain_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 5))
+
+
+def assert_same_grads(model: nn.Module, reference: nn.Module) -> None:
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.equal(p.grad, q.grad), f"gradient of {name} differs from eager"
+
+
+def train_both(model, reference, loss_fn, batches, backend, seed=0):
+    """One SGD step per batch on the compiled model and on eager; losses of both."""
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    pairs = []
+    for k, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        torch.manual_seed(seed + k)
+        loss = loss_fn(compiled(x), y)
+        loss.backward()
+        torch.manual_seed(seed + k)
+        expected = loss_fn(reference(x), y)
+        expected.backward()
+        assert_same_grads(model, reference)
+        pairs.append((loss.detach(), expected.detach()))
+        opt.step()
+        ref_opt.step()
+    return pairs
+
+
+def tight_budget(model, loss_fn, batch, fraction=0.4) -> int:
+    """A budget ``fraction`` of the way from the layer-wise lower bound to the in-core peak."""
+    probe = outcore.backend(budget=None)
+    loss_fn(torch.compile(copy.deepcopy(model), backend=probe, dynamic=False)(batch[0]),
+            batch[1]).backward()
+    torch._dynamo.reset()
+    peaks = reference_peaks(probe.graphs[0].planned.graph)
+    return int(peaks.layer_lower_bound + fraction * (peaks.liveness - peaks.layer_lower_bound))
+
+
+def test_mlp_loss_and_gradients_equal_eager():
+    model = plain_mlp()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    be = outcore.backend(budget="64MB", device="cpu")
+    for loss, expected in train_both(model, reference, F.cross_entropy, [(x, y), (x, y)], be):
+        assert torch.equal(loss, expected)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+    assert be.stats.steps == 2
+    assert be.stats.measured_peak == be.stats.predicted_peak
+    assert be.stats.measured_forward_peak == be.stats.predicted_forward_peak
+
+
+def test_cnn_batchnorm_statistics_equal_eager_after_two_steps():
+    model, loss_fn, batch = make("vgg")
+    reference = copy.deepcopy(model)
+    second = (torch.randn_like(batch[0]), batch[1].flip(0))
+    be = outcore.backend(budget="64MB", device="cpu")
+    for loss, expected in train_both(model, reference, loss_fn, [batch, second], be):
+        assert torch.equal(loss, expected)
+    buffers = dict(model.named_buffers())
+    assert any(name.endswith("running_mean") for name in buffers)
+    for (name, b), r in zip(buffers.items(), reference.buffers()):
+        assert torch.equal(b, r), f"{name} differs from eager after two steps"
+    assert dict(model.named_buffers())["features.1.num_batches_tracked"].item() == 2
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-emulated"])
+def test_tight_budget_moves_tensors_keeps_gradients_and_predicted_peak(device):
+    model, loss_fn, batch = make("resnet")
+    reference = copy.deepcopy(model)
+    budget = tight_budget(model, loss_fn, batch)
+    be = outcore.backend(budget=budget, device=device)
+    try:
+        [(loss, expected)] = train_both(model, reference, loss_fn, [batch], be)
+    finally:
+        be.close()
+    assert torch.equal(loss, expected)
+    schedule = be.graphs[0].planned.schedule
+    assert schedule.count(Offload) + len(schedule.recomputed_ops()) > 0
+    assert be.stats.measured_peak == be.stats.predicted_peak <= budget
+    assert be.stats.measured_forward_peak == be.stats.predicted_forward_peak
+    for b, r in zip(model.buffers(), reference.buffers()):
+        assert torch.equal(b, r)
+
+
+def test_recomputed_dropout_and_batchnorm_replay_eager():
+    model, loss_fn, batch = make("mlp")  # Linear, BatchNorm1d, Dropout
+    reference = copy.deepcopy(model)
+    be = outcore.backend(budget=None, policy="recompute-cheap")
+    [(loss, expected)] = train_both(model, reference, loss_fn, [batch], be, seed=7)
+    assert torch.equal(loss, expected)
+    graph = be.graphs[0].planned.graph
+    again = {graph.ops[o].target for o in be.graphs[0].planned.schedule.recomputed_ops()}
+    assert "aten.native_dropout.default" in again
+    assert "aten._native_batch_norm_legit_functional.default" in again
+    for b, r in zip(model.buffers(), reference.buffers()):
+        assert torch.equal(b, r)
+    assert be.stats.measured_peak == be.stats.predicted_peak
+
+
+def test_impossible_budget_raises_infeasible_on_first_call():
+    model = plain_mlp()
+    compiled = torch.compile(model, backend=outcore.backend(budget="1KB"), dynamic=False)
+    with pytest.raises(outcore.InfeasibleBudgetError) as err:
+        compiled(torch.randn(8, 16))
+    assert err.value.budget == 1000
+    assert err.value.required > 1000
+
+
+def test_graph_break_plans_each_graph_separately():
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 5)
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(h)
+
+    torch.manual_seed(0)
+    model = Broken()
+    reference = copy.deepcopy(model)
+    be = outcore.backend(budget="64MB")
+    [(loss, expected)] = train_both(model, reference, F.cross_entropy,
+                                    [(torch.randn(8, 16), torch.randint(0, 5, (8,)))], be)
+    assert torch.equal(loss, expected)
+    assert len(be.graphs) == 2
+    for g in be.graphs:
+        assert g.stats.steps == 1 and g.stats.measured_peak == g.stats.predicted_peak
+    with pytest.raises(outcore.OutcoreError, match="graphs"):
+        _ = be.stats
+
+
+def test_two_forwards_before_one_backward_use_separate_devices():
+    model = plain_mlp()
+    reference = copy.deepcopy(model)
+    be = outcore.backend(budget=None, policy="offload-all", device="cpu-emulated")
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    x1, x2, y = torch.randn(8, 16), torch.randn(8, 16), torch.randint(0, 5, (8,))
+    try:
+        (F.cross_entropy(compiled(x1), y) + F.cross_entropy(compiled(x2), y)).backward()
+    finally:
+        be.close()
+    (F.cross_entropy(reference(x1), y) + F.cross_entropy(reference(x2), y)).backward()
+    assert be.graphs[0].planned.schedule.count(Offload) > 0
+    assert_same_grads(model, reference)
+    assert be.graphs[0].stats.steps == 2
+
+
+def test_each_new_shape_is_captured_and_planned():
+    model = plain_mlp()
+    reference = copy.deepcopy(model)
+    be = outcore.backend(budget="64MB")
+    compiled = torch.compile(model, backend=be)  # dynamo makes the batch size dynamic
+    for n in (8, 5, 3, 5):
+        for p in list(model.parameters()) + list(reference.parameters()):
+            p.grad = None
+        x, y = torch.randn(n, 16), torch.randint(0, 5, (n,))
+        F.cross_entropy(compiled(x), y).backward()
+        F.cross_entropy(reference(x), y).backward()
+        assert_same_grads(model, reference)
+    assert len(be.graphs) == 3  # batch 5 reuses its plan
+    assert [g.stats.steps for g in be.graphs] == [1, 2, 1]
+    assert all(g.stats.measured_peak == g.stats.predicted_peak for g in be.graphs)
+
+
+def test_no_grad_runs_unplanned_and_outputs_needing_no_grad_are_constant():
+    class TwoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = plain_mlp()
+
+        def forward(self, x):
+            out = self.net(x)
+            return out, out.argmax(1)
+
+    model = TwoHeads()
+    be = outcore.backend(budget=None)
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        out, _ = compiled(x)
+    assert be.unplanned == 1 and not be.graphs
+    assert torch.equal(out, model(x)[0].detach())
+    out, labels = compiled(x)
+    assert out.requires_grad and not labels.requires_grad
+    assert torch.equal(labels, model(x)[1])
+    F.cross_entropy(out, labels).backward()
+    assert len(be.graphs) == 1 and be.stats.steps == 1
+    torch._dynamo.reset()
+    labels_only = outcore.backend(budget=None)  # parameters need grad, no output does
+    got = torch.compile(lambda v: model(v)[1], backend=labels_only, dynamic=False)(x)
+    assert torch.equal(got, labels) and not got.requires_grad
+    assert labels_only.stats.steps == 1
+    assert labels_only.stats.measured_peak == labels_only.stats.predicted_peak
+
+
+def test_unsupported_uses_are_refused_with_a_reason():
+    class ViewOfWeight(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            return x * self.w, self.w.view(2, 2)
+
+    compiled = torch.compile(ViewOfWeight(), backend=outcore.backend(budget=None), dynamic=False)
+    with pytest.raises(outcore.CaptureError, match="view of one of its inputs"):
+        compiled(torch.randn(4))
+    torch._dynamo.reset()
+    loss = torch.compile(plain_mlp(), backend=outcore.backend(budget=None))(
+        torch.randn(8, 16)).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(outcore.OutcoreError, match="retain_graph"):
+        loss.backward()
+    with pytest.raises(ValueError, match="cpu-emulated"):
+        outcore.backend(device="tpu")
+
+
+def test_split_cuts_at_first_backward_compute_and_refuses_late_forward_ops():
+    model, loss_fn, batch = make("vgg")
+    graph = outcore.capture(model, loss_fn, batch)
+    planned = outcore.api.plan(graph, None, policy="recompute-cheap", simulate=False)
+    schedule = planned.schedule
+    cut = split_point(graph, schedule)
+    first = schedule.instructions[cut]
+    assert isinstance(first, Compute)
+    assert first.recompute or graph.ops[first.op].phase == "backward"
+    assert all(graph.ops[i.op].phase == "forward" and not i.recompute
+               for i in schedule.instructions[:cut] if isinstance(i, Compute))
+    split = generate_split(graph, schedule)
+    assert "def forward(rt, inputs)" in split.source and "env.pop(" in split.source
+    assert set(schedule.keep_at_end) <= set(split.carried) | {
+        t for i in schedule.instructions[cut:] if isinstance(i, Compute)
+        for t in graph.ops[i.op].outputs}
+    late = next(i for i in schedule.instructions[:cut] if isinstance(i, Compute))
+    moved = [i for i in schedule.instructions if i is not late] + [late]
+    with pytest.raises(outcore.ScheduleError, match="after the backward"):
+        split_point(graph, type(schedule)(instructions=moved, keep_at_end=schedule.keep_at_end))

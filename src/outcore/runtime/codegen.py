@@ -146,7 +146,7 @@ def generate(graph: Graph, schedule: Schedule,
     """
     step = graph.source
     if not isinstance(step, CapturedStep):
-        raise ValueError("this graph has no captured step to run; capture it with "
+        raise TypeError("this graph has no captured step to run; capture it with "
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
     static = [t.id for t in graph.tensors if t.kind in STATIC_KINDS]

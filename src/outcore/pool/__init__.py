@@ -16,7 +16,7 @@ from outcore.pool.blocks import (
     lower_bound,
     round_up,
 )
-from outcore.pool.compare import DEFAULT_POLICY, POLICIES, compare, place
+from outcore.pool.compare import DEFAULT_POLICY, POLICIES, compare, for_simulator, place
 from outcore.pool.errors import PoolError, PoolExhausted
 from outcore.pool.events import blocks_from_schedule
 from outcore.pool.gtbm import GTBMPool, gtbm_placement
@@ -32,9 +32,32 @@ from outcore.pool.placement import (
 from outcore.pool.planner import plan_offsets, planned_placement
 
 __all__ = [
-    "Alloc", "BestFitPool", "Block", "DEFAULT_POLICY", "GTBMPool", "HeapPool", "OnlinePool",
-    "POLICIES", "Placement", "PoolError", "PoolExhausted", "Region", "Release",
-    "blocks_from_schedule", "build_placement", "check_placement", "compare", "event_stream",
-    "gtbm_placement", "live_curve", "lower_bound", "measure", "place", "plan_offsets",
-    "planned_placement", "round_up", "run_online",
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Alloc",
+    "BestFitPool",
+    "Block",
+    "GTBMPool",
+    "HeapPool",
+    "OnlinePool",
+    "Placement",
+    "PoolError",
+    "PoolExhausted",
+    "Region",
+    "Release",
+    "blocks_from_schedule",
+    "build_placement",
+    "check_placement",
+    "compare",
+    "event_stream",
+    "for_simulator",
+    "gtbm_placement",
+    "live_curve",
+    "lower_bound",
+    "measure",
+    "place",
+    "plan_offsets",
+    "planned_placement",
+    "round_up",
+    "run_online",
 ]

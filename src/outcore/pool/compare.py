@@ -37,3 +37,18 @@ def place(blocks: Sequence[Block], policy: str = DEFAULT_POLICY, **options: Any)
 def compare(blocks: Sequence[Block], policies: Sequence[str] = tuple(POLICIES)) -> list[Placement]:
     """One Placement per policy, in the order given."""
     return [place(blocks, p) for p in policies]
+
+
+def for_simulator(policy: str = DEFAULT_POLICY, **options: Any) -> Callable[..., Placement]:
+    """A placement hook for ``outcore.sim.simulate(..., placement=...)``: places the
+    schedule's blocks (``blocks_from_schedule``) with ``policy``; the Placement lands in
+    ``SimResult.placement``."""
+    if policy not in POLICIES:
+        raise PoolError(f"unknown placement policy {policy!r}; use one of {', '.join(POLICIES)}")
+
+    def hook(graph: Any, schedule: Any, lifetimes: Any = None) -> Placement:
+        from outcore.pool.events import blocks_from_schedule
+
+        return place(blocks_from_schedule(graph, schedule), policy, **options)
+
+    return hook

@@ -30,7 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outcore.pool.blocks import Alloc, Block, check_unique, event_stream, lower_bound, num_steps
+from outcore.pool.blocks import (
+    Alloc,
+    Block,
+    check_unique,
+    event_stream,
+    lower_bound,
+    num_steps,
+)
 from outcore.pool.errors import PoolError
 from outcore.pool.freelist import FreeList
 from outcore.pool.online import OnlinePool

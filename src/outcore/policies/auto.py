@@ -155,11 +155,49 @@ def plan_auto(graph: Graph, budget: int | None, cost: object,
             if covered >= excess:
                 break
         schedule = lowerer(graph, plan)
+    fallback = _fallback(graph, budget, lowerer)
+    if fallback is not None:
+        return fallback
+    lowest = min([best_peak] + [memory_curve(graph, lowerer(graph, p)).peak
+                                for p in _fallback_plans(graph, budget)])
     raise InfeasibleBudgetError(
-        "outcore-auto", budget, best_peak,
+        "outcore-auto", budget, lowest,
         "Every activation resident at the peak is already offloaded or recomputed; raise the "
         "budget, shrink the batch (or let moDNN split it into sub-batches), or use a device "
         "with more memory.")
+
+
+def _fallback_plans(graph: Graph, budget: int) -> list[Plan]:
+    """Offload every activation, prefetching one layer early, then just before use."""
+    plans = []
+    groups = graph.aliases()
+    for delayed in (False, True):
+        plan = Plan(policy="outcore-auto", budget=budget)
+        for tid in movable_activations(graph):
+            plan.decisions[tid] = Decision.OFFLOAD
+            plan.reasons[tid] = ("offloaded: the per-tensor search could not meet the budget, "
+                                 "so every activation is offloaded"
+                                 + ("; prefetched just before its first use" if delayed else ""))
+            if delayed:
+                readers = [c for a in groups.get(tid, [tid])
+                           for c in graph.tensors[a].consumers
+                           if graph.ops[c].phase is not Phase.FORWARD]
+                if readers:
+                    plan.prefetch_at[tid] = min(readers)
+        plans.append(plan)
+    return plans
+
+
+def _fallback(graph: Graph, budget: int,
+              lowerer: Callable[[Graph, Plan], Schedule]) -> tuple[Plan, Schedule] | None:
+    """When the greedy search stalls (recomputes that keep their inputs alive can leave the
+    peak on tensors it already decided), fall back to offloading everything, which
+    outcore-auto must never do worse than."""
+    for plan in _fallback_plans(graph, budget):
+        schedule = lowerer(graph, plan)
+        if memory_curve(graph, schedule).peak <= budget:
+            return plan, schedule
+    return None
 
 
 def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int, int]]],

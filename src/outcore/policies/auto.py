@@ -23,6 +23,7 @@ the executor measures), so the predicted peak of the result is what the device w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -218,8 +219,66 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
     return changed
 
 
+#: Policies whose plans outcore-auto also simulates, keeping the fastest that fits.
+PORTFOLIO = ("vdnn-dyn", "superneurons", "modnn", "pooch", "dymem", "offload-all")
+
+
+def _simulated(graph: Graph, schedule: Schedule, cost: object) -> float:
+    from outcore.sim import simulate
+
+    return simulate(graph, schedule, cost, verify=False).step_time
+
+
+def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> PolicyOutput | None:
+    """Simulate the seed policies' plans beside our own and keep the fastest that fits."""
+    from outcore.errors import OutcoreError
+    from outcore.policies.registry import get
+
+    scored: list[tuple[float, str, PolicyOutput]] = []
+    if best is not None:
+        scored.append((_simulated(best.graph, best.schedule, ctx.cost), "outcore-auto", best))
+    for name in PORTFOLIO:
+        try:
+            out = get(name).fn(graph, ctx)
+        except (OutcoreError, ValueError):
+            continue  # that policy cannot meet this budget (or is not installed)
+        if out.schedule.variants and not ctx.options.get("variants", False):
+            # framework kernels only, so gradients stay bit-equal to eager; dropping a
+            # variant removes its workspace, so the peak can only go down
+            out.schedule = dataclasses.replace(out.schedule, variants={})
+            out.plan.variants = {}
+        if ctx.budget is not None and memory_curve(out.graph, out.schedule).peak > ctx.budget:
+            continue
+        scored.append((_simulated(out.graph, out.schedule, ctx.cost), name, out))
+    if not scored:
+        return None
+    _, name, chosen = min(scored, key=lambda item: item[0])
+    if name != "outcore-auto":
+        others = ", ".join(f"{n} {t * 1e3:.2f} ms" for t, n, _ in sorted(scored, key=lambda i: i[0]))
+        for tid in list(chosen.plan.reasons) or [t for t in chosen.plan.decisions]:
+            chosen.plan.reasons[tid] = (f"{chosen.plan.reasons.get(tid, 'decided')} [outcore-auto "
+                                        f"took {name}'s plan: fastest that fits ({others})]")
+        chosen.plan.policy = f"outcore-auto ({name})"
+    return chosen
+
+
 @register("outcore-auto", "outcore's hybrid: keep, offload or recompute each activation at the "
-          "peak by its cost per byte, until the predicted peak fits the budget")
+          "peak by its cost per byte, until the predicted peak fits the budget; then the "
+          "fastest (simulated) of that plan and the seed policies' plans (framework kernels "
+          "unless options variants=True)")
 def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    plan, schedule = plan_auto(graph, ctx.budget, ctx.cost)
-    return PolicyOutput(plan, schedule, graph)
+    own: PolicyOutput | None = None
+    error: InfeasibleBudgetError | None = None
+    try:
+        plan, schedule = plan_auto(graph, ctx.budget, ctx.cost)
+        own = PolicyOutput(plan, schedule, graph)
+    except InfeasibleBudgetError as exc:
+        error = exc
+    if ctx.cost is None or ctx.budget is None or not ctx.options.get("portfolio", True):
+        if own is None:
+            raise error  # type: ignore[misc]
+        return own
+    chosen = _portfolio(graph, ctx, own)
+    if chosen is None:
+        raise error  # type: ignore[misc]
+    return chosen

@@ -242,7 +242,7 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
             out = get(name).fn(graph, ctx)
         except (OutcoreError, ValueError):
             continue  # that policy cannot meet this budget (or is not installed)
-        if out.schedule.variants and not ctx.options.get("variants", False):
+        if out.schedule.variants and not ctx.options.get("allow_variants", False):
             # framework kernels only, so gradients stay bit-equal to eager; dropping a
             # variant removes its workspace, so the peak can only go down
             out.schedule = dataclasses.replace(out.schedule, variants={})
@@ -265,7 +265,7 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
 @register("outcore-auto", "outcore's hybrid: keep, offload or recompute each activation at the "
           "peak by its cost per byte, until the predicted peak fits the budget; then the "
           "fastest (simulated) of that plan and the seed policies' plans (framework kernels "
-          "unless options variants=True)")
+          "unless options allow_variants=True)")
 def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     own: PolicyOutput | None = None
     error: InfeasibleBudgetError | None = None

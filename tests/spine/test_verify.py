@@ -132,3 +132,39 @@ def test_schedule_json_round_trip(vgg):
     assert again.keep_at_end == schedule.keep_at_end
     with pytest.raises(ScheduleError):
         Schedule.from_json('{"instructions": [["Bogus", {}]]}')
+
+
+def test_prefetch_waits_for_views_of_the_old_copy():
+    """Regression: the LM head reads a view of the final LayerNorm output after the base's
+    own Free; hoisting the base's prefetch above that view's Free would put two copies on
+    the device while the memory rule counts one. Lowering must not, and the verifier
+    refuses a schedule that does."""
+    import torch
+
+    from outcore import zoo
+    from outcore.plan.memory import predicted_peak
+    from outcore.runtime.executor import Executor
+
+    torch.manual_seed(0)
+    work = zoo.get("transformer", 8, small=True)
+    graph = capture(work.model, work.loss_fn, work.batch)
+    schedule = lower(graph, baseline.offload_all(graph))
+    verify(graph, schedule)
+    result = Executor(graph, schedule).run(work.batch)
+    assert result.peak_bytes == predicted_peak(graph, schedule)
+    # a prefetch moved up to just after its base's Free, above the Free of a view of it
+    ins = list(schedule.instructions)
+    for k, s in enumerate(ins):
+        if not isinstance(s, Prefetch):
+            continue
+        base_free = max(i for i in range(k) if isinstance(ins[i], Free) and ins[i].tensor == s.tensor)
+        view_frees = [i for i in range(base_free, k) if isinstance(ins[i], Free)
+                      and graph.tensors[ins[i].tensor].storage == s.tensor
+                      and ins[i].tensor != s.tensor]
+        if view_frees:
+            moved = ins[:base_free + 1] + [s] + [x for x in ins[base_free + 1:] if x is not s]
+            break
+    else:
+        raise AssertionError("the transformer has an offloaded base with a longer-lived view")
+    with pytest.raises(ScheduleError, match="view of it still holds"):
+        verify(graph, mutate(schedule, lambda _: moved))

@@ -52,8 +52,8 @@ class CapturedStep:
         Parameters and buffers come from the live module (so an optimizer's updates are seen);
         the tangent (d loss / d loss) is a fresh scalar one.
         """
-        params = dict(self.step_module.named_parameters())
-        buffers = dict(self.step_module.named_buffers())
+        params = dict(self.step_module.named_parameters(remove_duplicate=False))
+        buffers = dict(self.step_module.named_buffers(remove_duplicate=False))
         leaves = tree_flatten(batch)[0]
         if len(leaves) != self.batch_leaves:
             raise ValueError(f"the batch has {len(leaves)} tensors but the step was captured "
@@ -75,7 +75,7 @@ class CapturedStep:
         return values
 
     def parameter(self, name: str) -> nn.Parameter:
-        return dict(self.step_module.named_parameters())[name]
+        return dict(self.step_module.named_parameters(remove_duplicate=False))[name]
 
     def buffer(self, name: str) -> torch.Tensor:
-        return dict(self.step_module.named_buffers())[name]
+        return dict(self.step_module.named_buffers(remove_duplicate=False))[name]

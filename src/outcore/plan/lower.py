@@ -16,7 +16,7 @@ Three passes, each simple enough to check by eye:
 3. **Prefetch window.** Each ``Prefetch`` is hoisted from just before its use to before the
    ``lookahead``-th earlier heavy compute (conv, matmul, attention), as vDNN prefetches
    during the previous layer, or to the op the plan names in ``prefetch_at``; never above
-   the Free that ended the tensor's previous residency.
+   the last Free of any tensor of its storage (a view may outlive its base's Free).
 """
 
 from __future__ import annotations
@@ -212,11 +212,12 @@ def _hoist_prefetches(graph: Graph, seq: list[Instruction], prefetch_at: dict[in
 
     Hoisting only moves Prefetches, so every target can be found on the original sequence:
     the ``lookahead``-th heavy Compute before the Prefetch, or the Compute of the op named in
-    ``prefetch_at``, but never above the Free that ended the tensor's previous residency.
+    ``prefetch_at``, but never above the last Free of any tensor of its storage (a view of
+    the base may outlive the base's own Free; a prefetch above it would hold two copies).
     """
     heavy: list[int] = []
     computes_of: dict[int, list[int]] = defaultdict(list)
-    last_free: dict[int, int] = {}
+    last_free: dict[int, int] = {}  # storage -> index of the latest Free of one of its tensors
     moves: dict[int, list[int]] = defaultdict(list)  # target index -> prefetch indices
     moved: set[int] = set()
     for i, ins in enumerate(seq):
@@ -225,9 +226,9 @@ def _hoist_prefetches(graph: Graph, seq: list[Instruction], prefetch_at: dict[in
             if graph.ops[ins.op].category in HEAVY:
                 heavy.append(i)
         elif isinstance(ins, Free):
-            last_free[ins.tensor] = i
+            last_free[graph.tensors[ins.tensor].storage] = i
         elif isinstance(ins, Prefetch):
-            floor = last_free.get(ins.tensor, -1) + 1
+            floor = last_free.get(graph.tensors[ins.tensor].storage, -1) + 1
             target = i
             if ins.tensor in prefetch_at:
                 at = computes_of.get(prefetch_at[ins.tensor], [])

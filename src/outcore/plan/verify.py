@@ -7,7 +7,8 @@ A schedule is rejected, with the index of the first offending instruction, when:
 * an op is recomputed before it ever ran, or without its inputs resident (same check);
 * a tensor is freed while it is not resident, or while a copy of it is in flight
   (an Offload without its Wait(d2h), or a Prefetch without its Wait(h2d));
-* a Prefetch names a tensor with no completed host copy, or one already resident;
+* a Prefetch names a tensor with no completed host copy, or one already resident, or one
+  whose storage is still held by a resident view (two copies would be on the device);
 * an Offload names a non-resident tensor or a view; a Wait names no copy in flight;
 * at the end, a tensor in ``keep_at_end`` is not resident or a copy is still in flight.
 """
@@ -27,6 +28,14 @@ def verify(graph: Graph, schedule: Schedule) -> None:
     h2d_in_flight: set[int] = set()
     on_host: set[int] = set()
     ran: set[int] = set()
+    held: dict[int, int] = {}  # storage -> resident tensors of it
+
+    def hold(t: int, delta: int) -> None:
+        storage = graph.tensors[t].storage
+        held[storage] = held.get(storage, 0) + delta
+
+    for t in resident:
+        hold(t, +1)
     n_tensors, n_ops = len(graph.tensors), len(graph.ops)
     for i, ins in enumerate(schedule.instructions):
         if isinstance(ins, Compute):
@@ -43,7 +52,10 @@ def verify(graph: Graph, schedule: Schedule) -> None:
                     what = "recomputed" if ins.recompute else "run"
                     raise ScheduleError(f"{op.name!r} is {what} but its input {names[tid]!r} "
                                         "is not resident (used before produced or after freed)", i)
-            resident.update(op.outputs)
+            for out in op.outputs:
+                if out not in resident:
+                    resident.add(out)
+                    hold(out, +1)
             ran.add(ins.op)
             continue
         tid = ins.tensor
@@ -59,6 +71,7 @@ def verify(graph: Graph, schedule: Schedule) -> None:
             if tid not in resident:
                 raise ScheduleError(f"{name!r} is freed but is not resident", i)
             resident.discard(tid)
+            hold(tid, -1)
         elif isinstance(ins, Offload):
             if graph.tensors[tid].is_view:
                 raise ScheduleError(f"offload of view {name!r}: offload its base instead", i)
@@ -70,6 +83,9 @@ def verify(graph: Graph, schedule: Schedule) -> None:
                 raise ScheduleError(f"prefetch of {name!r}, which has no completed host copy", i)
             if tid in resident or tid in h2d_in_flight:
                 raise ScheduleError(f"prefetch of {name!r}, which is already on the device", i)
+            if held.get(graph.tensors[tid].storage, 0):
+                raise ScheduleError(f"prefetch of {name!r} while a view of it still holds the "
+                                    "old copy: free every view before prefetching", i)
             h2d_in_flight.add(tid)
         elif isinstance(ins, Wait):
             flight = d2h_in_flight if ins.direction == "d2h" else h2d_in_flight
@@ -82,6 +98,7 @@ def verify(graph: Graph, schedule: Schedule) -> None:
                 on_host.add(tid)
             else:
                 resident.add(tid)
+                hold(tid, +1)
         else:
             raise ScheduleError(f"unknown instruction {ins!r}", i)
     for tid in schedule.keep_at_end:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from outcore.errors import ScheduleError
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
@@ -140,9 +140,16 @@ def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
     return seq, defs
 
 
-def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]],
-                  keep: list[int]) -> list[Instruction]:
-    """Free every tensor after the last use of each residency interval."""
+def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[int]],
+                keep: list[int]) -> dict[int, list[tuple[int, bool]]]:
+    """Index -> the tensors to free right after it, each with whether that residency was
+    copied out (its Free then needs a ``Wait(d2h)`` first).
+
+    ``defs`` gives, per tensor, the indices where it becomes resident (computed, recomputed
+    or prefetched); each residency ends after its last use (Compute input, Offload, Wait)
+    before the next definition, or right after its definition when nothing uses it. Static
+    tensors and ``keep`` are never freed at the end of their last residency.
+    """
     never_free = {t.id for t in graph.tensors if t.kind in STATIC_KINDS} | set(keep)
     uses: dict[int, list[int]] = defaultdict(list)
     offloads: dict[int, list[int]] = defaultdict(list)
@@ -157,15 +164,21 @@ def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int
             uses[ins.tensor].append(i)
     free_after: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for tid, starts in defs.items():
-        bounds = starts + [len(seq)]
+        bounds = list(starts) + [len(seq)]
         for k, start in enumerate(starts):
             end = bounds[k + 1]
             if end == len(seq) and tid in never_free:
                 continue
-            inside = [u for u in uses.get(tid, []) if start <= u < end]
-            last = max(inside, default=start)
-            copied = any(start <= o < end for o in offloads.get(tid, []))
+            last = max((u for u in uses.get(tid, ()) if start <= u < end), default=start)
+            copied = any(start <= o < end for o in offloads.get(tid, ()))
             free_after[last].append((tid, copied))
+    return free_after
+
+
+def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]],
+                  keep: list[int]) -> list[Instruction]:
+    """Free every tensor after the last use of each residency interval."""
+    free_after = free_points(graph, seq, defs, keep)
     out: list[Instruction] = []
     for i, ins in enumerate(seq):
         out.append(ins)

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from outcore.graph.ir import STATIC_KINDS, Graph, Phase, TensorKind
+from outcore.plan.lower import free_points
 from outcore.plan.schedule import (
     Compute,
     Free,
@@ -139,7 +140,7 @@ def build_schedule(graph: Graph, order: list[int], classes: Mapping[int, str],
     sq = _Sequence(graph, order, classes)
     sq.run(issue_at, need_at or {})
     keep = list(graph.outputs)
-    frees = _free_points(graph, sq.seq, sq.defs, keep)
+    frees = free_points(graph, sq.seq, sq.defs, keep)
     moved = _deferrals(sq, frees, free_at)
     out: list[Instruction] = []
     for i, ins in enumerate(sq.seq):
@@ -155,33 +156,6 @@ def build_schedule(graph: Graph, order: list[int], classes: Mapping[int, str],
     for tid in moved.get(("before", len(sq.seq)), ()):
         out += [Wait(tid, "d2h"), Free(tid)]
     return Schedule(instructions=out, keep_at_end=keep, sub_batches=1, policy=policy)
-
-
-def _free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[int]],
-                 keep: list[int]) -> dict[int, list[tuple[int, bool]]]:
-    """Index -> tensors freed after it (and whether that residency was copied out)."""
-    never = {t.id for t in graph.tensors if t.kind in STATIC_KINDS} | set(keep)
-    uses: dict[int, list[int]] = defaultdict(list)
-    offloads: dict[int, list[int]] = defaultdict(list)
-    for i, ins in enumerate(seq):
-        if isinstance(ins, Compute):
-            for u in graph.ops[ins.op].inputs:
-                uses[u].append(i)
-        elif isinstance(ins, (Offload, Wait)):
-            uses[ins.tensor].append(i)
-            if isinstance(ins, Offload):
-                offloads[ins.tensor].append(i)
-    frees: dict[int, list[tuple[int, bool]]] = defaultdict(list)
-    for tid, starts in defs.items():
-        bounds = list(starts) + [len(seq)]
-        for k, start in enumerate(starts):
-            end = bounds[k + 1]
-            if end == len(seq) and tid in never:
-                continue
-            last = max((u for u in uses.get(tid, ()) if start <= u < end), default=start)
-            copied = any(start <= o < end for o in offloads.get(tid, ()))
-            frees[last].append((tid, copied))
-    return frees
 
 
 def _deferrals(sq: _Sequence, frees: Mapping[int, list[tuple[int, bool]]],

@@ -63,6 +63,7 @@ class MeasuredProfile:
     d2h_bandwidth: float | None = None
     transfer_latency: float = 0.0
     copy_engines: int = 2
+    wait_overhead: float = 0.0  # seconds the compute thread loses after a blocking Wait
     variants: VariantCosts | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,7 @@ class MeasuredProfile:
             if value is not None:
                 setattr(self, key, _number(key, value, allow_zero=False))
         self.transfer_latency = _number("transfer_latency", self.transfer_latency)
+        self.wait_overhead = _number("wait_overhead", self.wait_overhead)
         if isinstance(self.copy_engines, bool) or not isinstance(self.copy_engines, int) \
                 or self.copy_engines < 1:
             raise ProfileError(f"measured profile: field 'copy_engines' must be an integer "
@@ -103,11 +105,13 @@ class MeasuredProfile:
                    op_digest=graph_digest(graph), **fields)
 
     def with_link(self, h2d_bandwidth: float, d2h_bandwidth: float | None = None, *,
-                  latency: float = 0.0, copy_engines: int | None = None) -> MeasuredProfile:
-        """A copy pricing copies at these bandwidths (bytes/s; d2h defaults to h2d)."""
+                  latency: float = 0.0, copy_engines: int | None = None,
+                  wait_overhead: float = 0.0) -> MeasuredProfile:
+        """A copy pricing copies at these bandwidths (bytes/s; d2h defaults to h2d), with a
+        fixed ``latency`` per copy and ``wait_overhead`` after each blocking Wait."""
         return replace(self, h2d_bandwidth=h2d_bandwidth,
                        d2h_bandwidth=h2d_bandwidth if d2h_bandwidth is None else d2h_bandwidth,
-                       transfer_latency=latency,
+                       transfer_latency=latency, wait_overhead=wait_overhead,
                        copy_engines=self.copy_engines if copy_engines is None else copy_engines)
 
     # -- CostModel ---------------------------------------------------------------------------

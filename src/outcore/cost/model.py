@@ -68,7 +68,10 @@ class CostModel(Protocol):
     """What the simulator needs to time a schedule.
 
     ``copy_engines``: 1 means host->device and device->host copies share one engine (they
-    serialise); 2 or more gives each direction its own.
+    serialise); 2 or more gives each direction its own. A model may also have
+    ``wait_overhead`` (seconds, default 0): added to the compute stream after each Wait that
+    blocks, for the host's wake-up (measurable on the emulated device; ~0 on a GPU, where
+    waits are stream events).
     """
 
     copy_engines: int

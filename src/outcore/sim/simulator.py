@@ -66,6 +66,7 @@ class _Replay:
         self.graph = graph
         self.schedule = schedule
         self.model = model
+        self.wake = float(getattr(model, "wait_overhead", 0.0))  # see CostModel docs
         self.ops = ops
         shared = model.copy_engines < 2
         self.engines = {D2H: "copy", H2D: "copy"} if shared else {D2H: D2H, H2D: H2D}
@@ -224,9 +225,10 @@ class _Replay:
             raise ScheduleError(f"Wait on the {ins.direction} copy of {self._name(ins.tensor)}, "
                                 f"which is not in flight: no {verb} of it since its last Wait", i)
         self.start[i] = self.now
-        if copy.end > self.now:
-            self.stall += copy.end - self.now
-            self.now = copy.end
+        if copy.end > self.now:  # a blocking wait: the compute stream resumes after a wake-up
+            resume = copy.end + self.wake
+            self.stall += resume - self.now
+            self.now = resume
         self.end[i] = self.now
 
     # -- helpers -----------------------------------------------------------------------------

@@ -171,3 +171,15 @@ def test_placement_receives_every_residency() -> None:
             return len(lifetimes)
 
     assert simulate(graph, offload_schedule(), TableCost({}), placement=Pool()).placement == 8
+
+
+def test_blocking_waits_pay_the_wait_overhead_and_hidden_ones_do_not() -> None:
+    graph = chain3()
+    blocking = TableCost({}, d2h=40.0, h2d=2000.0)  # the d2h wait stalls 3 s (see above)
+    blocking.wait_overhead = 0.5
+    result = simulate(graph, offload_schedule(), blocking)
+    assert result.step_time == pytest.approx(6 * 1.0 + 3.0 + 0.5)
+    assert result.exposed_transfer_time == pytest.approx(3.5)
+    hidden = TableCost({"f1": 3.0, "f2": 3.0, "b1": 2.0}, d2h=100.0, h2d=100.0)
+    hidden.wait_overhead = 0.5
+    assert simulate(graph, offload_schedule(), hidden).step_time == pytest.approx(11.0)

@@ -135,7 +135,7 @@ def test_every_option_is_used_and_small_only_overrides_options():
 
     from outcore.zoo.catalog import ENTRIES
 
-    batch_keys = {"image_size", "num_classes", "in_features", "vocab", "seq_len"}
+    batch_keys = {"image_size", "num_classes", "in_features", "vocab", "seq_len", "frames"}
     for entry in ENTRIES:
         params = set(inspect.signature(entry.build).parameters)
         unused = set(entry.defaults) - params - batch_keys

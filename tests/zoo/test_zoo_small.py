@@ -7,7 +7,7 @@ from torch import nn
 from outcore import zoo
 
 #: Families whose original network uses BatchNorm (and so must have it, in training mode).
-WITH_BATCHNORM = ("resnet", "densenet", "inception")
+WITH_BATCHNORM = ("resnet", "resnext", "densenet", "inception")
 #: Families whose original network predates BatchNorm.
 WITHOUT_BATCHNORM = ("mlp", "vgg", "alexnet", "overfeat", "googlenet", "fcn", "transformer")
 
@@ -46,7 +46,7 @@ def test_no_in_place_activation_and_batchnorm_where_the_original_has_it(name):
     modules = list(w.model.modules())
     in_place = [m for m in modules if getattr(m, "inplace", False)]
     assert not in_place, f"{name}: in-place modules {in_place[:3]}"
-    has_bn = any(isinstance(m, nn.BatchNorm2d) for m in modules)
+    has_bn = any(isinstance(m, (nn.BatchNorm2d, nn.BatchNorm3d)) for m in modules)
     if name.startswith(WITH_BATCHNORM):
         assert has_bn and all(m.training for m in modules)
     elif name.startswith(WITHOUT_BATCHNORM):

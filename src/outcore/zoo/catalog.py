@@ -17,9 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from outcore.zoo import alexnet, densenet, fcn, googlenet, inception, mlp, resnet, transformer, vgg
+from outcore.zoo import (alexnet, densenet, fcn, googlenet, inception, mlp, resnet, resnext3d,
+                         transformer, vgg)
 from outcore.zoo.inputs import (
     Batch,
+    clip_batch,
     cross_entropy,
     image_batch,
     lm_loss,
@@ -157,6 +159,13 @@ def _other_entries() -> list[Entry]:
               {"vocab": 50257, "seq_len": 1024, "n_layer": 12, "n_head": 12, "d_model": 768,
                "dropout": 0.1, "tie_weights": True, "attention": "math"},
               {"vocab": 64, "seq_len": 16, "n_layer": 2, "n_head": 2, "d_model": 32}),
+        Entry("resnext101-3d", "ResNeXt-101 3D (Hara et al. 2018): grouped 3x3x3 bottlenecks, "
+              "cardinality 32, stages (3, 4, 23, 3), 16-frame 112x112 clips",
+              resnext3d.build_resnext3d, clip_batch, cross_entropy,
+              {"stages": (3, 4, 23, 3), "cardinality": 32, "num_classes": 400, "width": 1.0,
+               "frames": 16, "image_size": 112},
+              {"stages": (1, 1, 2, 1), "num_classes": 10, "width": 0.5, "frames": 4,
+               "image_size": 16}),
     ]  # fmt: skip
 
 

@@ -59,3 +59,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy; logits (batch, seq, vocab), targets (batch, seq)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def clip_batch(opts: Mapping[str, Any], batch_size: int, gen: torch.Generator) -> Batch:
+    """Video clips (batch, 3, frames, H, W) and class labels (batch,)."""
+    h, w = pair(opts["image_size"])
+    x = torch.randn(batch_size, 3, opts["frames"], h, w, generator=gen)
+    y = torch.randint(0, opts["num_classes"], (batch_size,), generator=gen)
+    return x, y

@@ -31,8 +31,9 @@ def options(name: str, *, small: bool = False) -> dict[str, Any]:
 
 def get(
     name: str,
-    batch_size: int,
+    batch_size: int | None = None,
     *,
+    batch: int | None = None,
     fake: bool = False,
     small: bool = False,
     seed: int = 0,
@@ -42,7 +43,8 @@ def get(
 
     Args:
         name: one of ``names()``.
-        batch_size: examples in the batch (>= 1).
+        batch_size: examples in the batch (>= 1); ``batch=`` is accepted as well, e.g.
+            ``get("resnet50", batch=256)``.
         fake: build the model and batch inside a fresh ``FakeTensorMode`` (no memory is
             allocated; sizes, strides and dtypes are real). The mode is ``Workload.fake_mode``.
         small: the reduced width/resolution version of the same topology, for CPU tests.
@@ -56,6 +58,9 @@ def get(
     The caller's global RNG state is left untouched.
     """
     entry = _lookup(name)
+    if batch is not None and batch_size is not None and batch != batch_size:
+        raise ValueError(f"give the batch size once: batch_size={batch_size}, batch={batch}")
+    batch_size = batch if batch is not None else batch_size
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     resolved = _resolve(entry, small, opts)

@@ -115,3 +115,22 @@ def test_bad_input_is_refused_clearly():
         capture(lambda x: x, loss_fn, batch)
     with pytest.raises(CaptureError, match="scalar"):
         capture(model, lambda out, y: out, batch)
+
+
+class DataDependentBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h * 2 if h.sum() > 0 else h
+
+
+def test_data_dependent_control_flow_names_cause_and_way_out():
+    batch = (torch.randn(2, 4), torch.randn(2, 4))
+    with pytest.raises(CaptureError) as err:
+        capture(DataDependentBranch(), nn.functional.mse_loss, batch)
+    message = str(err.value)
+    assert "one graph" in message and "depend on tensor values" in message
+    assert "torch.where" in message

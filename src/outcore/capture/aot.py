@@ -146,8 +146,28 @@ def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, Any])
             cause = cause.__cause__
         if isinstance(cause, CaptureError):
             raise cause from None
-        raise CaptureError(f"could not capture the training step: {type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CaptureError(f"could not capture the training step as one graph: "
+                           f"{type(exc).__name__}: {first}. {_way_out(exc)}") from exc
+
+
+_DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent", "_local_scalar_dense",
+                   "nonzero", "item()")
+
+
+def _way_out(exc: BaseException) -> str:
+    """What the user can change, for the common reasons a step cannot be one graph."""
+    text = f"{type(exc).__name__} {exc}"
+    if any(marker in text for marker in _DATA_DEPENDENT):
+        return ("The model's control flow or shapes depend on tensor values (an `if` on a "
+                "tensor, `.item()`, `nonzero`), which one static graph cannot hold. Make the "
+                "branch depend on shapes or Python values, use torch.where, or move that part "
+                "out of the model (e.g. into the data loader).")
+    if "Unsupported" in text or "graph break" in text.lower():
+        return ("The model calls something that cannot be traced (a graph break). Rewrite that "
+                "call with torch operations, or keep it out of the model.")
+    return ("Check that model(x) and loss_fn(output, y) run eagerly on the example batch; "
+            "outcore traces them with fake tensors, so code that needs real values fails here.")
 
 
 def fx_graph_of(graph: Graph) -> fx.GraphModule:

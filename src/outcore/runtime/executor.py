@@ -165,16 +165,24 @@ class Executor:
 
     def apply(self, result: StepResult, outputs: dict[int, torch.Tensor],
               grad_scale: float = 1.0) -> None:
-        """Accumulate gradients into ``.grad`` and write buffer updates, once."""
+        """Accumulate gradients into ``.grad`` and write buffer updates, once.
+
+        A gradient laid out like its parameter is used as it is (no copy), as autograd's
+        AccumulateGrad does; another layout is copied into the parameter's layout."""
+        module = self.step.step_module
+        params = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
         with torch.no_grad():
             for role, tid, name in self.step.nodes.output_roles:
                 value = outputs[tid]
                 if role == "grad":
-                    param = self.step.parameter(name)
+                    param = params[name]
                     grad = value if grad_scale == 1.0 else value * grad_scale
-                    if param.grad is None:
-                        param.grad = grad.clone(memory_format=torch.contiguous_format)
-                    else:
+                    if param.grad is not None:
                         param.grad.add_(grad)
+                    elif grad.stride() == param.stride() and grad.data_ptr() != param.data_ptr():
+                        param.grad = grad
+                    else:
+                        param.grad = torch.empty_like(param).copy_(grad)
                 elif role == "buffer":
-                    self.step.buffer(name).copy_(value)
+                    buffers[name].copy_(value)

@@ -1,9 +1,9 @@
 """Peak-live-bytes tracker, independent of the planner.
 
 ``MemoryTracker`` is a TorchDispatchMode that sees every op's outputs. Each new storage is
-counted once, keyed by its StorageImpl, and un-counted by a ``weakref.finalize`` on the
+counted once, keyed by its StorageImpl, and un-counted by a weak reference's callback on the
 storage's Python object (PyTorch preserves that object for the storage's whole life, so the
-finalizer fires exactly when the memory is released). Host copies made on other threads are
+callback fires exactly when the memory is released). Host copies made on other threads are
 not seen: dispatch modes are thread-local.
 
 With ``capacity`` set, an allocation that would exceed it raises DeviceOutOfMemory, naming
@@ -36,7 +36,7 @@ class MemoryTracker(TorchDispatchMode):
         self.allocations = 0
         self.naming = ""
         self._tracked: dict[int, int] = {}
-        self._finalizers: list[weakref.finalize] = []
+        self._refs: dict[int, weakref.ref] = {}  # StorageImpl -> weak ref whose callback un-counts
         self._lock = threading.Lock()
 
     # -- accounting --------------------------------------------------------------------------
@@ -58,20 +58,22 @@ class MemoryTracker(TorchDispatchMode):
             self._tracked[key] = nbytes
             self.live += nbytes
             self.allocations += 1
-            self.peak = max(self.peak, self.live)
-        self._finalizers.append(weakref.finalize(storage, self._release, key))
+            if self.live > self.peak:
+                self.peak = self.live
+            self._refs[key] = weakref.ref(storage, lambda _ref, key=key: self._release(key))
 
     def _release(self, key: int) -> None:
         with self._lock:
             nbytes = self._tracked.pop(key, 0)
             self.live -= nbytes
+            self._refs.pop(key, None)
 
     def close(self) -> None:
-        """Stop watching storages: detach every finalizer still pending (e.g. on parameters,
-        which outlive the step), so neither they nor this tracker are kept alive."""
-        for fin in self._finalizers:
-            fin.detach()
-        self._finalizers.clear()
+        """Stop watching storages: drop the weak references still pending (e.g. on
+        parameters, which outlive the step); a dropped reference never calls back, so nothing
+        keeps this tracker alive."""
+        with self._lock:
+            self._refs.clear()
 
     def reset_peak(self) -> None:
         """Start a new high-water mark at the current live bytes."""
@@ -80,11 +82,14 @@ class MemoryTracker(TorchDispatchMode):
     # -- dispatch ----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if fresh:
-            try:
-                self.track(fresh)
-            except DeviceOutOfMemory:
-                del out, fresh  # give the memory back before reporting
-                raise
+        try:
+            if isinstance(out, torch.Tensor):
+                self._add(out.untyped_storage(), self.naming)
+            else:
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        self._add(t.untyped_storage(), self.naming)
+        except DeviceOutOfMemory:
+            del out  # give the memory back before reporting
+            raise
         return out

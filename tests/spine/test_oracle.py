@@ -62,3 +62,22 @@ def test_second_step_accumulates_like_eager():
         assert torch.equal(p.grad, q.grad)
     for b, c in zip(model.buffers(), reference.buffers()):
         assert torch.equal(b, c)
+
+
+def test_unmeasured_run_gives_the_same_gradients_and_refuses_a_capacity():
+    from outcore.errors import OutcoreError
+    from outcore.runtime.devices import SyncCPUDevice
+
+    model, loss_fn, batch = make("resnet")
+    reference = copy.deepcopy(model)
+    eager_step(reference, loss_fn, batch, seed=2)
+    graph = capture(model, loss_fn, batch)
+    schedule = lower(graph, baseline.offload_all(graph))
+    torch.manual_seed(2)
+    result = Executor(graph, schedule).run(batch, measure=False)
+    assert result.peak_bytes == 0
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    bounded = Executor(graph, schedule, SyncCPUDevice(capacity=10**9))
+    with pytest.raises(OutcoreError, match="capacity"):
+        bounded.run(batch, measure=False)

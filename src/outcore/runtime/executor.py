@@ -15,6 +15,7 @@ code under ``torch.no_grad()``:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,21 +126,27 @@ class Executor:
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
-            timed: bool = False) -> StepResult:
+            timed: bool = False, measure: bool = True) -> StepResult:
         """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees.
 
         ``timed=True`` also records, per Compute, the wall time from its start to the next
         Compute's (host overhead and the instructions in between included), in
         ``StepResult.op_seconds`` as (op id, seconds): a profile taken inside a real step.
+        ``measure=False`` runs without the memory tracker (``peak_bytes`` is then 0); only
+        allowed on a device without a capacity to enforce.
         """
+        if not measure and self.capacity is not None:
+            raise OutcoreError("measure=False would skip enforcing the device's capacity; "
+                               "use a device without one (e.g. device='cpu')")
         values = self.step.static_values(self.graph, batch)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
         rt = Runtime(self.device, tracker, timed=timed)
         start = time.perf_counter()
         try:
-            with torch.no_grad(), tracker:
-                tracker.track(values.values(), "step inputs")
+            with torch.no_grad(), (tracker if measure else contextlib.nullcontext()):
+                if measure:
+                    tracker.track(values.values(), "step inputs")
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
         finally:

@@ -51,6 +51,7 @@ from outcore.policies._vdnn_variants import (
     candidates,
     choice_by_op,
     peak_with,
+    recorded_table,
     steps,
     with_variants,
 )
@@ -157,7 +158,7 @@ def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = No
             "recomputation.") from None
     schedule = _schedule(graph, instructions, name)
     verify(graph, schedule)
-    table = candidates(graph, cost, variants)
+    table = candidates(graph, cost, recorded_table(graph) if variants is None else variants)
     rows = steps(graph, schedule, table)
     limit = budget if budget is not None else max(
         (r.live_bytes + max((c.workspace_bytes for c in r.candidates), default=0) for r in rows),

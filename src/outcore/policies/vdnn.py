@@ -251,10 +251,18 @@ def _algo(ctx: PolicyContext) -> str:
     return algo
 
 
+def _variant_table(graph: Graph, ctx: PolicyContext) -> Any:
+    """``ctx.options["variants"]``, or the variants capture recorded on each op."""
+    from outcore.policies._vdnn_variants import recorded_table
+
+    table = ctx.options.get("variants")
+    return recorded_table(graph) if table is None else table
+
+
 def _static_policy(name: str, mode: str, algo: str | None) -> PolicyFn:
     def policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         r = plan_static(graph, mode, algo or _algo(ctx), budget=ctx.budget, cost=ctx.cost,
-                        variants=ctx.options.get("variants"), name=name)
+                        variants=_variant_table(graph, ctx), name=name)
         return PolicyOutput(r.plan, r.schedule, graph)
 
     policy.__name__ = name.replace("-", "_")
@@ -278,5 +286,5 @@ for _mode in ("all", "conv"):
 @register("vdnn-dyn", "vDNN-dyn: profiling passes choose the offloaded layers (none, conv, all) "
           "and per-layer algorithms, with a greedy downgrade", PAPER)
 def vdnn_dyn_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    r = plan_dyn(graph, budget=ctx.budget, cost=ctx.cost, variants=ctx.options.get("variants"))
+    r = plan_dyn(graph, budget=ctx.budget, cost=ctx.cost, variants=_variant_table(graph, ctx))
     return PolicyOutput(r.plan, r.schedule, graph)

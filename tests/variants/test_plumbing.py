@@ -50,6 +50,10 @@ def test_executor_runs_variant_and_peak_includes_workspace(variant):
     cost = AnalyticCostModel(get_profile("v100-pcie"))
     with_variant, without = simulate(graph, schedule, cost), simulate(graph, plain, cost)
     assert with_variant.peak_bytes == predicted_peak(graph, schedule)
+    from outcore.cost.measured import MeasuredProfile
+
+    measured = MeasuredProfile.for_graph(graph, [1e-3] * len(graph.ops)).with_link(1e9)
+    assert simulate(graph, schedule, measured).peak_bytes == predicted_peak(graph, schedule)
     speeds = [graph.ops[o].variant_options[variant]["speed"] for o in chosen]
     if all(s > 1 for s in speeds):
         assert with_variant.compute_time > without.compute_time

@@ -4,8 +4,13 @@ Plain Python except ``measure_host`` and ``measure_ops``, which import torch whe
 """
 
 from outcore.cost.measured import MeasuredProfile, graph_digest
-from outcore.cost.model import (DEFAULT_EFFICIENCY, DEFAULT_FILL_TIME, AnalyticCostModel,
-                                 CostModel, VariantCosts)
+from outcore.cost.model import (
+                                 DEFAULT_EFFICIENCY,
+                                 DEFAULT_FILL_TIME,
+                                 AnalyticCostModel,
+                                 CostModel,
+                                 VariantCosts,
+)
 from outcore.cost.profiles import HardwareProfile, get_profile, profile_names, profiles
 
 __all__ = [

@@ -21,10 +21,10 @@ after ``warmup`` runs, the result a ``MeasuredProfile`` keyed to the graph:
 from __future__ import annotations
 
 import contextlib
-from contextlib import AbstractContextManager
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, cast
 
 import torch

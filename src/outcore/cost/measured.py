@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from outcore.cost.model import VariantCosts, check_direction
+from outcore.cost.variant_costs import variant_time, variant_workspace
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph, Op
 
@@ -130,10 +131,7 @@ class MeasuredProfile:
         if not 0 <= op.id < self.op_count:
             raise ProfileError(f"measured profile of {self.graph_name!r} has no op {op.id} "
                                f"({op.name}); it holds {self.op_count} ops")
-        t = self.op_seconds[op.id]
-        if op.variant and self.variants is not None:
-            t *= self.variants.time_factor(op)
-        return t
+        return variant_time(op, self.op_seconds[op.id], self.variants)
 
     def transfer_time(self, nbytes: int, direction: str) -> float:
         check_direction(direction)
@@ -146,9 +144,7 @@ class MeasuredProfile:
         return self.transfer_latency + nbytes / bandwidth
 
     def workspace(self, op: Op) -> int:
-        if op.variant and self.variants is not None:
-            return int(self.variants.workspace(op))
-        return 0
+        return variant_workspace(op, self.variants)
 
     # -- JSON --------------------------------------------------------------------------------
     def to_json(self) -> str:

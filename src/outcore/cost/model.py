@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from outcore.cost.profiles import HardwareProfile
+from outcore.cost.variant_costs import variant_time, variant_workspace
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph, Op, OpCategory
 
@@ -111,8 +112,9 @@ class AnalyticCostModel:
             own ``efficiency``.
         fill_time: seconds of peak-rate work lost per heavy kernel (default
             ``DEFAULT_FILL_TIME``; 0 gives the plain roofline).
-        variants: prices ``op.variant`` (time factor, workspace); without it variants cost
-            what the default kernel costs and need no workspace.
+        variants: prices ``op.variant`` (time factor, workspace); without it, the costs
+            capture recorded on each op (``variant_costs.RECORDED``), the same workspace the
+            memory rule charges.
     """
 
     def __init__(self, profile: HardwareProfile, *, graph: Graph | None = None,
@@ -131,11 +133,7 @@ class AnalyticCostModel:
             if not 0 < value <= 1:
                 raise ProfileError(f"efficiency[{key!r}] must be in (0, 1], got {value}")
         self.efficiency: dict[str, float] = eff
-        if variants is None:
-            from outcore.cost.variant_costs import RECORDED
-
-            variants = RECORDED
-        self.variants = variants
+        self.variants = variants  # None: the costs capture recorded (variant_costs.RECORDED)
         self.copy_engines = profile.copy_engines
         self._dtypes: dict[int, str] = {}
         if self.dtype is not None:
@@ -155,10 +153,8 @@ class AnalyticCostModel:
             work += self._kernels(op) * self.fill_time
         compute = work / self.efficiency[op.category.value]
         memory = op.bytes_touched / (self.profile.memory_bandwidth * self.efficiency["memory"])
-        t = self.profile.launch_overhead + max(compute, memory)
-        if op.variant and self.variants is not None:
-            t *= self.variants.time_factor(op)
-        return t
+        return variant_time(op, self.profile.launch_overhead + max(compute, memory),
+                            self.variants)
 
     def transfer_time(self, nbytes: int, direction: str) -> float:
         """Seconds to copy ``nbytes`` over the host link in ``direction``."""
@@ -169,9 +165,7 @@ class AnalyticCostModel:
 
     def workspace(self, op: Op) -> int:
         """Transient bytes of the op's variant; 0 for the framework's default kernel."""
-        if op.variant and self.variants is not None:
-            return int(self.variants.workspace(op))
-        return 0
+        return variant_workspace(op, self.variants)
 
     # -- binding -----------------------------------------------------------------------------
     def bind(self, graph: Graph) -> AnalyticCostModel:

@@ -26,6 +26,21 @@ class RecordedVariantCosts:
 RECORDED = RecordedVariantCosts()
 
 
+def variant_time(op: Op, seconds: float, variants: object | None) -> float:
+    """``seconds`` of the framework kernel scaled to the op's chosen variant; both cost
+    models price variants through here (``variants`` None means ``RECORDED``)."""
+    if not op.variant:
+        return seconds
+    return seconds * (variants or RECORDED).time_factor(op)  # type: ignore[attr-defined]
+
+
+def variant_workspace(op: Op, variants: object | None) -> int:
+    """Workspace bytes of the op's chosen variant (0 for the framework kernel)."""
+    if not op.variant:
+        return 0
+    return int((variants or RECORDED).workspace(op))  # type: ignore[attr-defined]
+
+
 #: Time of a variant relative to the framework kernel on a cuDNN-class GPU, where outcore's
 #: "framework" kernel stands for the memory-optimal, zero-workspace algorithm (cuDNN's
 #: implicit GEMM) and the variants for the faster algorithms that need workspace. These are

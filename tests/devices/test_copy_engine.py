@@ -104,9 +104,11 @@ def test_jobs_run_in_order_and_copy_the_bytes(engines) -> None:
     assert all(j.done.is_set() for j in jobs)
     assert all(torch.equal(s, d) for s, d in zip(srcs, dsts))
     for earlier, later in itertools.pairwise(jobs):
-        assert later.started >= earlier.finished
+        assert later.started >= earlier.deadline  # the link's timeline: FIFO, no overlap
     for job in jobs:
-        assert job.finished - job.started >= engine.link.seconds(job.nbytes)
+        assert job.started >= job.submitted
+        assert job.deadline - job.started == pytest.approx(engine.link.seconds(job.nbytes))
+        assert job.finished >= job.deadline
         assert job.source is None and job.dest is None, "references dropped when done"
 
 

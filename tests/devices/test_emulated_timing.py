@@ -163,3 +163,35 @@ def test_blocked_time_counts_only_real_waits(make_emulated) -> None:
     assert dev.stats().d2h.blocked_s == first
     dev.reset_stats()
     assert dev.stats().d2h.bytes == 0 and dev.stats().d2h.blocked_s == 0
+
+
+def test_the_link_timeline_starts_a_copy_at_its_submission_not_at_the_thread_wake_up(
+        make_emulated) -> None:
+    dev = make_emulated(bw=1e6, latency_s=0.001)
+    dev.start_offload(1, torch.ones(2500))  # 10 KB: 11 ms
+    job = dev._host[1].job
+    dev.wait_offload(1)
+    # an idle engine: the copy starts when it was submitted, however late the thread woke
+    assert job.started == job.submitted
+    assert job.deadline == pytest.approx(job.started + 0.011)
+    assert job.finished >= job.deadline
+    dev.start_offload(2, torch.ones(2500))
+    dev.start_offload(3, torch.ones(2500))
+    second, third = dev._host[2].job, dev._host[3].job
+    dev.wait_offload(3)
+    # queued: the third starts exactly at the second's deadline (no wake-up delay piles up)
+    assert third.started == second.deadline
+
+
+def test_blocking_waits_and_their_lateness_are_counted_per_direction(make_emulated) -> None:
+    dev = make_emulated(bw=1e6)
+    dev.start_offload(1, torch.ones(2500))  # 10 ms
+    before = dev.stats()
+    dev.wait_offload(1)  # blocks
+    dev.start_offload(2, torch.ones(10))
+    dev._host[2].job.done.wait()
+    dev.wait_offload(2)  # the copy had ended: not a blocking wait
+    step = dev.stats() - before
+    assert step.d2h.blocking_waits == 1 and step.h2d.blocking_waits == 0
+    assert 0 <= step.d2h.late_s <= step.d2h.blocked_s
+    assert step.d2h.copies == 2 and step.d2h.bytes == 10_040

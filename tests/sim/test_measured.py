@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from sim_helpers import chain3
 
+from outcore.cost.host_costs import HostCosts
 from outcore.cost.measured import MeasuredProfile, graph_digest
 from outcore.errors import ProfileError
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim import simulate
-
-from sim_helpers import chain3
 
 X, A0, A1, A2, G2, G1, G0 = range(7)
 
@@ -20,6 +20,12 @@ X, A0, A1, A2, G2, G1, G0 = range(7)
 def profile() -> MeasuredProfile:
     return MeasuredProfile.for_graph(chain3(), [0.5, 1.0, 1.5, 2.0, 2.5, 3.0], device="test",
                                      repeats=3).with_link(100.0, 50.0, latency=0.25)
+
+
+def test_host_costs_survive_the_json_round_trip() -> None:
+    p = profile().with_link(100.0, 50.0, host_costs=HostCosts(free=1e-6, wake=4e-4))
+    loaded = MeasuredProfile.from_json(p.to_json())
+    assert loaded.host_costs == HostCosts(free=1e-6, wake=4e-4) and loaded == p
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
@@ -76,6 +82,8 @@ def test_copies_need_a_link() -> None:
     ({"copy_engines": 0}, "copy_engines"),
     ({"op_count": -1}, "op_count"),
     ({"surprise": 1}, "surprise"),
+    ({"host_costs": {"wake": -1.0}}, "wake"),
+    ({"host_costs": {"sleep": 1.0}}, "sleep"),
 ])
 def test_bad_documents_name_the_field(change: dict, field: str) -> None:
     doc = json.loads(profile().to_json())

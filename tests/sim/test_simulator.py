@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from sim_helpers import TableCost, chain3
 
+from outcore.cost.host_costs import HostCosts
+from outcore.errors import ProfileError
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim import Lifetime, simulate
-
-from sim_helpers import TableCost, chain3
 
 # chain3 tensor ids: x=0 a0=1 a1=2 a2=3 g2=4 g1=5 g0=6; op ids f0..f2 = 0..2, b2, b1, b0 = 3..5
 X, A0, A1, A2, G2, G1, G0 = range(7)
@@ -173,13 +174,52 @@ def test_placement_receives_every_residency() -> None:
     assert simulate(graph, offload_schedule(), TableCost({}), placement=Pool()).placement == 8
 
 
-def test_blocking_waits_pay_the_wait_overhead_and_hidden_ones_do_not() -> None:
+def test_blocking_waits_pay_the_wake_and_hidden_ones_the_check() -> None:
     graph = chain3()
     blocking = TableCost({}, d2h=40.0, h2d=2000.0)  # the d2h wait stalls 3 s (see above)
-    blocking.wait_overhead = 0.5
+    blocking.host_costs = HostCosts(wake=0.5, wait=0.125)
     result = simulate(graph, offload_schedule(), blocking)
-    assert result.step_time == pytest.approx(6 * 1.0 + 3.0 + 0.5)
-    assert result.exposed_transfer_time == pytest.approx(3.5)
+    # the d2h wait blocks (3 s stall + 0.5 s wake); the h2d copy (0.1 s) ended during b1,
+    # so its wait only checks (0.125 s)
+    assert result.step_time == pytest.approx(6 * 1.0 + 3.0 + 0.5 + 0.125)
+    assert result.stall_time == pytest.approx(3.0)
+    assert result.exposed_transfer_time == pytest.approx(3.0)
+    assert result.host_time == pytest.approx(0.625)
     hidden = TableCost({"f1": 3.0, "f2": 3.0, "b1": 2.0}, d2h=100.0, h2d=100.0)
-    hidden.wait_overhead = 0.5
+    hidden.host_costs = HostCosts(wake=0.5)
     assert simulate(graph, offload_schedule(), hidden).step_time == pytest.approx(11.0)
+
+
+def test_host_costs_of_frees_and_copy_issues_delay_the_stream_and_the_copies() -> None:
+    graph = chain3()
+    cost = TableCost({}, d2h=40.0, h2d=2000.0)  # a0 = 200 B: 5 s d2h, 0.1 s h2d
+    cost.host_costs = HostCosts(free=0.25, offload=0.5, prefetch=0.125, prefetch_per_byte=0.001)
+    result = simulate(graph, offload_schedule(), cost)
+    # the offload is issued after f0 (t=1) and takes 0.5 s to issue: its copy runs 1.5..6.5
+    assert result.start[1] == pytest.approx(1.5) and result.end[1] == pytest.approx(6.5)
+    # forward: f0, issue, f1, f2 end at 3.5; the wait stalls to 6.5; then 6 frees and the
+    # prefetch issue (0.125 + 0.2 s) are host time
+    frees = sum(1 for k in result.kind if k == "free")
+    assert frees == 6
+    assert result.host_time == pytest.approx(0.5 + 6 * 0.25 + 0.125 + 0.2)
+    assert result.stall_time == pytest.approx(3.0)
+    assert result.step_time == pytest.approx(6 * 1.0 + 3.0 + result.host_time)
+    assert result.step_time == pytest.approx(
+        result.compute_time + result.host_time + result.exposed_transfer_time)
+    assert result.breakdown()["host"] == pytest.approx(result.host_time)
+    assert sum(result.breakdown().values()) == pytest.approx(result.step_time)
+
+
+@pytest.mark.parametrize("field", ["free", "offload", "prefetch", "prefetch_per_byte", "wait",
+                                   "wake"])
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1", True])
+def test_host_costs_refuse_a_bad_field_by_name(field: str, bad: object) -> None:
+    with pytest.raises(ProfileError, match=repr(field)):
+        HostCosts(**{field: bad})
+
+
+def test_a_cost_model_with_something_else_as_host_costs_is_refused() -> None:
+    cost = TableCost({})
+    cost.host_costs = {"free": 1.0}
+    with pytest.raises(ProfileError, match="HostCosts"):
+        simulate(chain3(), keep_schedule(), cost)

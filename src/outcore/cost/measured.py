@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from outcore.cost.host_costs import HostCosts
 from outcore.cost.model import VariantCosts, check_direction
 from outcore.cost.variant_costs import variant_time, variant_workspace
 from outcore.errors import ProfileError
@@ -64,7 +65,7 @@ class MeasuredProfile:
     d2h_bandwidth: float | None = None
     transfer_latency: float = 0.0
     copy_engines: int = 2
-    wait_overhead: float = 0.0  # seconds the compute thread loses after a blocking Wait
+    host_costs: HostCosts = field(default_factory=HostCosts)  # see outcore.cost.host_costs
     variants: VariantCosts | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +85,11 @@ class MeasuredProfile:
             if value is not None:
                 setattr(self, key, _number(key, value, allow_zero=False))
         self.transfer_latency = _number("transfer_latency", self.transfer_latency)
-        self.wait_overhead = _number("wait_overhead", self.wait_overhead)
+        if isinstance(self.host_costs, dict):
+            self.host_costs = HostCosts.from_dict(self.host_costs, "measured profile: host_costs")
+        elif not isinstance(self.host_costs, HostCosts):
+            raise ProfileError("measured profile: field 'host_costs' must be a HostCosts or an "
+                               f"object of seconds, got {self.host_costs!r}")
         if isinstance(self.copy_engines, bool) or not isinstance(self.copy_engines, int) \
                 or self.copy_engines < 1:
             raise ProfileError(f"measured profile: field 'copy_engines' must be an integer "
@@ -107,12 +112,13 @@ class MeasuredProfile:
 
     def with_link(self, h2d_bandwidth: float, d2h_bandwidth: float | None = None, *,
                   latency: float = 0.0, copy_engines: int | None = None,
-                  wait_overhead: float = 0.0) -> MeasuredProfile:
+                  host_costs: HostCosts | None = None) -> MeasuredProfile:
         """A copy pricing copies at these bandwidths (bytes/s; d2h defaults to h2d), with a
-        fixed ``latency`` per copy and ``wait_overhead`` after each blocking Wait."""
+        fixed ``latency`` per copy; ``host_costs`` replaces the profile's when given."""
         return replace(self, h2d_bandwidth=h2d_bandwidth,
                        d2h_bandwidth=h2d_bandwidth if d2h_bandwidth is None else d2h_bandwidth,
-                       transfer_latency=latency, wait_overhead=wait_overhead,
+                       transfer_latency=latency,
+                       host_costs=self.host_costs if host_costs is None else host_costs,
                        copy_engines=self.copy_engines if copy_engines is None else copy_engines)
 
     # -- CostModel ---------------------------------------------------------------------------
@@ -150,6 +156,7 @@ class MeasuredProfile:
     def to_json(self) -> str:
         doc = {"format": FORMAT, **asdict(self)}
         doc.pop("variants", None)
+        doc["host_costs"] = self.host_costs.to_dict()
         return json.dumps(doc, indent=1)
 
     @classmethod

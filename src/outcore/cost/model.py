@@ -69,10 +69,10 @@ class CostModel(Protocol):
     """What the simulator needs to time a schedule.
 
     ``copy_engines``: 1 means host->device and device->host copies share one engine (they
-    serialise); 2 or more gives each direction its own. A model may also have
-    ``wait_overhead`` (seconds, default 0): added to the compute stream after each Wait that
-    blocks, for the host's wake-up (measurable on the emulated device; ~0 on a GPU, where
-    waits are stream events).
+    serialise); 2 or more gives each direction its own. A model may also carry
+    ``host_costs`` (``outcore.cost.host_costs.HostCosts``, default all zero): the compute
+    thread's time for Frees, copy issues and Waits on a device the host drives in step
+    (the CPU-emulated one); a GPU's host runs ahead of it, so there they are hidden.
     """
 
     copy_engines: int

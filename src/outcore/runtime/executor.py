@@ -26,22 +26,31 @@ import torch
 from outcore.capture.step import CapturedStep
 from outcore.errors import OutcoreError
 from outcore.graph.ir import Graph
-from outcore.plan.schedule import Offload, Schedule
+from outcore.plan.schedule import Compute, Offload, Schedule
 from outcore.plan.verify import verify
 from outcore.runtime.codegen import GeneratedStep, generate
 from outcore.runtime.devices.base import Device, SyncCPUDevice, _untracked
+from outcore.runtime.devices.stats import TransferStats
 from outcore.runtime.tracker import MemoryTracker
 
 
 @dataclass
 class StepResult:
-    """What one executed step returns and measured."""
+    """What one executed step returns and measured.
+
+    ``seconds``: wall time of the step. ``op_seconds`` and ``instruction_seconds``: filled by
+    a timed run (see ``Executor.run``). ``transfers``: the device's transfer statistics for
+    this step (bytes, busy, blocked, blocking Waits and their lateness), None for a device
+    that keeps none.
+    """
 
     loss: torch.Tensor
     peak_bytes: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     seconds: float = 0.0
     op_seconds: list[tuple[int, float]] = field(default_factory=list)
+    instruction_seconds: list[float] = field(default_factory=list)
+    transfers: TransferStats | None = None
 
 
 class Runtime:
@@ -52,19 +61,34 @@ class Runtime:
         self.tracker = tracker
         self.rng: dict[int, torch.Tensor] = {}
         self.timed = timed
-        self.marks: list[tuple[int, float]] = []  # (op id, time it started), when timed
+        #: When timed: the time each instruction started. Generated code makes exactly one
+        #: runtime call per instruction, in order, so mark i belongs to instruction i.
+        self.marks: list[float] = []
         self.start_offload = device.start_offload
         self.wait_offload = device.wait_offload
         self.wait_prefetch = device.wait_prefetch
         self.release = device.release
+        if timed:
+            for name in ("start_offload", "wait_offload", "wait_prefetch", "release"):
+                setattr(self, name, self._marking(getattr(device, name)))
+
+    def _marking(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        marks = self.marks
+
+        def marked(*args: Any) -> Any:
+            marks.append(time.perf_counter())
+            return call(*args)
+        return marked
 
     def begin(self, oid: int, name: str) -> None:
         """Called before every Compute: names the allocations and, when timed, marks time."""
         self.tracker.naming = name
         if self.timed:
-            self.marks.append((oid, time.perf_counter()))
+            self.marks.append(time.perf_counter())
 
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
+        if self.timed:
+            self.marks.append(time.perf_counter())
         self.tracker.naming = name
         return self.device.start_prefetch(tid, name)
 
@@ -129,10 +153,12 @@ class Executor:
             timed: bool = False, measure: bool = True) -> StepResult:
         """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees.
 
-        ``timed=True`` also records, per Compute, the wall time from its start to the next
-        Compute's (host overhead and the instructions in between included), in
-        ``StepResult.op_seconds`` as (op id, seconds): a profile taken inside a real step.
-        ``measure=False`` runs without the memory tracker (``peak_bytes`` is then 0); only
+        ``timed=True`` also records the wall time of every instruction, from its start to
+        the next one's (the last ends with the step), in ``StepResult.instruction_seconds``
+        (one per instruction); ``StepResult.op_seconds`` lists the Computes among them as
+        (op id, seconds): a profile taken inside a real step.
+        ``StepResult.transfers`` is the device's transfer statistics for this step, when
+        the device keeps them (``stats()``). ``measure=False`` runs without the memory tracker (``peak_bytes`` is then 0); only
         allowed on a device without a capacity to enforce.
         """
         if not measure and self.capacity is not None:
@@ -142,6 +168,8 @@ class Executor:
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
         rt = Runtime(self.device, tracker, timed=timed)
+        stats = getattr(self.device, "stats", None)
+        before = stats() if callable(stats) else None
         start = time.perf_counter()
         try:
             with torch.no_grad(), (tracker if measure else contextlib.nullcontext()):
@@ -155,13 +183,24 @@ class Executor:
             tracker.close()
         end = time.perf_counter()
         result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=end - start)
+        if before is not None and callable(stats):
+            result.transfers = stats() - before
         if timed:
-            stamps = rt.marks + [(-1, end)]
-            result.op_seconds = [(oid, stamps[i + 1][1] - t) for i, (oid, t) in enumerate(rt.marks)]
+            self._timings(rt.marks, end, result)
         self._collect(outputs, result)
         if apply:
             self.apply(result, outputs, grad_scale)
         return result
+
+    def _timings(self, marks: list[float], end: float, result: StepResult) -> None:
+        instructions = self.schedule.instructions
+        if len(marks) != len(instructions):
+            raise OutcoreError(f"timed step made {len(marks)} runtime calls for "
+                               f"{len(instructions)} instructions; codegen must make one each")
+        stamps = marks + [end]
+        result.instruction_seconds = [stamps[i + 1] - stamps[i] for i in range(len(marks))]
+        result.op_seconds = [(ins.op, result.instruction_seconds[i])
+                             for i, ins in enumerate(instructions) if isinstance(ins, Compute)]
 
     def _collect(self, outputs: dict[int, torch.Tensor], result: StepResult) -> None:
         for role, tid, name in self.step.nodes.output_roles:

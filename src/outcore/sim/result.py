@@ -32,14 +32,15 @@ class SimResult:
 
     Aggregates (times, bytes) cover the whole step, i.e. ``sub_batches`` passes of the
     schedule; the per-instruction timeline and memory curves describe one pass. Invariant:
-    ``step_time == compute_time + exposed_transfer_time`` (the compute stream is either
-    computing or stalled on a copy; a copy still running after the last instruction counts
+    ``step_time == compute_time + host_time + exposed_transfer_time`` (the compute stream is
+    computing, spending host time on a non-kernel instruction (``HostCosts``; zero on a GPU
+    profile) or stalled on a copy; a copy still running after the last instruction counts
     as exposed).
 
     Per-instruction lists (index = instruction index):
         issue: when the compute stream reached the instruction (s from the pass start).
         start, end: when its work ran: the kernel for Compute, the copy for Offload/Prefetch,
-            the stall for Wait (start == end when nothing was waited for); Free is instant.
+            the stall (and host time) for Wait; a Free's host time (0 on a GPU profile).
         stream: "compute", "d2h" or "h2d".
         kind: "compute", "recompute", "free", "offload", "prefetch" or "wait".
         memory: device bytes after the instruction (``outcore.plan.memory.memory_curve``;
@@ -73,6 +74,7 @@ class SimResult:
     lifetimes: list[Lifetime] = field(repr=False)
     placement: Any = field(default=None, repr=False)
     cost_model: str = ""
+    host_time: float = 0.0
 
     @property
     def steps(self) -> list[int]:
@@ -86,14 +88,18 @@ class SimResult:
         return self.compute_time - self.overlapped_transfer_time
 
     def breakdown(self) -> dict[str, float]:
-        """Dymem Fig. 14's decomposition of the step time (seconds; the three sum to it):
+        """Dymem Fig. 14's decomposition of the step time (seconds; the parts sum to it):
         copies overlapped with compute, copies the compute stream waited for, and compute
-        with no copy beside it."""
-        return {
+        with no copy beside it; plus, when the cost model charges host costs (the emulated
+        device), the host time of non-kernel instructions."""
+        parts = {
             "overlapped": self.overlapped_transfer_time,
             "exposed_transfer": self.exposed_transfer_time,
             "compute_only": self.compute_only_time,
         }
+        if self.host_time:
+            parts["host"] = self.host_time
+        return parts
 
     def summary(self) -> str:
         """A few human lines: time split, memory, traffic."""
@@ -115,5 +121,5 @@ class SimResult:
         keys = ("step_time", "pass_time", "sub_batches", "compute_time", "exposed_transfer_time",
                 "stall_time", "overlapped_transfer_time", "d2h_busy_time", "h2d_busy_time",
                 "bytes_d2h", "bytes_h2d", "peak_bytes", "average_bytes", "host_peak_bytes",
-                "static_bytes", "cost_model")
+                "static_bytes", "host_time", "cost_model")
         return {k: getattr(self, k) for k in keys}

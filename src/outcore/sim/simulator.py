@@ -3,10 +3,13 @@
 Timing rules (one pass of the schedule, times in seconds from its start):
 
 * the compute stream runs the instructions in order. ``Compute`` (recompute included) takes
-  ``cost_model.op_time(op)``; ``Free`` is instant; ``Wait(t, dir)`` stalls the stream until
-  that copy of ``t`` has ended (the stall is exposed transfer time);
+  ``cost_model.op_time(op)``; ``Wait(t, dir)`` stalls the stream until that copy of ``t``
+  has ended (the stall is exposed transfer time). The non-kernel instructions also take the
+  model's ``host_costs`` (``outcore.cost.host_costs``; zero unless the model has them, as a
+  profile of the host-driven emulated device does): ``free`` per Free, the issue cost per
+  Offload/Prefetch, ``wait`` per Wait that did not block and ``wake`` after one that did;
 * ``Offload(t)`` enqueues a device->host copy of ``t``'s storage. It starts when the compute
-  stream has reached it (so the producer has finished: it ran earlier on the same stream)
+  stream has issued it (so the producer has finished: it ran earlier on the same stream)
   and the D2H engine is free; ``Prefetch(t)`` likewise on the H2D engine, and not before the
   host copy of ``t`` has landed. Each engine is FIFO and takes
   ``cost_model.transfer_time(nbytes, dir)`` per copy. With one copy engine
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from outcore.cost.host_costs import host_costs_of
 from outcore.cost.model import CostModel
 from outcore.errors import ProfileError, ScheduleError
 from outcore.graph.ir import STATIC_KINDS, Graph, Op
@@ -66,7 +70,8 @@ class _Replay:
         self.graph = graph
         self.schedule = schedule
         self.model = model
-        self.wake = float(getattr(model, "wait_overhead", 0.0))  # see CostModel docs
+        self.host = host_costs_of(model)
+        self.host_time = 0.0
         self.ops = ops
         shared = model.copy_engines < 2
         self.engines = {D2H: "copy", H2D: "copy"} if shared else {D2H: D2H, H2D: H2D}
@@ -177,7 +182,9 @@ class _Replay:
         if self.count[storage] == 0:
             nbytes = self.graph.tensors[storage].nbytes
             self.lifetimes.append(Lifetime(storage, nbytes, self.alloc_at.pop(storage), i))
-        self.start[i] = self.end[i] = self.now
+        self.start[i] = self.now
+        self._host(self.host.free)
+        self.end[i] = self.now
 
     def offload(self, i: int, ins: Offload) -> None:
         storage = self._base(i, ins.tensor, "Offload")
@@ -190,6 +197,7 @@ class _Replay:
             raise ScheduleError(f"Offload of {self._name(storage)} while its previous offload "
                                 f"(instruction {self.unwaited_d2h[storage].index}) has not been "
                                 "waited for", i)
+        self._host(self.host.issue(D2H, self.graph.tensors[storage].nbytes))
         self.unwaited_d2h[storage] = self._enqueue(i, D2H, storage, self.now)
 
     def prefetch(self, i: int, ins: Prefetch) -> None:
@@ -201,6 +209,7 @@ class _Replay:
         if host is None:
             raise ScheduleError(f"Prefetch of {self._name(storage)}, which has no completed host "
                                 "copy; Offload it and Wait(d2h) for that copy first", i)
+        self._host(self.host.issue(H2D, self.graph.tensors[storage].nbytes))
         copy = self._enqueue(i, H2D, storage, max(self.now, host.end))
         self._make_resident(storage, i)
         self.resident[storage] = False  # allocated, but usable only after Wait(h2d)
@@ -226,12 +235,19 @@ class _Replay:
                                 f"which is not in flight: no {verb} of it since its last Wait", i)
         self.start[i] = self.now
         if copy.end > self.now:  # a blocking wait: the compute stream resumes after a wake-up
-            resume = copy.end + self.wake
-            self.stall += resume - self.now
-            self.now = resume
+            self.stall += copy.end - self.now
+            self.now = copy.end
+            self._host(self.host.wake)
+        else:
+            self._host(self.host.wait)
         self.end[i] = self.now
 
     # -- helpers -----------------------------------------------------------------------------
+    def _host(self, seconds: float) -> None:
+        """The compute thread spends ``seconds`` of host time on a non-kernel instruction."""
+        self.now += seconds
+        self.host_time += seconds
+
     def _base(self, i: int, tid: int, verb: str) -> int:
         if not 0 <= tid < len(self.graph.tensors):
             raise ScheduleError(f"{verb} names unknown tensor {tid}", i)
@@ -372,7 +388,8 @@ def _assemble(replay: _Replay, trace: Any, sub_batches: int, model_name: str) ->
         pass_time=pass_time,
         sub_batches=k,
         compute_time=compute_time * k,
-        exposed_transfer_time=(pass_time - compute_time) * k,
+        exposed_transfer_time=(pass_time - compute_time - replay.host_time) * k,
+        host_time=replay.host_time * k,
         stall_time=replay.stall * k,
         overlapped_transfer_time=overlapped * k,
         d2h_busy_time=total(per_dir[D2H]) * k,

@@ -242,7 +242,9 @@ class EmulatedDevice:
         if not job.done.is_set():
             t0 = time.perf_counter()
             job.done.wait()
-            self._stats.blocked(job.direction, time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            late = t1 - job.deadline if job.error is None else 0.0
+            self._stats.blocked(job.direction, t1 - t0, max(0.0, late))
 
     def _wait(self, job: CopyJob) -> None:
         self._block_on(job)

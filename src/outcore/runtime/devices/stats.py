@@ -67,9 +67,6 @@ class TransferStats:
                              self.releases_during_copy - other.releases_during_copy)
 
 
-_COUNTS = frozenset({"bytes", "copies", "failed", "blocking_waits"})
-
-
 class StatsRecorder:
     """Thread-safe accumulator: engines call ``copied``, the compute thread ``blocked``."""
 
@@ -112,6 +109,8 @@ class StatsRecorder:
     def snapshot(self) -> TransferStats:
         with self._lock:
             def one(d: dict[str, float]) -> DirectionStats:
-                return DirectionStats(**{f.name: int(d[f.name]) if f.name in _COUNTS
-                                         else float(d[f.name]) for f in fields(DirectionStats)})
+                return DirectionStats(
+                    bytes=int(d["bytes"]), copies=int(d["copies"]), failed=int(d["failed"]),
+                    busy_s=d["busy_s"], blocked_s=d["blocked_s"],
+                    blocking_waits=int(d["blocking_waits"]), late_s=d["late_s"])
             return TransferStats(one(self._dirs["d2h"]), one(self._dirs["h2d"]), self._releases)

@@ -37,7 +37,7 @@ def cost_model_for(gpu: str | None) -> Any:
     """The analytic cost model of a named hardware profile (default ``v100-pcie``).
 
     Operator variants are timed with the assumed GPU ratios of
-    ``outcore.cost.variant_costs`` on GPU profiles, and with this CPU's measured ratios on
+    ``outcore.cost.gpu_variants`` on GPU profiles, and with this CPU's measured ratios on
     ``this-cpu``.
     """
     from outcore.cost.model import AnalyticCostModel
@@ -76,7 +76,7 @@ class PlannedStep:
         """Per activation: name, bytes, producer, decision and why (one dict per tensor)."""
         rows = []
         for t in self.graph.activations():
-            producer = self.graph.ops[t.producer]
+            producer = self.graph.producer_op(t.id)
             rows.append({"tensor": t.name, "bytes": t.nbytes, "producer": producer.target,
                          "category": str(producer.category),
                          "decision": str(self.plan.decision(t.id)),

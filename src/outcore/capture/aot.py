@@ -55,13 +55,16 @@ def _faked(module: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
     """Temporarily replace every parameter and buffer of ``module`` by a fake twin."""
     saved: list[tuple[nn.Module, str, str, Any]] = []
     for mod in module.modules():
-        for kind, table in (("param", mod._parameters), ("buffer", mod._buffers)):
-            for name, value in list(table.items()):
-                if value is None or isinstance(value, FakeTensor):
-                    continue
-                fake = mode.from_tensor(value)
-                table[name] = nn.Parameter(fake, value.requires_grad) if kind == "param" else fake
-                saved.append((mod, kind, name, value))
+        for name, param in list(mod._parameters.items()):
+            if param is None or isinstance(param, FakeTensor):
+                continue
+            mod._parameters[name] = nn.Parameter(mode.from_tensor(param), param.requires_grad)
+            saved.append((mod, "param", name, param))
+        for name, buf in list(mod._buffers.items()):
+            if buf is None or isinstance(buf, FakeTensor):
+                continue
+            mod._buffers[name] = mode.from_tensor(buf)
+            saved.append((mod, "buffer", name, buf))
     try:
         yield
     finally:

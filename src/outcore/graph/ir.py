@@ -133,6 +133,18 @@ class Graph:
     def op(self, oid: int) -> Op:
         return self.ops[oid]
 
+    def producer_op(self, tid: int) -> Op:
+        """The op that produces tensor ``tid``.
+
+        Raises GraphError when the tensor has no producer (a parameter, buffer, input or
+        tangent): callers ask this only of tensors made during the step.
+        """
+        t = self.tensors[tid]
+        if t.producer is None:
+            raise GraphError(f"tensor {t.name!r} ({t.kind}) has no producer op in graph "
+                             f"{self.name!r}; only tensors made during the step have one")
+        return self.ops[t.producer]
+
     def by_name(self, name: str) -> Tensor:
         """The tensor called ``name``; raises KeyError naming it."""
         for t in self.tensors:

@@ -121,7 +121,7 @@ def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
             seq.append(Wait(tid, "h2d"))
             resident.add(tid)
             return
-        producer = graph.ops[t.producer]  # recompute (or re-make a view of a dropped base)
+        producer = graph.producer_op(tid)  # recompute (or re-make a view of a dropped base)
         for inp in producer.inputs:
             ensure(inp)
         for out in producer.outputs:

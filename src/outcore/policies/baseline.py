@@ -51,7 +51,7 @@ def recompute_cheap(graph: Graph) -> Plan:
     """Recompute outputs of cheap ops in backward; keep the rest."""
     plan = Plan(policy="recompute-cheap")
     for tid in movable_activations(graph):
-        op = graph.ops[graph.tensors[tid].producer]
+        op = graph.producer_op(tid)
         if op.category in CHEAP:
             plan.decisions[tid] = Decision.RECOMPUTE
             plan.reasons[tid] = f"produced by a cheap {op.category} op ({op.target}): recompute"

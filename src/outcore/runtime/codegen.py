@@ -89,9 +89,9 @@ class Emitter:
                 self.lines.append("del _dup")
         else:
             self.lines.append(f"_o = {call}")
-            for idx, tid in enumerate(slots):
-                if tid is not None and tid not in resident:
-                    self.lines.append(f"v{tid} = _o[{idx}]")
+            for idx, slot in enumerate(slots):
+                if slot is not None and slot not in resident:
+                    self.lines.append(f"v{slot} = _o[{idx}]")
             self.lines.append("del _o")
         resident.update(op.outputs)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -60,7 +60,14 @@ class MemoryTracker(TorchDispatchMode):
             self.allocations += 1
             if self.live > self.peak:
                 self.peak = self.live
-            self._refs[key] = weakref.ref(storage, lambda _ref, key=key: self._release(key))
+            self._refs[key] = weakref.ref(storage, self._releaser(key))
+
+    def _releaser(self, key: int) -> Callable[[weakref.ref[torch.UntypedStorage]], None]:
+        """The weak-reference callback that un-counts the storage keyed ``key``."""
+
+        def release(_ref: weakref.ref[torch.UntypedStorage]) -> None:
+            self._release(key)
+        return release
 
     def _release(self, key: int) -> None:
         with self._lock:

@@ -71,12 +71,12 @@ def get(
             model = entry.build_model(resolved)
             model.train()
             gen = torch.Generator().manual_seed(seed)
-            batch = entry.make_batch(resolved, batch_size, gen)
+            example = entry.make_batch(resolved, batch_size, gen)
     shown = ", ".join(f"{k}={v!r}" for k, v in resolved.items())
     scale = "small" if small else "full"
     description = f"{entry.description} [{scale}; batch {batch_size}; {shown}]"
     return Workload(
-        name=name, model=model, loss_fn=entry.loss_fn, batch=batch, description=description,
+        name=name, model=model, loss_fn=entry.loss_fn, batch=example, description=description,
         fake_mode=fake_mode, options=resolved,
     )  # fmt: skip
 

@@ -26,6 +26,8 @@ from outcore.zoo.layers import check_positive
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection."""
 
+    mask: torch.Tensor  # registered buffer (seq_len x seq_len, lower-triangular, bool)
+
     def __init__(
         self, d_model: int, n_head: int, seq_len: int, dropout: float, attention: str
     ) -> None:

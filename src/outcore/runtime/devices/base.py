@@ -16,10 +16,16 @@ Contract, in schedule terms:
 * ``wait_prefetch(tid)``: block until the tensor returned by ``start_prefetch`` is filled.
 * ``drop_host(tid)``: forget the host copy (end of step).
 * ``synchronize()``: wait for every copy in flight.
+* ``close()``: end of the device's use: wait for copies in flight and let go of what it
+  holds (copy threads, host memory). Devices with nothing to let go of make it a no-op.
+
+``capacity`` (bytes, None: unbounded) is read-only to callers: the executor reads it to size
+its per-step ``MemoryTracker``; devices may expose it as a property of their own tracker.
 """
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -31,8 +37,9 @@ from outcore.runtime.tracker import MemoryTracker
 class Device(Protocol):
     name: str
     tracker: MemoryTracker
-    capacity: int | None
 
+    @property
+    def capacity(self) -> int | None: ...
     def start_offload(self, tid: int, t: torch.Tensor) -> None: ...
     def wait_offload(self, tid: int) -> None: ...
     def release(self, tid: int, t: torch.Tensor, last_alias: bool) -> None: ...
@@ -41,6 +48,7 @@ class Device(Protocol):
     def drop_host(self, tid: int) -> None: ...
     def synchronize(self) -> None: ...
     def host_bytes(self) -> int: ...
+    def close(self) -> None: ...
 
 
 class SyncCPUDevice:
@@ -87,6 +95,9 @@ class SyncCPUDevice:
     def host_bytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self._host.values())
 
+    def close(self) -> None:
+        """Nothing to let go of: copies are synchronous and the host store is a plain dict."""
+
 
 class _untracked:
     """Run a block with no dispatch mode active (host-side work is not device memory)."""
@@ -97,5 +108,6 @@ class _untracked:
         self._ctx = _disable_current_modes()
         self._ctx.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
-        self._ctx.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._ctx.__exit__(exc_type, exc, tb)

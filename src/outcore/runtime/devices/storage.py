@@ -26,7 +26,9 @@ class TensorLayout:
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorLayout:
-        return cls(t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset(),
+        # Runtime tensors are concrete, so the offset is a plain int (int() of an int is
+        # itself); the stubs also allow a SymInt, which only symbolic tracing produces.
+        return cls(t.dtype, tuple(t.size()), tuple(t.stride()), int(t.storage_offset()),
                    t.untyped_storage().nbytes())
 
     def view(self, storage: torch.UntypedStorage) -> torch.Tensor:

@@ -6,7 +6,7 @@ attention op runs with the memory-optimal variant only (framework kernel, no wor
 performance-optimal variant only (the fastest, if the peak still fits), or the variants
 selected per step (SuperNeurons: the fastest that fits the free memory). Times are
 simulated; variant speeds on GPU profiles are the assumed ratios documented in
-outcore.cost.variant_costs, workspaces are exact.
+outcore.cost.gpu_variants, workspaces are exact.
 
     .venv/bin/python benchmarks/variants_budget.py [--gpu titan-x-maxwell]
 """

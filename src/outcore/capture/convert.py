@@ -71,16 +71,7 @@ class _Builder:
 
     def placeholder(self, node: fx.Node) -> None:
         desc = node.meta.get("desc")
-        cls = type(desc).__name__
-        kind, source = TensorKind.INPUT, ""
-        if cls == "ParamAOTInput":
-            kind, source = TensorKind.PARAMETER, desc.target
-        elif cls == "BufferAOTInput":
-            kind, source = TensorKind.BUFFER, desc.target
-        elif cls == "TangentAOTInput":
-            kind = TensorKind.TANGENT
-        elif cls == "PlainAOTInput":
-            source = f"input:{desc.idx}"
+        kind, source = (TensorKind.INPUT, "") if desc is None else _placeholder_role(desc)
         tid = self.add_tensor(node.meta["val"], node.name, kind, None, source)
         self.map.node_tensors[node] = tid
         self.map.placeholders[tid] = desc
@@ -88,6 +79,9 @@ class _Builder:
     def call(self, node: fx.Node) -> None:
         if node.target is operator.getitem:
             parent, index = node.args
+            if not isinstance(parent, fx.Node) or not isinstance(index, int):
+                raise TypeError(f"getitem node {node.name} must read (node, int), got "
+                                 f"({type(parent).__name__}, {type(index).__name__})")
             slot = self.map.op_outputs[parent][index]
             if slot is not None:
                 self.map.node_tensors[node] = slot
@@ -148,6 +142,9 @@ class _Builder:
     def output(self, node: fx.Node) -> list[int]:
         descs = node.meta.get("desc") or []
         values = node.args[0]
+        if not isinstance(values, (tuple, list)):
+            raise TypeError(f"output node {node.name} must return a tuple or list, got "
+                             f"{type(values).__name__}")
         result: list[int] = []
         for value, desc in zip(values, descs):
             if not isinstance(value, fx.Node):
@@ -171,9 +168,29 @@ class _Builder:
         return result
 
 
+def _placeholder_role(desc: Any) -> tuple[TensorKind, str]:
+    """Kind and source of a placeholder from its AOT input descriptor.
+
+    Descriptors are matched by class name: their module (torch._functorch) is private.
+    """
+    cls = type(desc).__name__
+    if cls == "ParamAOTInput":
+        return TensorKind.PARAMETER, desc.target
+    if cls == "BufferAOTInput":
+        return TensorKind.BUFFER, desc.target
+    if cls == "TangentAOTInput":
+        return TensorKind.TANGENT, ""
+    if cls == "PlainAOTInput":
+        return TensorKind.INPUT, f"input:{desc.idx}"
+    return TensorKind.INPUT, ""
+
+
 def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
-    """Every operator algorithm outcore has for this op: workspace and relative speed, or
-    the reason it cannot run it (groups, dilation, dtype, ...)."""
+    """Every operator algorithm outcore has for this op: workspace, speed relative to the
+    framework kernel measured on this CPU ("speed") and assumed on a GPU for this op's
+    own kernel and stride ("gpu_speed", ``outcore.cost.gpu_variants``), or the reason it
+    cannot run it (groups, dilation, dtype, ...)."""
+    from outcore.cost.gpu_variants import gpu_time_factor_for
     from outcore.variants import registry, support
     from outcore.variants.speeds import relative_speed
     from outcore.variants.torchmeta import arg_meta_of, kwarg_meta_of
@@ -189,7 +206,8 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
             options[variant] = {"refused": reason}
             continue
         options[variant] = {"workspace": registry.workspace_bytes(target, variant, args, kwargs),
-                            "speed": relative_speed(target, variant, args, kwargs)}
+                            "speed": relative_speed(target, variant, args, kwargs),
+                            "gpu_speed": gpu_time_factor_for(target, variant, args)}
     return options
 
 

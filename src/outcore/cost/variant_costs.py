@@ -1,14 +1,16 @@
-"""Price operator variants from what capture recorded on each op (plain Python).
+"""Price operator variants: workspace from what capture recorded, time from a speed ratio.
 
 ``Op.variant_options[name]`` holds the variant's workspace in bytes (exact, from the
 variants' formulas) and its speed relative to the framework kernel, measured on this CPU
-(``outcore.variants.speeds``). A GPU cost model multiplies its own time for the framework
-kernel by that ratio: the relative cost of, say, im2col versus the direct kernel is assumed
-to carry over from the CPU to the GPU (documented as an approximation in BENCHMARKS.md).
+(``outcore.variants.speeds``). A cost model multiplies its own time for the framework kernel
+by a ratio: ``RECORDED`` uses that CPU measurement (the ``this-cpu`` profile),
+``ASSUMED_GPU`` the assumed GPU ratio of ``outcore.cost.gpu_variants`` (the GPU profiles;
+the single documented assumption, see that module). Plain Python.
 """
 
 from __future__ import annotations
 
+from outcore.cost.gpu_variants import KNOWN_VARIANTS, gpu_time_factor
 from outcore.graph.ir import Op
 
 
@@ -41,25 +43,24 @@ def variant_workspace(op: Op, variants: object | None) -> int:
     return int((variants or RECORDED).workspace(op))  # type: ignore[attr-defined]
 
 
-#: Time of a variant relative to the framework kernel on a cuDNN-class GPU, where outcore's
-#: "framework" kernel stands for the memory-optimal, zero-workspace algorithm (cuDNN's
-#: implicit GEMM) and the variants for the faster algorithms that need workspace. These are
-#: ASSUMPTIONS, not measurements (no GPU here): vDNN (MICRO 2016, §V) reports memory-optimal
-#: policies losing 55-58% of throughput against performance-optimal algorithms (offload
-#: stalls included); the cuDNN paper (Chetlur et al. 2014) and Lavin & Gray (CVPR 2016)
-#: report precomputed-GEMM and FFT/Winograd kernels well ahead of implicit GEMM on 3x3
-#: layers. Attention: chunked (flash-style) kernels are about as fast as materialised ones
-#: on GPUs; we charge them 1.1x for the recomputation in backward.
-GPU_RELATIVE_SPEED = {"im2col": 0.8, "fft": 0.6, "materialised": 1.0, "chunked": 1.1}
-
-
 class AssumedGpuVariantCosts(RecordedVariantCosts):
     """Variant costs for GPU profiles: workspace as recorded (exact), time from
-    ``GPU_RELATIVE_SPEED`` (an assumption, see above) instead of this CPU's measurement."""
+    ``outcore.cost.gpu_variants.gpu_time_factor`` (the one documented assumption, shared with
+    the vDNN and moDNN policies) instead of this CPU's measurement.
+
+    The factor is the one capture recorded for the op's own kernel and stride
+    (``variant_options[variant]["gpu_speed"]``); an op without it (hand-made) is priced as
+    the typical 3x3 stride-1 kernel (``gpu_variants.TYPICAL_KERNEL``). The framework's time
+    is the calibrated analytic time (no per-op normalisation). A variant the shared rule
+    does not know falls back to the recorded speed.
+    """
 
     def time_factor(self, op: Op) -> float:
-        if op.variant in GPU_RELATIVE_SPEED:
-            return GPU_RELATIVE_SPEED[op.variant]
+        recorded = op.variant_options.get(op.variant, {}).get("gpu_speed")
+        if recorded is not None:
+            return float(recorded)
+        if op.variant in KNOWN_VARIANTS:
+            return gpu_time_factor(op.variant)
         return super().time_factor(op)
 
 

@@ -16,10 +16,11 @@ variant (``outcore.variants``) and the profile is the cost model:
   sub-batch size (it re-binds per graph, unlike a table keyed by op id): support and
   workspace from what capture recorded in ``op.variant_options`` (else from
   ``outcore.variants.registry`` on the inferred arguments; both are the formulas the
-  executor's tracker matches), time = the wrapped model's time times a relative factor. The default factors
-  are assumptions standing in for cuDNN's faster algorithms (implicit GEMM about twice as
-  slow as the best algorithm: vDNN §V-C reports 55-58% loss with memory-optimal algorithms),
-  not measurements; pass your own ``relative_time``.
+  executor's tracker matches), time = the wrapped model's time times a relative factor. The
+  default factor is the assumed GPU speed every GPU cost shares
+  (``outcore.cost.gpu_variants.conv_gpu_time_factor``: implicit GEMM about twice as slow as
+  the best algorithm on 3x3 layers, FFT slower than it on 1x1 ones; that module cites its
+  sources), not a measurement; pass your own ``relative_time``.
 
 Stride and padding are not in the IR; they are inferred from the input, weight and output
 shapes (the smallest stride, then the smallest padding, that give the output size). For the
@@ -33,19 +34,15 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from outcore.cost.gpu_variants import KNOWN_VARIANTS, conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
 from outcore.variants import registry
-from outcore.variants.meta import CONV, CONV_BACKWARD, conv_meta
+from outcore.variants.meta import CONV, CONV_BACKWARD
 from outcore.variants.select import Candidate
 
 FRAMEWORK = registry.FRAMEWORK
 
 RelativeTime = Callable[[str, str, Sequence[Any]], float]
-
-#: Assumed time of each convolution variant relative to the framework kernel (see above).
-DEFAULT_FACTORS: Mapping[str, float] = {"im2col": 0.7, "fft": 0.5}
-#: FFT pays off for larger kernels only; 1x1 convolutions get this factor instead.
-FFT_1X1_FACTOR = 1.5
 
 
 def bound(graph: Graph, cost: Any) -> Any:
@@ -143,13 +140,11 @@ def conv_arg_meta(graph: Graph, op: Op) -> tuple[Any, ...] | None:
 
 
 def default_relative_time(target: str, variant: str, arg_meta: Sequence[Any]) -> float:
-    """Assumed time of ``variant`` over the framework kernel's (``DEFAULT_FACTORS``)."""
-    if variant == FRAMEWORK:
+    """Assumed time of ``variant`` over the framework kernel's: the shared GPU rule
+    (``outcore.cost.gpu_variants``); a variant it does not know costs 1.0."""
+    if variant not in KNOWN_VARIANTS:
         return 1.0
-    if variant == "fft" and conv_meta(target, arg_meta).kh * conv_meta(target, arg_meta).kw == 1:
-        return FFT_1X1_FACTOR
-    return DEFAULT_FACTORS.get(variant, 1.0)
-
+    return conv_gpu_time_factor(target, variant, arg_meta)
 
 class ConvAlgorithmCost:
     """A cost model pricing convolution variants from shapes (see the module docstring).

@@ -7,15 +7,13 @@ need workspace and are faster. outcore's variants play those roles (see
 explicit-GEMM algorithm, "fft" is the FFT algorithm. Their workspace comes from
 ``outcore.variants.registry`` (exact for outcore's implementations).
 
-Their speed on the paper's GPU is not something outcore can measure, so this module states it
-as an assumption, relative to implicit GEMM (``RELATIVE_TIME``):
+Their speed on the paper's GPU is not something outcore can measure: it is the assumption
+shared by every GPU cost, ``outcore.cost.gpu_variants.conv_gpu_time_factor`` (im2col 0.85,
+FFT ``clamp(4 * sh * sw / (kh * kw), 0.35, 2.0)``: 0.44 for 3x3, 0.35 for 5x5 and up, 2.0 for
+1x1; that module cites where the numbers come from). What stays here is cuDNN 4's
+*availability* rule: its FFT algorithms ran stride-1 convolutions only (``_cudnn_allows``).
 
-* im2col: 0.85 (an explicit GEMM runs closer to cuBLAS's peak but pays for the unfold);
-* fft: ``clamp(4 / (kh * kw), 0.35, 2.0)``, only for stride-1 convolutions as in cuDNN 4
-  (an FFT convolution's cost does not grow with the kernel, a direct one's grows as kh*kw:
-  0.44 for 3x3, 0.35 for 5x5 and up, 2.0 (never chosen) for 1x1).
-
-With these, implicit GEMM is about 2.2x slower than the fastest algorithm on VGG-16's 3x3
+With that rule, implicit GEMM is about 2.2x slower than the fastest algorithm on VGG-16's 3x3
 layers, which is what vDNN's Sec. V-C reports for its memory-optimal static policies (55-58%
 performance loss, most of it from the algorithm). The analytic cost model was calibrated on
 Torch + cuDNN 4 timings that used the fastest algorithm per layer, so ``time_factor`` is
@@ -35,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outcore.cost.gpu_variants import conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD, conv_meta
@@ -42,20 +41,11 @@ from outcore.variants.meta import CONV, CONV_BACKWARD, conv_meta
 #: The op targets this model prices (forward and backward convolution).
 TARGETS = (CONV, CONV_BACKWARD)
 
-#: Fixed relative times (implicit GEMM = 1); "fft" depends on the kernel, see ``relative_time``.
-RELATIVE_TIME: Mapping[str, float] = {"framework": 1.0, "im2col": 0.85}
-
-FFT_KERNEL_AREA = 4.0
-FFT_BOUNDS = (0.35, 2.0)
-
 
 def relative_time(target: str, variant: str, arg_meta: Sequence[Any]) -> float:
-    """Time of ``variant`` relative to implicit GEMM on this convolution (see the docstring)."""
-    if variant != "fft":
-        return RELATIVE_TIME[variant]
-    m = conv_meta(target, arg_meta)
-    lo, hi = FFT_BOUNDS
-    return min(hi, max(lo, FFT_KERNEL_AREA / (m.kh * m.kw)))
+    """Time of ``variant`` relative to implicit GEMM on this convolution: the shared GPU rule
+    (``outcore.cost.gpu_variants``); availability is ``_cudnn_allows``'s business."""
+    return conv_gpu_time_factor(target, variant, arg_meta)
 
 
 def _cudnn_allows(target: str, variant: str, arg_meta: Sequence[Any]) -> bool:

@@ -1,7 +1,8 @@
-"""The one memory-accounting rule for a Schedule (plain Python).
+"""The one memory-accounting rule for a Schedule (plain Python): device bytes per instruction.
 
 Both the predicted peak of a plan and the simulator's per-step memory use this rule, and the
-executor's tracker measures the same quantity on real tensors:
+executor's tracker measures the same quantity on real tensors. The rule is written once, in
+``outcore.plan.residency`` (``residency_steps``); in short:
 
 * at the start, the storages of every static tensor (parameters, buffers, inputs, tangents)
   are resident;
@@ -22,11 +23,12 @@ transient workspace is included in that instruction's sample).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from outcore.graph.ir import STATIC_KINDS, Graph
-from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+from outcore.graph.ir import Graph
+from outcore.plan.residency import Step, residency_steps
+from outcore.plan.schedule import Schedule
 
 
 @dataclass
@@ -55,67 +57,21 @@ def memory_curve(graph: Graph, schedule: Schedule,
     is read from ``schedule.variants`` and each op's recorded ``variant_options``.
     The schedule is assumed verified (see ``outcore.plan.verify``).
     """
-    if workspace is None and schedule.variants:
-        chosen = schedule.variants
+    return trace_of(residency_steps(graph, schedule, workspace))
 
-        def workspace(op_id: int) -> int:
-            return graph.ops[op_id].variant_workspace(chosen.get(op_id, ""))
 
-    tensors = graph.tensors
-    resident_count: dict[int, int] = {}  # storage -> resident tensors of it
-    resident: set[int] = set()
-    live = 0
-    for t in tensors:
-        if t.kind in STATIC_KINDS:
-            resident.add(t.id)
-            if resident_count.get(t.storage, 0) == 0:
-                live += tensors[t.storage].nbytes
-            resident_count[t.storage] = resident_count.get(t.storage, 0) + 1
-    static = live
-    host = 0
-    device_curve: list[int] = []
-    host_curve: list[int] = []
-    live_curve: list[int] = []
-
-    def make_resident(tid: int) -> int:
-        nonlocal live
-        if tid in resident:
-            return 0
-        resident.add(tid)
-        storage = tensors[tid].storage
-        count = resident_count.get(storage, 0)
-        resident_count[storage] = count + 1
-        if count == 0:
-            live += tensors[storage].nbytes
-            return tensors[storage].nbytes
-        return 0
-
-    for ins in schedule.instructions:
-        extra = 0
-        if isinstance(ins, Compute):
-            for out in graph.ops[ins.op].outputs:
-                if out in resident and not tensors[out].is_view:
-                    extra += tensors[out].nbytes  # a recompute's duplicate, dropped at once
-                make_resident(out)
-            if workspace is not None:
-                extra += workspace(ins.op)
-        elif isinstance(ins, Prefetch):
-            make_resident(ins.tensor)
-        elif isinstance(ins, Free):
-            if ins.tensor in resident:
-                resident.discard(ins.tensor)
-                storage = tensors[ins.tensor].storage
-                resident_count[storage] -= 1
-                if resident_count[storage] == 0:
-                    live -= tensors[storage].nbytes
-        elif isinstance(ins, Offload):
-            host += tensors[tensors[ins.tensor].storage].nbytes
-        elif isinstance(ins, Wait):
-            pass
-        device_curve.append(live + extra)
-        host_curve.append(host)
-        live_curve.append(len(resident))
-    return MemoryTrace(device_curve, host_curve, live_curve, static)
+def trace_of(steps: Iterable[Step]) -> MemoryTrace:
+    """The MemoryTrace of ``residency_steps``' output (its first step is the static state)."""
+    steps = iter(steps)
+    static = next(steps).device
+    device: list[int] = []
+    host: list[int] = []
+    live: list[int] = []
+    for step in steps:
+        device.append(step.device)
+        host.append(step.host)
+        live.append(step.tensors)
+    return MemoryTrace(device, host, live, static)
 
 
 def predicted_peak(graph: Graph, schedule: Schedule,

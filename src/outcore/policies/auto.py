@@ -27,12 +27,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from outcore.cost.model import CostModel
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph, OpCategory, Phase
 from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
-from outcore.plan.schedule import Compute, Free, Prefetch, Schedule
+from outcore.plan.residency import no_workspace, residency_steps
+from outcore.plan.schedule import Schedule
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -51,28 +53,31 @@ class Choice:
 
 
 def _resident_spans(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
-    """Base tensor -> [(first index resident, index of its Free or end)] per residency."""
+    """Base tensor -> [(first index resident, index of its Free or len(schedule))] per
+    residency of that tensor, in schedule order, from the memory rule's replay
+    (``outcore.plan.residency``). Static tensors' initial residency is left out. A span ends
+    at the base's own Free, even when a view of it keeps the storage resident longer."""
+    tensors = graph.tensors
     spans: dict[int, list[tuple[int, int]]] = {}
     open_at: dict[int, int] = {}
-    for i, ins in enumerate(schedule.instructions):
-        if isinstance(ins, Compute):
-            for t in graph.ops[ins.op].outputs:
-                if not graph.tensors[t].is_view and t not in open_at:
-                    open_at[t] = i
-        elif isinstance(ins, Prefetch):
-            open_at[ins.tensor] = i
-        elif isinstance(ins, Free) and ins.tensor in open_at:
-            spans.setdefault(ins.tensor, []).append((open_at.pop(ins.tensor), i))
-    end = len(schedule.instructions)
-    for t, start in open_at.items():
-        spans.setdefault(t, []).append((start, end))
+    for step in residency_steps(graph, schedule, no_workspace):
+        if step.at < 0:
+            continue
+        for tid in step.made_resident:
+            if not tensors[tid].is_view:
+                open_at[tid] = step.at
+        if step.dropped in open_at:
+            spans.setdefault(step.dropped, []).append((open_at.pop(step.dropped), step.at))
+    end = len(schedule)
+    for tid, start in open_at.items():
+        spans.setdefault(tid, []).append((start, end))
     return spans
 
 
 class _Pricer:
     """Prices recompute and offload for one graph under one cost model."""
 
-    def __init__(self, graph: Graph, cost: object) -> None:
+    def __init__(self, graph: Graph, cost: CostModel | None) -> None:
         self.graph = graph
         self.cost = cost
         self.op_time = [self._time(op_id) for op_id in range(len(graph.ops))]
@@ -96,9 +101,9 @@ class _Pricer:
 
     def price(self, tid: int, dropped: dict[int, Decision]) -> Choice:
         t = self.graph.tensors[tid]
-        producer = self.graph.ops[t.producer]
+        producer = self.graph.producer_op(tid)
         recompute = self.op_time[producer.id] + sum(
-            self.op_time[self.graph.tensors[i].producer] for i in producer.inputs
+            self.op_time[self.graph.producer_op(i).id] for i in producer.inputs
             if dropped.get(self.graph.tensors[i].storage) is Decision.RECOMPUTE)
         first_bwd = min((self.position[c] for c in self._readers(tid)
                          if self.graph.ops[c].phase is not Phase.FORWARD), default=None)
@@ -119,7 +124,7 @@ class _Pricer:
         return [c for g in self.groups.get(tid, [tid]) for c in self.graph.tensors[g].consumers]
 
 
-def plan_auto(graph: Graph, budget: int | None, cost: object,
+def plan_auto(graph: Graph, budget: int | None, cost: CostModel | None,
               lowerer: Callable[[Graph, Plan], Schedule] = lower) -> tuple[Plan, Schedule]:
     """Return the cheapest plan found whose predicted peak fits ``budget``."""
     plan = Plan(policy="outcore-auto", budget=budget)
@@ -223,7 +228,7 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 PORTFOLIO = ("vdnn-dyn", "superneurons", "modnn", "pooch", "dymem", "offload-all")
 
 
-def _simulated(graph: Graph, schedule: Schedule, cost: object) -> float:
+def _simulated(graph: Graph, schedule: Schedule, cost: CostModel) -> float:
     from outcore.sim import simulate
 
     return simulate(graph, schedule, cost, verify=False).step_time

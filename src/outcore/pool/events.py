@@ -1,8 +1,8 @@
 """Block lifetimes of a Schedule, by the memory rule of ``outcore.plan.memory``.
 
-``blocks_from_schedule`` replays the schedule with exactly the rule ``memory_curve`` applies
-(steps are instruction indices): static storages (parameters, buffers, inputs, tangents) are
-resident from step 0; a storage is allocated at the instruction that makes its first tensor
+``blocks_from_schedule`` reads the rule's replay (``outcore.plan.residency.residency_steps``,
+which ``memory_curve`` samples too; steps are instruction indices): static storages
+(parameters, buffers, inputs, tangents) are resident from step 0; a storage is allocated at the instruction that makes its first tensor
 resident (a ``Compute`` of one of its tensors, or a ``Prefetch``); it is released by the
 ``Free`` that drops its last resident tensor, so its block ends at the step before that
 ``Free``; a storage resident at the end lives to the last step. A storage that is released and
@@ -32,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory
-from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule
+from outcore.plan.residency import NONE, TRANSIENT, residency_steps
+from outcore.plan.schedule import Compute, Offload, Prefetch, Schedule
 from outcore.pool.blocks import Block
 
 RECLAIMED_CATEGORIES = frozenset({OpCategory.MATMUL, OpCategory.LOSS, OpCategory.DROPOUT})
@@ -56,73 +57,43 @@ class _Transient:
     name: str
 
 
-def _default_workspace(graph: Graph, schedule: Schedule) -> Callable[[int], int] | None:
-    """``memory_curve``'s default: the chosen variants' workspace, if any variant is chosen."""
-    if not schedule.variants:
-        return None
-    chosen = schedule.variants
-    return lambda op: graph.ops[op].variant_workspace(chosen.get(op, ""))
-
-
 def blocks_from_schedule(graph: Graph, schedule: Schedule,
                          workspace: Callable[[int], int] | None = None) -> list[Block]:
     """One Block per storage residency and per transient of ``schedule`` (see module doc)."""
-    if workspace is None:
-        workspace = _default_workspace(graph, schedule)
+    instructions = schedule.instructions
     tensors = graph.tensors
-    count: dict[int, int] = {}
-    resident: set[int] = set()
     open_: dict[int, _Residency] = {}
     closed: list[tuple[_Residency, int]] = []
     transients: list[_Transient] = []
     computes: list[int] = []  # instruction indices of Compute instructions
     seq = 0
-
-    def make_resident(tid: int, step: int, prefetched: bool) -> None:
-        nonlocal seq
-        if tid in resident:
-            return
-        resident.add(tid)
-        storage = tensors[tid].storage
-        count[storage] = count.get(storage, 0) + 1
-        if count[storage] == 1:
-            open_[storage] = _Residency(seq, storage, step, prefetched)
-            seq += 1
-
-    for t in tensors:
-        if t.kind in STATIC_KINDS:
-            make_resident(t.id, 0, False)
-    for i, ins in enumerate(schedule.instructions):
+    for step in residency_steps(graph, schedule, workspace):
+        i = max(step.at, 0)  # the static storages are resident from step 0
+        ins = instructions[step.at] if step.at >= 0 else None
+        op_name = ""
         if isinstance(ins, Compute):
             computes.append(i)
-            op = graph.ops[ins.op]
-            for tid in set(op.inputs):
+            op_name = graph.ops[ins.op].name
+            for tid in set(graph.ops[ins.op].inputs):
                 res = open_.get(tensors[tid].storage)
                 if res is not None:
                     res.readers.append(i)
-            for out in op.outputs:
-                t = tensors[out]
-                if out in resident and not t.is_view and t.nbytes:  # a recompute's duplicate
-                    transients.append(_Transient(seq, i, t.nbytes, f"duplicate:{t.name}"))
-                    seq += 1
-                make_resident(out, i, False)
-            extra = workspace(ins.op) if workspace is not None else 0
-            if extra:
-                transients.append(_Transient(seq, i, extra, f"workspace:{op.name}"))
-                seq += 1
-        elif isinstance(ins, Prefetch):
-            make_resident(ins.tensor, i, True)
         elif isinstance(ins, Offload):
             res = open_.get(tensors[ins.tensor].storage)
             if res is not None:
                 res.offloaded = True
-        elif isinstance(ins, Free) and ins.tensor in resident:
-            resident.discard(ins.tensor)
-            storage = tensors[ins.tensor].storage
-            count[storage] -= 1
-            if count[storage] == 0:
-                closed.append((open_.pop(storage), i - 1))
-    last = max(len(schedule.instructions) - 1, 0)
+        for alloc in step.allocations:
+            if alloc.storage == TRANSIENT:
+                name = (f"workspace:{op_name}" if alloc.tensor == NONE
+                        else f"duplicate:{tensors[alloc.tensor].name}")
+                transients.append(_Transient(seq, i, alloc.nbytes, name))
+            else:
+                open_[alloc.storage] = _Residency(seq, alloc.storage, i,
+                                                  isinstance(ins, Prefetch))
+            seq += 1
+        if step.released != NONE:
+            closed.append((open_.pop(step.released), i - 1))
+    last = max(len(instructions) - 1, 0)
     closed.extend((res, last) for res in open_.values())
     return _to_blocks(graph, closed, transients, computes)
 

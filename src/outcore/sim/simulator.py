@@ -16,8 +16,10 @@ Timing rules (one pass of the schedule, times in seconds from its start):
   (``cost_model.copy_engines == 1``) both directions share it;
 * the pass ends when the compute stream and every copy are done.
 
-Memory after each instruction comes from ``outcore.plan.memory.memory_curve`` (the same rule
-the executor's tracker measures), with each op's workspace from ``cost_model.workspace``.
+Memory after each instruction and the storages' ``Lifetime`` list come from one pass of
+``outcore.plan.residency.residency_steps`` (the memory rule of ``outcore.plan.memory``, the
+same rule the executor's tracker measures), run once the replay below found the schedule
+valid, with each op's workspace from ``cost_model.workspace``.
 
 The simulator also checks the schedule as it goes, with the same rules as
 ``outcore.plan.verify`` (which runs first when importable), and raises ``ScheduleError``
@@ -36,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +46,8 @@ from outcore.cost.host_costs import host_costs_of
 from outcore.cost.model import CostModel
 from outcore.errors import ProfileError, ScheduleError
 from outcore.graph.ir import STATIC_KINDS, Graph, Op
-from outcore.plan.memory import memory_curve
+from outcore.plan.memory import MemoryTrace, trace_of
+from outcore.plan.residency import NONE, TRANSIENT, Step, residency_steps
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim.intervals import overlap, total, union
 from outcore.sim.result import COMPUTE, D2H, H2D, Lifetime, SimResult
@@ -63,7 +66,8 @@ class _Copy:
 
 
 class _Replay:
-    """The state of one simulated pass: residency, copies in flight, clocks."""
+    """The state of one simulated pass: residency (to check the schedule), copies in flight,
+    clocks. Memory and lifetimes are not tracked here (see ``_memory``)."""
 
     def __init__(self, graph: Graph, schedule: Schedule, model: CostModel,
                  ops: list[Op]) -> None:
@@ -81,13 +85,11 @@ class _Replay:
         n_tensors = len(graph.tensors)
         self.resident = [False] * n_tensors
         self.count = [0] * n_tensors  # resident tensors per storage id
-        self.alloc_at: dict[int, int] = {}
         self.freed_at: dict[int, int] = {}
         self.on_host: dict[int, _Copy] = {}  # storage -> its latest waited offload
         self.unwaited_d2h: dict[int, _Copy] = {}
         self.pending_h2d: dict[int, _Copy] = {}
         self.ran = [False] * len(ops)
-        self.lifetimes: list[Lifetime] = []
         self.op_times: list[float | None] = [None] * len(ops)
         self.bytes = {D2H: 0, H2D: 0}
         n = len(schedule.instructions)
@@ -98,17 +100,14 @@ class _Replay:
         self.compute_intervals: list[tuple[float, float]] = []
         for t in graph.tensors:
             if t.kind in STATIC_KINDS:
-                self._make_resident(t.id, -1)
+                self._make_resident(t.id)
 
     # -- residency ---------------------------------------------------------------------------
-    def _make_resident(self, tid: int, index: int) -> None:
+    def _make_resident(self, tid: int) -> None:
         if self.resident[tid]:
             return
         self.resident[tid] = True
-        storage = self.graph.tensors[tid].storage
-        if self.count[storage] == 0:
-            self.alloc_at[storage] = index
-        self.count[storage] += 1
+        self.count[self.graph.tensors[tid].storage] += 1
 
     def _name(self, tid: int) -> str:
         if not 0 <= tid < len(self.graph.tensors):
@@ -154,7 +153,7 @@ class _Replay:
         if duration > 0:
             self.compute_intervals.append((self.start[i], self.now))
         for tid in op.outputs:
-            self._make_resident(tid, i)
+            self._make_resident(tid)
 
     def free(self, i: int, ins: Free) -> None:
         tid = ins.tensor
@@ -179,9 +178,6 @@ class _Replay:
         self.resident[tid] = False
         self.freed_at[tid] = i
         self.count[storage] -= 1
-        if self.count[storage] == 0:
-            nbytes = self.graph.tensors[storage].nbytes
-            self.lifetimes.append(Lifetime(storage, nbytes, self.alloc_at.pop(storage), i))
         self.start[i] = self.now
         self._host(self.host.free)
         self.end[i] = self.now
@@ -211,7 +207,7 @@ class _Replay:
                                 "copy; Offload it and Wait(d2h) for that copy first", i)
         self._host(self.host.issue(H2D, self.graph.tensors[storage].nbytes))
         copy = self._enqueue(i, H2D, storage, max(self.now, host.end))
-        self._make_resident(storage, i)
+        self._make_resident(storage)
         self.resident[storage] = False  # allocated, but usable only after Wait(h2d)
         self.pending_h2d[storage] = copy
 
@@ -282,8 +278,7 @@ class _Replay:
         return t
 
     def finish(self) -> None:
-        """End-of-pass checks; residencies still open are closed at len(schedule)."""
-        n = len(self.schedule.instructions)
+        """End-of-pass checks."""
         in_flight = sorted({*self.unwaited_d2h, *self.pending_h2d})
         if in_flight:
             names = [self.graph.tensors[s].name for s in in_flight]
@@ -293,8 +288,6 @@ class _Replay:
             if not 0 <= tid < len(self.graph.tensors) or not self.resident[tid]:
                 raise ScheduleError(f"{self._name(tid)} must be on the device when the step ends "
                                     "(keep_at_end) but is not; do not Free it, or prefetch it back")
-        for storage, start in self.alloc_at.items():
-            self.lifetimes.append(Lifetime(storage, self.graph.tensors[storage].nbytes, start, n))
 
 
 def _run_external_verify(graph: Graph, schedule: Schedule) -> None:
@@ -347,12 +340,43 @@ def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
     model: CostModel = bind(graph) if callable(bind) else cost_model
     ops = _resolve_ops(graph, schedule)
     replay = _replay(graph, schedule, model, ops)
-    trace = memory_curve(graph, schedule, workspace=lambda oid: model.workspace(ops[oid]))
-    result = _assemble(replay, trace, schedule.sub_batches, repr(cost_model))
+    trace, lifetimes = _memory(graph, schedule, lambda oid: model.workspace(ops[oid]))
+    result = _assemble(replay, trace, lifetimes, schedule.sub_batches, repr(cost_model))
     if placement is not None:
         place = getattr(placement, "place", placement)
-        result.placement = place(graph, schedule, replay.lifetimes)
+        result.placement = place(graph, schedule, lifetimes)
     return result
+
+
+def _memory(graph: Graph, schedule: Schedule,
+            workspace: Callable[[int], int]) -> tuple[MemoryTrace, list[Lifetime]]:
+    """One pass of the memory rule (``residency_steps``): the memory curve (``memory_curve``'s,
+    with this workspace) and the storages' lifetimes (``_record_lifetimes``)."""
+    lifetimes: list[Lifetime] = []
+    steps = residency_steps(graph, schedule, workspace)
+    trace = trace_of(_record_lifetimes(graph, steps, len(schedule), lifetimes))
+    return trace, lifetimes
+
+
+def _record_lifetimes(graph: Graph, steps: Iterator[Step], end: int,
+                      out: list[Lifetime]) -> Iterator[Step]:
+    """Pass ``steps`` through, appending to ``out`` one Lifetime per storage residency: when
+    it is released (so in release order), then, once ``steps`` is exhausted, those still
+    resident with ``end`` (``len(schedule)``), in allocation order. A static storage starts
+    at -1 (its Step's ``at``)."""
+    tensors = graph.tensors
+    open_at: dict[int, int] = {}  # storage -> allocating index; insertion = allocation order
+    for step in steps:
+        for alloc in step.allocations:
+            if alloc.storage != TRANSIENT:
+                open_at[alloc.storage] = step.at
+        if step.released != NONE:
+            storage = step.released
+            out.append(Lifetime(storage, tensors[storage].nbytes, open_at.pop(storage),
+                                step.at))
+        yield step
+    out.extend(Lifetime(storage, tensors[storage].nbytes, start, end)
+               for storage, start in open_at.items())
 
 
 def _replay(graph: Graph, schedule: Schedule, model: CostModel, ops: list[Op]) -> _Replay:
@@ -372,7 +396,8 @@ def _replay(graph: Graph, schedule: Schedule, model: CostModel, ops: list[Op]) -
     return replay
 
 
-def _assemble(replay: _Replay, trace: Any, sub_batches: int, model_name: str) -> SimResult:
+def _assemble(replay: _Replay, trace: MemoryTrace, lifetimes: list[Lifetime], sub_batches: int,
+              model_name: str) -> SimResult:
     n = len(replay.issue)
     copies_end = max(replay.engine_free.values(), default=0.0)
     pass_time = max(replay.now, copies_end)
@@ -403,7 +428,7 @@ def _assemble(replay: _Replay, trace: Any, sub_batches: int, model_name: str) ->
         issue=replay.issue, start=replay.start, end=replay.end, stream=replay.stream,
         kind=[_kind(ins) for ins in replay.schedule.instructions],
         memory=trace.device, host=trace.host, live_tensors=trace.live_tensors,
-        lifetimes=replay.lifetimes,
+        lifetimes=lifetimes,
         cost_model=model_name,
     )
 

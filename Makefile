@@ -1,7 +1,7 @@
 # outcore: two commands on a fresh machine.
 #   make demo   trains a ResNet on the emulated device under a third of its in-core peak
-#   make test   type-checks src/ (mypy) and runs the test suite (the default, fast set; slow
-#               tests are covered by benchmarks)
+#   make test   lints (ruff), type-checks src/ (mypy) and runs the test suite (the default, fast
+#               set; slow tests are covered by benchmarks)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,6 +21,7 @@ demo: setup
 	$(PY) -m outcore.demo
 
 test: setup
+	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy src/outcore
 	$(PY) -m pytest
 

@@ -128,13 +128,13 @@ def vdnn_checks(cache: dict[tuple[str, int], Graph]) -> list[str]:
     bwd = [op.id for op in graph.ops if op.target == "aten.convolution_backward.default"]
     first_fwd, first_bwd = convs[0], bwd[-1]
     reuse = sum(times[first_fwd + 1:first_bwd])
-    worst = max(max(times[i] for i in convs), max(times[i] for i in bwd))
+    worst = max(times[i] for i in [*convs, *bwd])
     pairs = zip(convs, reversed(bwd), strict=True)
     return [
-        f"vDNN: VGG-16 (64) first-layer reuse distance: model {reuse * 1e3:.0f} ms, "
-        f"paper 'more than 1200 ms' -> {'consistent' if reuse > 1.2 else 'NOT consistent'}",
-        f"vDNN: slowest VGG-16 (64) conv layer (fwd or bwd): model {worst * 1e3:.0f} ms, "
-        f"Fig. 6 axis tops at 140 ms -> {'consistent' if worst <= 0.14 else 'NOT consistent'}",
+        (f"vDNN: VGG-16 (64) first-layer reuse distance: model {reuse * 1e3:.0f} ms, "
+         f"paper 'more than 1200 ms' -> {'consistent' if reuse > 1.2 else 'NOT consistent'}"),
+        (f"vDNN: slowest VGG-16 (64) conv layer (fwd or bwd): model {worst * 1e3:.0f} ms, "
+         f"Fig. 6 axis tops at 140 ms -> {'consistent' if worst <= 0.14 else 'NOT consistent'}"),
         "  per conv layer, model fwd / bwd ms: "
         + ", ".join(f"{times[f] * 1e3:.0f}/{times[b] * 1e3:.0f}" for f, b in pairs),
     ]

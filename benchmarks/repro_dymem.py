@@ -157,7 +157,8 @@ def fig13(nets: list[tuple[str, Graph]], cost: AnalyticCostModel) -> Table:
                 rates[key] = "not registered"
                 continue
             try:
-                out = get(policy).fn(graph, PolicyContext(budget=BUDGET, cost=cost, options=options))
+                ctx = PolicyContext(budget=BUDGET, cost=cost, options=options)
+                out = get(policy).fn(graph, ctx)
                 rates[key] = batch / simulate(graph, out.schedule, cost).step_time
             except InfeasibleBudgetError as exc:
                 rates[key] = f"fails ({exc.required / GiB:.1f} GiB)"
@@ -195,7 +196,8 @@ def fig15(graph: Graph, cost: AnalyticCostModel, points: int = 12) -> Table:
     t.add_column("step (fraction of the step)", justify="right")
     curves = {"Dymem + GTBM": place(graph, dy.schedule, beta=0).per_step_footprint}
     if not isinstance(vd, str):
-        curves["vDNN-all(m) + best fit"] = place(graph, vd.schedule, policy="best-fit").per_step_footprint
+        best_fit = place(graph, vd.schedule, policy="best-fit")
+        curves["vDNN-all(m) + best fit"] = best_fit.per_step_footprint
     for name in curves:
         t.add_column(name, justify="right")
     for k in range(points):
@@ -222,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                     ("ResNet-152 (100)", capture_fake("resnet152", 100))]
     resnet32 = capture_fake("resnet32-cifar", 100, batchnorm=False, image_size=224)
     nonlinear = resnets if args.quick else \
-        [("Inception-v4 (128)", capture_fake("inception-v4", 128))] + resnets
+        [("Inception-v4 (128)", capture_fake("inception-v4", 128)), *resnets]
     console.print(fig12(nonlinear, cost))
     console.print(fig13(resnets, cost))
-    console.print(fig14(([] if args.quick else nonlinear[:1]) + [("ResNet-32 (100)", resnet32)], cost))
+    console.print(fig14([*([] if args.quick else nonlinear[:1]), ("ResNet-32 (100)", resnet32)],
+                        cost))
     console.print(fig15(resnet32, cost))
     console.print(f"done in {time.perf_counter() - start:.0f} s")
     return 0

@@ -129,7 +129,8 @@ def run_modnn(net: Net, budget: int, cost: ConvAlgorithmCost) -> Run:
     return Run(sim.step_time, sim.bytes_d2h + sim.bytes_h2d, out.schedule.sub_batches)
 
 
-def run_vdnn(graph: Graph, policy: str, budget: int, cost: ConvAlgorithmCost, parts: int = 1) -> Run:
+def run_vdnn(graph: Graph, policy: str, budget: int, cost: ConvAlgorithmCost,
+             parts: int = 1) -> Run:
     if policy not in names():
         return Run(failed="not registered")
     ctx = PolicyContext(budget=budget, cost=cost, options={"variants": variant_table(graph, cost)})
@@ -167,8 +168,9 @@ def fig6(nets: list[Net], cost: ConvAlgorithmCost) -> Table:
         ratios.append(peaks.network_wide / mmin.minimum)
         paper = PAPER_FIG6.get(net.label)
         t.add_row(net.label, str(net.batch), f"{peaks.network_wide / GiB:.1f}",
-                  f"{peaks.liveness / GiB:.1f}", f"{mmin.minimum / GiB:.2f}", f"{mmin.sw / GiB:.2f}",
-                  f"{ratios[-1]:.0f}x", f"{paper[0]} / {paper[1]}" if paper else "")
+                  f"{peaks.liveness / GiB:.1f}", f"{mmin.minimum / GiB:.2f}",
+                  f"{mmin.sw / GiB:.2f}", f"{ratios[-1]:.0f}x",
+                  f"{paper[0]} / {paper[1]}" if paper else "")
     t.add_row("mean", "", "", "", "", "", f"{statistics.mean(ratios):.0f}x", PAPER_REDUCTION)
     return t
 
@@ -211,7 +213,7 @@ def fig8(net: Net, budgets: list[float], cost: ConvAlgorithmCost) -> Table:
     def cell(r: Run) -> str:
         return f"fails ({r.failed})" if r.failed else f"{r.time / ideal:.2f}"
 
-    for gib in budgets + [mmin / GiB]:
+    for gib in [*budgets, mmin / GiB]:
         budget = int(gib * GiB)
         m = run_modnn(net, budget, cost)
         dyn = run_vdnn(net.at(1), "vdnn-dyn", budget, cost)

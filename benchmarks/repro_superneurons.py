@@ -41,8 +41,6 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from repro_vdnn import capture_fake
-
 from outcore.cost.profiles import get_profile
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import STATIC_KINDS, Graph
@@ -50,6 +48,8 @@ from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
 from outcore.policies import baseline
 from outcore.policies.superneurons import least_budget, plan_superneurons
+
+from repro_vdnn import capture_fake
 
 MiB = 2**20
 GPU = "k40c"
@@ -108,8 +108,8 @@ def fig10(console: Console, graph: Graph, label: str) -> None:
     assert last is not None
     console.print(f"  l_peak (largest op, non-static bytes): {mib(last.segmentation.l_peak)} MiB "
                   f"(paper: max(l_i) = 886 MB at the backward LRN1); segments: "
-                  f"{sum(s.strategy == 'memory' for s in last.segmentation.segments)} memory-centric"
-                  f" of {len(last.segmentation.segments)}")
+                  f"{sum(s.strategy == 'memory' for s in last.segmentation.segments)} "
+                  f"memory-centric of {len(last.segmentation.segments)}")
 
 
 def table1(console: Console, graphs: dict[str, Graph]) -> None:
@@ -194,10 +194,11 @@ def batch_affine(g1: Graph, b1: int, g2: Graph, b2: int) -> Callable[[int], Grap
 
     def at(b: int) -> Graph:
         tensors = [dataclasses.replace(t, nbytes=lerp(t.nbytes, u.nbytes, b),
-                                       shape=tuple(lerp(x, y, b) for x, y in zip(t.shape, u.shape)))
-                   for t, u in zip(g1.tensors, g2.tensors)]
+                                       shape=tuple(lerp(x, y, b)
+                                                   for x, y in zip(t.shape, u.shape, strict=True)))
+                   for t, u in zip(g1.tensors, g2.tensors, strict=True)]
         ops = [dataclasses.replace(o, flops=o.flops + (p.flops - o.flops) / db * (b - b1))
-               for o, p in zip(g1.ops, g2.ops)]
+               for o, p in zip(g1.ops, g2.ops, strict=True)]
         return dataclasses.replace(g1, tensors=tensors, ops=ops, name=f"{g1.name}@{b}",
                                    source=None)
 
@@ -210,7 +211,9 @@ def same_sizes(a: Graph, b: Graph) -> bool:
 
 def largest_batch(at: Callable[[int], Graph], budget: int, hi: int = 4096) -> int:
     """Bisect the largest batch whose graph the policy plans within ``budget``."""
-    ok = lambda b: _fits(lambda: plan_superneurons(at(b), budget=budget))
+    def ok(b: int) -> bool:
+        return _fits(lambda: plan_superneurons(at(b), budget=budget))
+
     lo = 0
     while lo + 1 < hi:
         mid = (lo + hi) // 2
@@ -226,7 +229,8 @@ def table5(console: Console, networks: list[tuple[str, str, dict]], budget: int)
     tf = {"AlexNet": 1408, "VGG-16": 80, "Inception-v4": 64, "ResNet-50": 128,
           "ResNet-101": 80, "ResNet-152": 48}
     for name, label, options in networks:
-        at = batch_affine(capture_fake(name, 8, **options), 8, capture_fake(name, 16, **options), 16)
+        at = batch_affine(capture_fake(name, 8, **options), 8,
+                          capture_fake(name, 16, **options), 16)
         best = largest_batch(at, budget)
         live = _largest_liveness(at, budget)
         t.add_row(label, f"{PAPER_TABLE5[label]} ({tf[label]})", str(best), str(live))
@@ -235,7 +239,8 @@ def table5(console: Console, networks: list[tuple[str, str, dict]], budget: int)
             if not same_sizes(direct, at(best)):
                 raise AssertionError(f"{label}: interpolated sizes differ from a capture")
     console.print(t)
-    console.print("  interpolated graphs equal direct captures at the found batch (AlexNet, VGG-16)")
+    console.print("  interpolated graphs equal direct captures at the found batch "
+                  "(AlexNet, VGG-16)")
 
 
 def _largest_liveness(at: Callable[[int], Graph], budget: int, hi: int = 4096) -> int:

@@ -75,7 +75,8 @@ def capture_fake(name: str, batch: int, **options: Any) -> Graph:
 def paper_gpu(graph: Graph, gpu: str = GPU) -> tuple[AnalyticCostModel, dict[int, list[str]]]:
     """The analytic cost model of ``gpu`` pricing cuDNN-4-era convolution algorithms, and the
     supported-variants table the vDNN / SuperNeurons policies read."""
-    meta = {op.id: arg_meta_of(node.args) for op, node in zip(graph.ops, graph.source.op_nodes)
+    meta = {op.id: arg_meta_of(node.args)
+            for op, node in zip(graph.ops, graph.source.op_nodes, strict=True)
             if op.target in TARGETS}
     algos = CudnnAlgorithms.for_graph(graph, meta)
     return AnalyticCostModel(get_profile(gpu), variants=algos), algos.supported()

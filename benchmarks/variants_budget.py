@@ -50,7 +50,8 @@ def main() -> None:
             try:
                 planned = outcore.plan(graph, budget, policy="auto", cost=cost, simulate=False)
             except InfeasibleBudgetError:
-                table.add_row(name, format_bytes(budget), "-", "no (offload/recompute)", "", "", "", "")
+                table.add_row(name, format_bytes(budget), "-", "no (offload/recompute)",
+                              "", "", "", "")
                 continue
             base = None
             for strategy, label in (("memory-optimal", "memory-optimal only"),

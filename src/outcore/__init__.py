@@ -15,8 +15,15 @@ Public API:
 """
 
 from outcore import plan, policies  # callable subpackages: plan(...), policies()
-from outcore.errors import (CaptureError, DeviceOutOfMemory, GraphError, InfeasibleBudgetError,
-                            OutcoreError, ProfileError, ScheduleError)
+from outcore.errors import (
+    CaptureError,
+    DeviceOutOfMemory,
+    GraphError,
+    InfeasibleBudgetError,
+    OutcoreError,
+    ProfileError,
+    ScheduleError,
+)
 from outcore.units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"

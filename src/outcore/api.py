@@ -45,7 +45,8 @@ def cost_model_for(gpu: str | None) -> Any:
     from outcore.cost.variant_costs import ASSUMED_GPU, RECORDED
 
     name = gpu or DEFAULT_GPU
-    return AnalyticCostModel(get_profile(name), variants=RECORDED if name == "this-cpu" else ASSUMED_GPU)
+    variants = RECORDED if name == "this-cpu" else ASSUMED_GPU
+    return AnalyticCostModel(get_profile(name), variants=variants)
 
 
 def _policy_name(policy: str) -> str:
@@ -151,7 +152,8 @@ class TrainerStats:
 
     def __str__(self) -> str:
         return (f"peak {format_bytes(self.measured_peak)} measured vs "
-                f"{format_bytes(self.predicted_peak)} predicted; step {self.step_seconds * 1e3:.1f} ms")
+                f"{format_bytes(self.predicted_peak)} predicted; "
+                f"step {self.step_seconds * 1e3:.1f} ms")
 
 
 class Trainer:

@@ -142,7 +142,8 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
     def render(console: Any) -> None:
         from rich.table import Table
 
-        title = f"{label}: every policy at " + ("no budget" if budget is None else format_bytes(budget))
+        at = "no budget" if budget is None else format_bytes(budget)
+        title = f"{label}: every policy at {at}"
         table = Table(title=title)
         for col in ("policy", "fits", "peak", "step (ms)", "keep", "offload", "recompute"):
             table.add_column(col, justify="left" if col == "policy" else "right")
@@ -170,7 +171,8 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         for col in ("tensor", "bytes", "producer", "decision", "why"):
             table.add_column(col, overflow="fold")
         for r in shown:
-            table.add_row(r["tensor"], format_bytes(r["bytes"]), r["producer"], r["decision"], r["why"])
+            table.add_row(r["tensor"], format_bytes(r["bytes"]), r["producer"], r["decision"],
+                          r["why"])
         console.print(table)
 
     emit(args, render)
@@ -255,7 +257,7 @@ def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
     if args.model:
         from outcore.cost.measure_ops import measure_ops
 
-        graph, label = _capture(args, fake=False)
+        graph, _ = _capture(args, fake=False)
         measured = measure_ops(graph)
         result["ops"] = len(graph.ops)
         if args.out:

@@ -90,7 +90,7 @@ def input_roles(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Role]
         raise CaptureError(f"dynamo passed {len(example_inputs)} example inputs for "
                            f"{len(placeholders)} graph inputs")
     roles: list[Role] = []
-    for node, value in zip(placeholders, example_inputs):
+    for node, value in zip(placeholders, example_inputs, strict=True):
         if not isinstance(value, torch.Tensor):
             roles.append("const")
         elif isinstance(value, nn.Parameter) or value.requires_grad:
@@ -111,9 +111,10 @@ class _DynamoStep(nn.Module):
         super().__init__()
         self.gm = gm
         self.roles = roles
-        self.constants = {i: v for i, (v, role) in enumerate(zip(example_inputs, roles))
+        self.constants = {i: v
+                          for i, (v, role) in enumerate(zip(example_inputs, roles, strict=True))
                           if role == "const"}
-        for i, (role, value) in enumerate(zip(roles, example_inputs)):
+        for i, (role, value) in enumerate(zip(roles, example_inputs, strict=True)):
             if role == "param":
                 param = value if isinstance(value, nn.Parameter) else nn.Parameter(value)
                 self.register_parameter(f"in{i}", param)
@@ -165,7 +166,7 @@ def _signature(joint: fx.GraphModule, roles: list[Role], nodes: NodeMap,
                 sig.bindings[tid] = ("arg", _flat_index(desc, arguments))
         elif node.op == "output":
             outputs: dict[int, int] = {}
-            for value, desc in zip(node.args[0], node.meta.get("desc") or []):
+            for value, desc in zip(node.args[0], node.meta.get("desc") or [], strict=False):
                 if value is None:
                     continue
                 tid = nodes.node_tensors[value]
@@ -205,7 +206,7 @@ def capture_dynamo_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tens
 
     roles = input_roles(gm, example_inputs)
     step = _DynamoStep(gm, example_inputs, roles)
-    arguments = tuple(v for v, role in zip(example_inputs, roles) if role == "input")
+    arguments = tuple(v for v, role in zip(example_inputs, roles, strict=True) if role == "input")
     with contextlib.ExitStack() as stack:
         try:
             joint = aot_export_joint_with_descriptors(stack, step, arguments).graph_module

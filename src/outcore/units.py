@@ -42,7 +42,7 @@ def parse_bytes(value: int | float | str) -> int:
             "'512MB', '12GB' or '11.5GiB'"
         )
     number = float(match.group(1))
-    return int(round(number * _UNITS[match.group(2).lower()]))
+    return round(number * _UNITS[match.group(2).lower()])
 
 
 def format_bytes(n: int | float) -> str:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
-from models import make  # noqa: E402
+import outcore
+from outcore.api import PlannedStep
+from outcore.graph.bounds import reference_peaks
+from outcore.plan.plan import Decision
 
-import outcore  # noqa: E402
-from outcore.api import PlannedStep  # noqa: E402
-from outcore.graph.bounds import reference_peaks  # noqa: E402
-from outcore.plan.plan import Decision  # noqa: E402
+from models import make
 
 
 def test_compile_trains_within_budget_with_eager_gradients():
@@ -33,7 +33,7 @@ def test_compile_trains_within_budget_with_eager_gradients():
     expected = loss_fn(reference(batch[0]), batch[1])
     expected.backward()
     assert torch.equal(loss, expected.detach())
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     assert trainer.stats.measured_peak == trainer.stats.predicted_peak <= budget
     moved = [d for d in trainer.plan.decisions.values() if d is not Decision.KEEP]

@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
-from models import make  # noqa: E402
+import outcore
+from outcore.graph.bounds import reference_peaks
+from outcore.plan.schedule import Compute, Offload
+from outcore.runtime.split import generate_split, split_point
 
-import outcore  # noqa: E402
-from outcore.graph.bounds import reference_peaks  # noqa: E402
-from outcore.plan.schedule import Compute, Offload  # noqa: E402
-from outcore.runtime.split import generate_split, split_point  # noqa: E402
+from models import make
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def plain_mlp() -> nn.Module:
 
 
 def assert_same_grads(model: nn.Module, reference: nn.Module) -> None:
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.equal(p.grad, q.grad), f"gradient of {name} differs from eager"
 
@@ -76,7 +76,7 @@ def test_mlp_loss_and_gradients_equal_eager():
     be = outcore.backend(budget="64MB", device="cpu")
     for loss, expected in train_both(model, reference, F.cross_entropy, [(x, y), (x, y)], be):
         assert torch.equal(loss, expected)
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p, q)
     assert be.stats.steps == 2
     assert be.stats.measured_peak == be.stats.predicted_peak
@@ -92,7 +92,7 @@ def test_cnn_batchnorm_statistics_equal_eager_after_two_steps():
         assert torch.equal(loss, expected)
     buffers = dict(model.named_buffers())
     assert any(name.endswith("running_mean") for name in buffers)
-    for (name, b), r in zip(buffers.items(), reference.buffers()):
+    for (name, b), r in zip(buffers.items(), reference.buffers(), strict=True):
         assert torch.equal(b, r), f"{name} differs from eager after two steps"
     assert dict(model.named_buffers())["features.1.num_batches_tracked"].item() == 2
 
@@ -112,7 +112,7 @@ def test_tight_budget_moves_tensors_keeps_gradients_and_predicted_peak(device):
     assert schedule.count(Offload) + len(schedule.recomputed_ops()) > 0
     assert be.stats.measured_peak == be.stats.predicted_peak <= budget
     assert be.stats.measured_forward_peak == be.stats.predicted_forward_peak
-    for b, r in zip(model.buffers(), reference.buffers()):
+    for b, r in zip(model.buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, r)
 
 
@@ -126,7 +126,7 @@ def test_recomputed_dropout_and_batchnorm_replay_eager():
     again = {graph.ops[o].target for o in be.graphs[0].planned.schedule.recomputed_ops()}
     assert "aten.native_dropout.default" in again
     assert "aten._native_batch_norm_legit_functional.default" in again
-    for b, r in zip(model.buffers(), reference.buffers()):
+    for b, r in zip(model.buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, r)
     assert be.stats.measured_peak == be.stats.predicted_peak
 

@@ -55,8 +55,8 @@ def test_explain_gives_reasons(capsys):
 
 
 def test_simulate_writes_plot_and_trace(tmp_path, capsys):
-    code, doc, _ = run_json(["simulate", "--model", "mlp", "--batch", "32",
-                             "--out", str(tmp_path)], capsys)
+    code, _, _ = run_json(["simulate", "--model", "mlp", "--batch", "32",
+                           "--out", str(tmp_path)], capsys)
     assert code == EXIT_OK
     assert (tmp_path / "memory.png").stat().st_size > 1000
     trace = json.loads((tmp_path / "trace.json").read_text())

@@ -59,5 +59,5 @@ def test_bandwidth_for_gpu_names_missing_data() -> None:
     pytest.importorskip("outcore.cost.profiles")
     with pytest.raises(ProfileError, match="no-such-gpu"):
         bandwidth_for_gpu("no-such-gpu", cpu=1e11)
-    with pytest.raises(ProfileError, match="int8|float8"):
+    with pytest.raises(ProfileError, match=r"int8|float8"):
         bandwidth_for_gpu("v100-pcie", dtype="float8_e4m3fn")

@@ -97,12 +97,12 @@ def test_jobs_run_in_order_and_copy_the_bytes(engines) -> None:
     engine = engines(bandwidth=1e6)
     srcs = [torch.randint(0, 256, (4000 + i,), dtype=torch.uint8) for i in range(3)]
     dsts = [torch.zeros_like(s) for s in srcs]
-    jobs = [_job(i, s, d) for i, (s, d) in enumerate(zip(srcs, dsts))]
+    jobs = [_job(i, s, d) for i, (s, d) in enumerate(zip(srcs, dsts, strict=True))]
     for job in jobs:
         engine.submit(job)
     jobs[-1].done.wait()
     assert all(j.done.is_set() for j in jobs)
-    assert all(torch.equal(s, d) for s, d in zip(srcs, dsts))
+    assert all(torch.equal(s, d) for s, d in zip(srcs, dsts, strict=True))
     for earlier, later in itertools.pairwise(jobs):
         assert later.started >= earlier.deadline  # the link's timeline: FIFO, no overlap
     for job in jobs:

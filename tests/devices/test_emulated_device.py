@@ -120,7 +120,7 @@ def test_host_failure_on_copy_thread_surfaces_on_wait(make_emulated, monkeypatch
     assert info.value.tid == 11
     # a prefetch of that tensor depends on the failed offload and fails too
     dev.start_prefetch(11, "fc.weight.grad")
-    with pytest.raises(CopyError, match="h2d copy of 'fc.weight.grad'"):
+    with pytest.raises(CopyError, match=r"h2d copy of 'fc\.weight\.grad'"):
         dev.wait_prefetch(11)
     assert dev.stats().d2h.failed == 1 and dev.stats().h2d.failed == 1
     dev.synchronize()  # both failures were already reported by their waits

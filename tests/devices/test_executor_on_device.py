@@ -8,16 +8,16 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
-from models import make  # noqa: E402
+from outcore.capture import capture
+from outcore.errors import DeviceOutOfMemory
+from outcore.plan.lower import lower
+from outcore.plan.memory import predicted_peak
+from outcore.plan.schedule import Schedule, Wait
+from outcore.policies import baseline
+from outcore.runtime.devices import EmulatedDevice
+from outcore.runtime.executor import Executor
 
-from outcore.capture import capture  # noqa: E402
-from outcore.errors import DeviceOutOfMemory  # noqa: E402
-from outcore.plan.lower import lower  # noqa: E402
-from outcore.plan.memory import predicted_peak  # noqa: E402
-from outcore.plan.schedule import Schedule, Wait  # noqa: E402
-from outcore.policies import baseline  # noqa: E402
-from outcore.runtime.devices import EmulatedDevice  # noqa: E402
-from outcore.runtime.executor import Executor  # noqa: E402
+from models import make
 
 FAST = 2e9  # bytes/s: copies of these small models finish in microseconds
 
@@ -49,7 +49,7 @@ def test_slowed_copy_engine_changes_nothing(name):
             model, result, graph, schedule = run_on(dev, name)
             stats = dev.stats()
         assert torch.equal(result.loss, loss)
-        for p, q in zip(model.parameters(), reference.parameters()):
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad), f"{name} slowdown {slowdown}"
         assert result.peak_bytes == predicted_peak(graph, schedule)
         assert stats.releases_during_copy == 0
@@ -66,10 +66,11 @@ def test_free_without_waiting_for_its_copy_is_caught():
     reference, loss_fn, batch = make("vgg")
     eager(reference, loss_fn, batch)
     with EmulatedDevice(None, FAST, FAST, slowdown=100.0) as dev:
-        model, result, _, _ = run_on(dev, "vgg", drop_d2h_waits)
+        model, _, _, _ = run_on(dev, "vgg", drop_d2h_waits)
         releases = dev.stats().releases_during_copy
     assert releases > 0
-    same = all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    same = all(torch.equal(p.grad, q.grad)
+               for p, q in zip(model.parameters(), reference.parameters(), strict=True))
     assert not same, "a free that does not wait for its copy must corrupt the result"
 
 
@@ -85,15 +86,14 @@ def test_capacity_overflow_raises_and_leaves_model_untouched():
     before = copy.deepcopy(model.state_dict())
     grads = [p.grad.clone() for p in model.parameters()]
     opt_state = copy.deepcopy(optimizer.state_dict())
-    with EmulatedDevice(peak - 1, FAST, FAST) as dev:
-        with pytest.raises(DeviceOutOfMemory) as err:
-            Executor(graph, schedule, dev).run(batch)
+    with EmulatedDevice(peak - 1, FAST, FAST) as dev, pytest.raises(DeviceOutOfMemory) as err:
+        Executor(graph, schedule, dev).run(batch)
     message = str(err.value)
     assert "wanted" in message and "free" in message and err.value.tensor != "<unnamed>"
     assert err.value.wanted > err.value.free
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
     assert str(opt_state) == str(optimizer.state_dict())
 
 

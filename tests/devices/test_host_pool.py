@@ -59,7 +59,7 @@ def test_live_ranges_never_overlap_and_everything_coalesces(steps) -> None:
             off = sorted(live)[n % len(live)]
             alloc.free(off)
             del live[off]
-        assert alloc.used_bytes + sum(l for _, l in alloc.free_ranges()) == 16384
+        assert alloc.used_bytes + sum(size for _, size in alloc.free_ranges()) == 16384
     for off in list(live):
         alloc.free(off)
     assert alloc.free_ranges() == [(0, 16384)]

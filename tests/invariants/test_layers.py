@@ -17,6 +17,7 @@ def test_plain_layers_do_not_import_torch():
             "    assert 'torch' not in sys.modules, f'{m} imported torch'\n"
             "import outcore\n"
             "print(len(outcore.policies()))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)  # the assert below shows stderr
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= 5

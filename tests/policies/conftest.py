@@ -32,7 +32,8 @@ def build_graph(tensors: list[tuple[str, int, TensorKind]],
                 outputs: list[str], name: str = "hand") -> Graph:
     """Tensors (name, bytes, kind) and ops (name, phase, kind from KINDS, inputs, outputs)."""
     ids = {n: i for i, (n, _, _) in enumerate(tensors)}
-    ts = [Tensor(i, n, (max(b, 4) // 4,), "float32", b, k, i) for i, (n, b, k) in enumerate(tensors)]
+    ts = [Tensor(i, n, (max(b, 4) // 4,), "float32", b, k, i)
+          for i, (n, b, k) in enumerate(tensors)]
     op_list = []
     for oid, (n, phase, kind, ins, outs) in enumerate(ops):
         category, target = KINDS[kind]

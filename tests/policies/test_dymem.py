@@ -131,7 +131,8 @@ def test_budget_blocks_prefetches_and_forward():
     assert err.value.required == need
     budget = int(need * 1.02)
     tight = plan_dymem(g, PolicyContext(budget=budget, cost=SlowLink()))
-    assert predicted_peak(g, tight.output.schedule) <= budget < predicted_peak(g, roomy.output.schedule)
+    tight_peak = predicted_peak(g, tight.output.schedule)
+    assert tight_peak <= budget < predicted_peak(g, roomy.output.schedule)
     later = [x for x in tight.evaluation.issue_at
              if tight.evaluation.issue_at[x] > roomy.evaluation.issue_at[x]]
     assert later or tight.evaluation.forward_stall
@@ -171,8 +172,8 @@ def test_executor_matches_eager(model):
     assert schedule.count(Offload) > 0
     torch.manual_seed(5)
     step = Executor(g, schedule).run(batch)
-    for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
+    for (name, p), q in zip(trained.named_parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
-    for (name, b), c in zip(trained.named_buffers(), reference.buffers()):
+    for (name, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, c), name
     assert step.peak_bytes == predicted_peak(g, schedule)

@@ -86,7 +86,8 @@ def test_first_fit_and_merge():
     assert mem.allocate(4, 1) == 3  # first fit: the hole left by block 2
     mem.free(1)
     mem.free(4)  # merges with the free hole before it
-    assert [(s.start, s.size, s.owner) for s in mem.segments] == [(0, 5, None), (5, 3, 3), (8, 2, None)]
+    segments = [(s.start, s.size, s.owner) for s in mem.segments]
+    assert segments == [(0, 5, None), (5, 3, 3), (8, 2, None)]
     assert mem.allocate(5, 6) is None and mem.largest_free() == 5
     mem.check()
 
@@ -139,7 +140,7 @@ def test_batchnorm1d_bound_is_taken_at_the_smallest_capturable_size():
     ctx = PolicyContext(budget=0, cost=TableCost(), recapture=rec)
     mmin = minimum_memory(graph, ctx)
     assert mmin == footprint(rec(4), ctx.cost, {})  # batch 8 / 4 sub-batches = size 2
-    with pytest.raises(InfeasibleBudgetError, match="sub-batch size 2 .the smallest size"):
+    with pytest.raises(InfeasibleBudgetError, match=r"sub-batch size 2 \(the smallest size"):
         get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum - 1))
     out = get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum))
     assert out.schedule.sub_batches == batch[0].shape[0] // 2
@@ -147,7 +148,7 @@ def test_batchnorm1d_bound_is_taken_at_the_smallest_capturable_size():
 
 def test_without_recapture_sub_batching_is_refused():
     full = sub_batch(chain(16), ctx_for(10**9)).footprint.minimum
-    with pytest.raises(InfeasibleBudgetError, match="ctx.recapture is None"):
+    with pytest.raises(InfeasibleBudgetError, match=r"ctx\.recapture is None"):
         get("modnn").fn(chain(16), ctx_for(full - 1, recapture=False))
 
 
@@ -342,7 +343,7 @@ def test_batchnorm_sub_batches_are_per_sub_batch_statistics():
     for name, q in reference.named_parameters():
         assert torch.allclose(params[name].grad, q.grad, atol=1e-6), name
     assert not all(torch.allclose(params[n].grad, full[n], atol=1e-6) for n in full)
-    for (name, b), c in zip(trained.named_buffers(), reference.buffers()):
+    for (name, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
         assert torch.allclose(b.float(), c.float(), atol=1e-6), name
 
 

@@ -219,8 +219,8 @@ def test_executor_matches_eager_with_swaps_and_recomputes(model):
     assert counts[RECOMPUTE] > 0 and counts[KEEP] > 0
     torch.manual_seed(3)
     step = Executor(g, result.output.schedule).run(batch)
-    for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
+    for (name, p), q in zip(trained.named_parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
-    for (name, b), c in zip(trained.named_buffers(), reference.buffers()):
+    for (name, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, c), name  # BatchNorm statistics updated once, recompute or not
     assert step.peak_bytes == predicted_peak(g, result.output.schedule) <= budget

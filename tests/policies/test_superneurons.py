@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import torch
-from models import make
 
 from outcore.capture import capture
 from outcore.errors import InfeasibleBudgetError
@@ -26,6 +25,8 @@ from outcore.policies.superneurons import plan_superneurons
 from outcore.runtime.devices.factory import make_device
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
+
+from models import make
 
 
 def tname(graph: Graph, tid: int) -> str:

@@ -9,7 +9,6 @@ from typing import ClassVar
 
 import pytest
 import torch
-from models import make
 
 from outcore.capture import capture
 from outcore.cost.model import AnalyticCostModel
@@ -31,6 +30,8 @@ from outcore.sim import simulate
 from outcore.variants import registry as variant_registry
 from outcore.variants.select import downgrade_chain
 from outcore.variants.torchmeta import arg_meta_of
+
+from models import make
 
 
 def names(graph: Graph, tids) -> set[str]:
@@ -275,7 +276,7 @@ def test_executor_runs_performance_optimal_variants_with_their_workspace():
     model, loss_fn, batch = make("vgg")
     loss, grads = eager_grads(copy.deepcopy(model), loss_fn, batch)
     graph = capture(model, loss_fn, batch)
-    meta = {o.id: arg_meta_of(n.args) for o, n in zip(graph.ops, graph.source.op_nodes)
+    meta = {o.id: arg_meta_of(n.args) for o, n in zip(graph.ops, graph.source.op_nodes, strict=True)
             if o.target in TARGETS}
     algos = CudnnAlgorithms.for_graph(graph, meta)
     cost = AnalyticCostModel(get_profile("titan-x-maxwell"), variants=algos)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from pool_graphs import Layer, residual_net, training_graph
 
 from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
 from outcore.plan.lower import lower
@@ -11,6 +10,8 @@ from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.policies.baseline import keep_all, liveness, offload_all, recompute_cheap
 from outcore.pool import blocks_from_schedule, live_curve, lower_bound, place
+
+from pool_graphs import Layer, residual_net, training_graph
 
 
 def _tiny() -> tuple[Graph, Schedule]:

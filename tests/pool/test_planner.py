@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pool_graphs import residual_net, training_graph
 
 from outcore.plan.lower import lower
 from outcore.policies.baseline import liveness, offload_all
@@ -20,6 +19,8 @@ from outcore.pool import (
 from outcore.pool.planner import _event_order, greedy_by_size, overlapping_pairs, sweep
 from outcore.pool.synthetic import random_blocks
 from outcore.pool.timeindex import TimeIndex
+
+from pool_graphs import residual_net, training_graph
 
 KB = 1024
 
@@ -45,7 +46,7 @@ def test_planner_reaches_the_optimum(name, blocks, optimum):
 def test_whole_step_blocks_are_stacked_at_the_bottom():
     blocks = [Block(0, KB, 3, 4), Block(1, 2 * KB, 0, 9), Block(2, 4 * KB, 0, 9),
               Block(3, KB, 5, 9)]
-    offsets, sizes, _ = plan_offsets(blocks)
+    offsets, _, _ = plan_offsets(blocks)
     assert (offsets[1], offsets[2]) == (0, 2 * KB)
     assert min(offsets[0], offsets[3]) >= 6 * KB
 

@@ -6,8 +6,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
-from models import make
-
 import outcore
 from outcore.api import cost_model_for
 from outcore.plan.lower import lower
@@ -20,6 +18,8 @@ from outcore.pool import (
     for_simulator,
 )
 from outcore.sim import simulate
+
+from models import make
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

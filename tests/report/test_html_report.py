@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
-from models import make  # noqa: E402
+import outcore
+from outcore.report.html import render_html, write_html
 
-import outcore  # noqa: E402
-from outcore.report.html import render_html, write_html  # noqa: E402
+from models import make
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

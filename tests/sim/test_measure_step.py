@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from sim_helpers import chain3
 
 from outcore.cost.host_costs import HostCosts
 from outcore.cost.measure_step import profile_from_steps, profile_step
@@ -15,6 +14,8 @@ from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wa
 from outcore.runtime.devices.calibrate import WaitCalibration
 from outcore.runtime.devices.stats import DirectionStats, TransferStats
 from outcore.runtime.executor import StepResult
+
+from sim_helpers import chain3
 
 X, A0, A1, A2, G2, G1, G0 = range(7)
 F0, F1, F2, B2, B1, B0 = range(6)

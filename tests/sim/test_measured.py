@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from sim_helpers import chain3
 
 from outcore.cost.host_costs import HostCosts
 from outcore.cost.measured import MeasuredProfile, graph_digest
 from outcore.errors import ProfileError
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim import simulate
+
+from sim_helpers import chain3
 
 X, A0, A1, A2, G2, G1, G0 = range(7)
 

@@ -7,8 +7,14 @@ import math
 
 import pytest
 
-from outcore.cost.profiles import (KNOWN_DTYPES, HardwareProfile, get_profile, load_profiles,
-                                   profile_names, profiles)
+from outcore.cost.profiles import (
+    KNOWN_DTYPES,
+    HardwareProfile,
+    get_profile,
+    load_profiles,
+    profile_names,
+    profiles,
+)
 from outcore.errors import ProfileError
 
 NAMES = ["k40c", "titan-x-maxwell", "titan-xp", "v100-pcie", "v100-nvlink", "a100-40gb",

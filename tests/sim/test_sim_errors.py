@@ -9,7 +9,7 @@ from outcore.errors import ProfileError, ScheduleError
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim import simulate
 
-from sim_helpers import ACT, F, GRAD, INPUT, B, TableCost, chain3, make_graph
+from sim_helpers import ACT, GRAD, INPUT, B, F, TableCost, chain3, make_graph
 
 X, A0, A1, A2, G2, G1, G0 = range(7)
 F0, F1, F2, B2, B1, B0 = range(6)

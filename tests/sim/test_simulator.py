@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from sim_helpers import TableCost, chain3
 
 from outcore.cost.host_costs import HostCosts
 from outcore.errors import ProfileError
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim import Lifetime, simulate
+
+from sim_helpers import TableCost, chain3
 
 # chain3 tensor ids: x=0 a0=1 a1=2 a2=3 g2=4 g1=5 g0=6; op ids f0..f2 = 0..2, b2, b1, b0 = 3..5
 X, A0, A1, A2, G2, G1, G0 = range(7)

@@ -1,7 +1,6 @@
 """Orders, liveness and the three reference peaks, on fan/join graphs and hand-made tables."""
 
 import pytest
-from models import MODELS, make
 
 from outcore.capture import capture
 from outcore.graph.bounds import layer_bytes, reference_peaks
@@ -12,6 +11,8 @@ from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute
 from outcore.policies import baseline
+
+from models import MODELS, make
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -4,13 +4,14 @@ import copy
 from collections import Counter
 
 import torch
-from models import make
 
 from outcore.capture import capture
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision, Plan
 from outcore.policies import baseline
 from outcore.runtime.executor import Executor
+
+from models import make
 
 
 def counting_impls(graph, counter):
@@ -34,7 +35,8 @@ def test_recompute_runs_exactly_the_planned_ops():
     assert planned, "recompute-cheap must recompute something on a VGG chain"
     for op in graph.ops:
         assert counter[op.id] == 1 + planned[op.id], op.name
-    recomputed_producers = {graph.tensors[t].producer for t in plan.tensors_with(Decision.RECOMPUTE)}
+    recomputed_producers = {graph.tensors[t].producer
+                            for t in plan.tensors_with(Decision.RECOMPUTE)}
     assert recomputed_producers <= set(planned), "every recomputed tensor's producer reruns"
 
 
@@ -65,5 +67,5 @@ def test_recomputed_dropout_replays_its_mask():
     Executor(graph, schedule).run(batch)
     torch.manual_seed(3)
     loss_fn(reference(batch[0]), batch[1]).backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)

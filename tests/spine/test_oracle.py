@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-from models import MODELS, make
 
 from outcore.capture import capture
 from outcore.plan.lower import lower
@@ -13,6 +12,8 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.verify import verify
 from outcore.policies import baseline
 from outcore.runtime.executor import Executor
+
+from models import MODELS, make
 
 POLICIES = [baseline.keep_all, baseline.liveness, baseline.offload_all, baseline.recompute_cheap]
 
@@ -39,9 +40,9 @@ def test_policies_match_eager_and_predicted_peak(name):
         result = Executor(graph, schedule).run(batch)
         label = f"{name}/{policy.__name__}"
         assert torch.equal(result.loss, expected_loss), label
-        for (pname, p), q in zip(trained.named_parameters(), reference.parameters()):
+        for (pname, p), q in zip(trained.named_parameters(), reference.parameters(), strict=True):
             assert p.grad is not None and torch.equal(p.grad, q.grad), f"{label}: grad {pname}"
-        for (bname, b), c in zip(trained.named_buffers(), reference.buffers()):
+        for (bname, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
             assert torch.equal(b, c), f"{label}: buffer {bname} (updated once, like eager)"
         assert result.peak_bytes == predicted_peak(graph, schedule), label
         peaks[policy.__name__] = result.peak_bytes
@@ -58,9 +59,9 @@ def test_second_step_accumulates_like_eager():
         eager_step(reference, loss_fn, batch, seed)
         torch.manual_seed(seed)
         executor.run(batch)
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
-    for b, c in zip(model.buffers(), reference.buffers()):
+    for b, c in zip(model.buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, c)
 
 
@@ -76,7 +77,7 @@ def test_unmeasured_run_gives_the_same_gradients_and_refuses_a_capacity():
     torch.manual_seed(2)
     result = Executor(graph, schedule).run(batch, measure=False)
     assert result.peak_bytes == 0
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     bounded = Executor(graph, schedule, SyncCPUDevice(capacity=10**9))
     with pytest.raises(OutcoreError, match="capacity"):

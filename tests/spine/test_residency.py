@@ -6,7 +6,6 @@ rule (``memory_curve``, the simulator's lifetimes, the pool's blocks, outcore-au
 from __future__ import annotations
 
 import pytest
-from models import MODELS, make
 
 from outcore.capture import capture
 from outcore.cost.model import AnalyticCostModel
@@ -20,6 +19,8 @@ from outcore.policies import baseline
 from outcore.policies.auto import _resident_spans
 from outcore.pool import blocks_from_schedule, live_curve
 from outcore.sim import Lifetime, simulate
+
+from models import MODELS, make
 
 X, W, A, V, M, N, LOSS = range(7)  # tensor ids of the hand-made graph
 CONV, VIEW, NORM, LOSS_OP = range(4)  # its op ids
@@ -177,7 +178,8 @@ def test_steps_follow_the_oracle_and_keep_their_invariants(graph, policy):
     tensors = graph.tensors
     before: set[int] = set()
     prev = Step(-2, (), NONE, (), NONE, 0, 0, 0, 0)
-    for step, now in zip(steps, [set(steps[0].made_resident)] + [r for r, _, _ in expected]):
+    nows = [set(steps[0].made_resident), *(r for r, _, _ in expected)]
+    for step, now in zip(steps, nows, strict=True):
         stored = {a.storage for a in step.allocations if a.storage != TRANSIENT}
         assert set(step.made_resident) == now - before
         assert step.dropped == NONE or before - now == {step.dropped}

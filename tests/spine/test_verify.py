@@ -1,7 +1,6 @@
 """The verifier rejects every kind of broken schedule, naming the instruction."""
 
 import pytest
-from models import make
 
 from outcore.capture import capture
 from outcore.errors import ScheduleError
@@ -9,6 +8,8 @@ from outcore.plan.lower import lower
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.plan.verify import verify
 from outcore.policies import baseline
+
+from models import make
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ GRAPH: list = []
 
 
 def recompute_first(instructions):
-    return [Compute(0, recompute=True)] + instructions
+    return [Compute(0, recompute=True), *instructions]
 
 
 CASES = [
@@ -109,7 +110,7 @@ def test_double_free_and_missing_output_rejected(vgg):
         verify(graph, mutate(schedule, lambda _: doubled))
     loss = schedule.keep_at_end[0]
     with pytest.raises(ScheduleError, match="not resident at the end"):
-        verify(graph, mutate(schedule, lambda ins: ins + [Free(loss)]))
+        verify(graph, mutate(schedule, lambda ins: [*ins, Free(loss)]))
 
 
 def test_recompute_without_inputs_rejected():
@@ -126,7 +127,7 @@ def test_recompute_without_inputs_rejected():
 
 
 def test_schedule_json_round_trip(vgg):
-    graph, schedule = vgg
+    _, schedule = vgg
     again = Schedule.from_json(schedule.to_json())
     assert again.instructions == schedule.instructions
     assert again.keep_at_end == schedule.keep_at_end
@@ -157,7 +158,8 @@ def test_prefetch_waits_for_views_of_the_old_copy():
     for k, s in enumerate(ins):
         if not isinstance(s, Prefetch):
             continue
-        base_free = max(i for i in range(k) if isinstance(ins[i], Free) and ins[i].tensor == s.tensor)
+        base_free = max(i for i in range(k)
+                        if isinstance(ins[i], Free) and ins[i].tensor == s.tensor)
         view_frees = [i for i in range(base_free, k) if isinstance(ins[i], Free)
                       and graph.tensors[ins[i].tensor].storage == s.tensor
                       and ins[i].tensor != s.tensor]

@@ -34,7 +34,8 @@ def test_zoo_model_matches_eager(name):
         result = Executor(graph, schedule).run(work.batch)
         label = f"{name}/{policy.__name__}"
         assert torch.equal(result.loss, expected.detach()), label
-        for (pname, p), q in zip(work.model.named_parameters(), reference.parameters()):
+        named = work.model.named_parameters()
+        for (pname, p), q in zip(named, reference.parameters(), strict=True):
             assert torch.equal(p.grad, q.grad), f"{label}: {pname}"
         assert result.peak_bytes == predicted_peak(graph, schedule), label
         work.model.load_state_dict(state)  # running statistics: one update per compared step

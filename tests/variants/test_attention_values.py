@@ -42,7 +42,9 @@ def _mask(kind, b, h, lq, lk, dtype):
 
 
 def _tol(dtype):
-    return dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    if dtype == torch.float64:
+        return {"rtol": 1e-10, "atol": 1e-10}
+    return {"rtol": 1e-4, "atol": 1e-5}
 
 
 def test_key_block_leaves_partial_blocks_in_cases():
@@ -69,7 +71,7 @@ def test_forward_and_backward_match_framework(variant, case, dtype):
     torch.testing.assert_close(out2, out, **_tol(dtype))
     torch.testing.assert_close(lse2, lse, **_tol(dtype))
     assert out2.stride() == out.stride() and lse2.stride() == lse.stride()
-    for g, g_ref in zip(got, ref):
+    for g, g_ref in zip(got, ref, strict=True):
         torch.testing.assert_close(g, g_ref, **_tol(dtype))
         assert g.stride() == g_ref.stride()
 
@@ -82,7 +84,7 @@ def test_our_forward_feeds_the_framework_backward(variant):
     ref = BWD(grad, q, k, v, out, lse, 0.0, True)
     with torch.no_grad():
         out2, lse2 = registry.implementation(SDPA, variant)(q, k, v, 0.0, True)
-    for g, g_ref in zip(BWD(grad, q, k, v, out2, lse2, 0.0, True), ref):
+    for g, g_ref in zip(BWD(grad, q, k, v, out2, lse2, 0.0, True), ref, strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
 
 
@@ -100,7 +102,8 @@ def test_fully_masked_row_gives_zero_output_and_gradients(variant):
     assert torch.isfinite(out2).all() and torch.isfinite(lse2).all()
     torch.testing.assert_close(out2, out, rtol=1e-10, atol=1e-10)
     assert torch.equal(out2[:, :, 1], torch.zeros_like(out2[:, :, 1]))
-    for g, g_ref in zip(grads, BWD(grad, q, k, v, out, lse, 0.0, False, attn_mask=mask)):
+    ref_grads = BWD(grad, q, k, v, out, lse, 0.0, False, attn_mask=mask)
+    for g, g_ref in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
 
 

@@ -32,7 +32,9 @@ def _args(shape, dtype, bias=True, seed=0):
 
 
 def _tol(dtype):
-    return dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    if dtype == torch.float64:
+        return {"rtol": 1e-9, "atol": 1e-10}
+    return {"rtol": 1e-4, "atol": 1e-4}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -60,7 +62,7 @@ def test_backward_matches_framework_for_every_mask(variant, shape, mask):
     with torch.no_grad():
         got = registry.implementation(CONV_BACKWARD, variant)(*args)
     assert isinstance(got, tuple) and len(got) == 3
-    for want, g_ref, g in zip(mask, ref, got):
+    for want, g_ref, g in zip(mask, ref, got, strict=True):
         if want:
             assert g is not None and g.shape == g_ref.shape
             torch.testing.assert_close(g, g_ref, **_tol(dtype))
@@ -78,7 +80,7 @@ def test_im2col_runs_dilation():
     grad = torch.randn_like(ref)
     bargs = (grad, *args[:2], [4], *args[3:], [True, True, True])
     for g, g_ref in zip(registry.implementation(CONV_BACKWARD, "im2col")(*bargs),
-                        torch.ops.aten.convolution_backward.default(*bargs)):
+                        torch.ops.aten.convolution_backward.default(*bargs), strict=True):
         torch.testing.assert_close(g, g_ref, **_tol(torch.float64))
 
 
@@ -90,7 +92,7 @@ def test_inputs_are_not_written():
             y = registry.implementation(CONV, variant)(*args)
             registry.implementation(CONV_BACKWARD, variant)(
                 torch.ones_like(y), args[0], args[1], [4], *args[3:], [True, True, True])
-        for a, c in zip(args, copies):
+        for a, c in zip(args, copies, strict=True):
             if isinstance(a, torch.Tensor):
                 assert torch.equal(a, c)
 

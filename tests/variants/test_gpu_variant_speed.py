@@ -61,7 +61,7 @@ def test_unknown_kernel_is_priced_as_3x3_stride_1():
 
 
 def test_unknown_variant_and_bad_geometry_are_refused_with_a_fix():
-    with pytest.raises(ValueError, match="add it in outcore.cost.gpu_variants"):
+    with pytest.raises(ValueError, match=r"add it in outcore\.cost\.gpu_variants"):
         gpu_time_factor("winograd")
     with pytest.raises(ValueError, match="positive"):
         fft_factor((0, 3))
@@ -81,7 +81,7 @@ def cnn() -> tuple[Graph, dict[int, tuple]]:
                           nn.Flatten(), nn.Linear(4 * 8 * 8, 3))
     batch = (torch.randn(2, 3, 16, 16), torch.tensor([0, 2]))
     graph = outcore.capture(model, nn.functional.cross_entropy, batch)
-    meta = {o.id: arg_meta_of(n.args) for o, n in zip(graph.ops, graph.source.op_nodes)
+    meta = {o.id: arg_meta_of(n.args) for o, n in zip(graph.ops, graph.source.op_nodes, strict=True)
             if o.target in TARGETS}
     return graph, meta
 
@@ -141,7 +141,8 @@ def test_vdnn_table_is_the_rule_plus_cudnn4_availability(captured):
         target = graph.ops[op_id].target
         m = conv_meta(target, args)
         for variant in CONV_VARIANTS:
-            assert relative_time(target, variant, args) == conv_gpu_time_factor(target, variant, args)
+            expected = conv_gpu_time_factor(target, variant, args)
+            assert relative_time(target, variant, args) == expected
         assert ("fft" in supported[op_id]) == (m.stride == (1, 1)), "cuDNN 4: FFT at stride 1"
         rule = {v: conv_gpu_time_factor(target, v, args) for v in supported[op_id]}
         fastest = min(rule.values())

@@ -40,10 +40,10 @@ def test_executor_runs_variant_and_peak_includes_workspace(variant):
     graph = outcore.capture(model, loss_fn, batch)
     chosen = conv_ops(graph, variant)
     assert chosen, "the ungrouped conv and its backward accept the variant"
-    schedule = lower(graph, Plan(policy="variants", variants={o: variant for o in chosen}))
+    schedule = lower(graph, Plan(policy="variants", variants=dict.fromkeys(chosen, variant)))
     plain = lower(graph, Plan(policy="framework"))
     result = Executor(graph, schedule).run(batch)
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12)
     assert result.peak_bytes == predicted_peak(graph, schedule)
     assert predicted_peak(graph, schedule) > predicted_peak(graph, plain), "workspace is charged"

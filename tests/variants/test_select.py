@@ -10,10 +10,19 @@ from __future__ import annotations
 import pytest
 
 from outcore.errors import InfeasibleBudgetError
-from outcore.variants.select import (Candidate, ModnnStep, Step, downgrade_chain,
-                                     memory_optimal, modnn_gain, modnn_gains,
-                                     performance_optimal, superneurons_fastest_fit, vdnn_dyn,
-                                     vdnn_dyn_greedy)
+from outcore.variants.select import (
+    Candidate,
+    ModnnStep,
+    Step,
+    downgrade_chain,
+    memory_optimal,
+    modnn_gain,
+    modnn_gains,
+    performance_optimal,
+    superneurons_fastest_fit,
+    vdnn_dyn,
+    vdnn_dyn_greedy,
+)
 
 FW = Candidate("framework", 1.0, 0)
 IM = Candidate("im2col", 0.7, 300)

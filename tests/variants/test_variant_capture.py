@@ -90,7 +90,7 @@ def test_substituted_joint_graph_gives_the_same_loss_and_gradients(masked, conv_
     with torch.no_grad():
         got = gm(*inputs)
     assert len(got) == len(reference)
-    for g, r in zip(got, reference):
+    for g, r in zip(got, reference, strict=True):
         if r is None:
             assert g is None
         else:

@@ -37,7 +37,7 @@ def conv_calls(draw):
 @settings(max_examples=25, deadline=None)
 @given(conv_calls(), st.sampled_from(["im2col", "fft"]))
 def test_conv_formula_equals_tracker(calls, variant):
-    for target, args in zip((CONV, CONV_BACKWARD), calls):
+    for target, args in zip((CONV, CONV_BACKWARD), calls, strict=True):
         measured, _ = measured_workspace(registry.implementation(target, variant), args, {})
         formula = registry.workspace_bytes(target, variant, arg_meta_of(args))
         assert formula == measured, f"{target} {variant}: formula {formula} != tracker {measured}"

@@ -28,7 +28,7 @@ def test_unknown_name_lists_valid_names():
     assert "vgg17" in message
     for name in zoo.names():
         assert name in message
-    assert "vgg16" in message.split("Valid names")[0]  # the close-match hint
+    assert "vgg16" in message.split("Valid names", maxsplit=1)[0]  # the close-match hint
 
 
 def test_unknown_option_lists_valid_options():

@@ -146,13 +146,14 @@ class _Builder:
             raise TypeError(f"output node {node.name} must return a tuple or list, got "
                              f"{type(values).__name__}")
         result: list[int] = []
-        for value, desc in zip(values, descs):
+        for value, desc in zip(values, descs, strict=False):
             if not isinstance(value, fx.Node):
                 continue
             tid = self.map.node_tensors[value]
             cls = type(desc).__name__
             if cls == "GradAOTOutput":
-                role, name = "grad", getattr(desc.grad_of, "target", f"input:{getattr(desc.grad_of, 'idx', '?')}")
+                fallback = f"input:{getattr(desc.grad_of, 'idx', '?')}"
+                role, name = "grad", getattr(desc.grad_of, "target", fallback)
                 self.tensors[tid].source = f"grad:{name}"
             elif cls == "InputMutationAOTOutput":
                 role, name = "buffer", getattr(desc.mutated_input, "target",
@@ -230,7 +231,7 @@ def _flops(node: fx.Node) -> float:
     if packet in flop_registry:
         try:
             return float(flop_registry[packet](*args, **kwargs, out_val=node.meta["val"]))
-        except Exception:  # a formula that does not cover this overload: fall back below
+        except Exception:  # noqa: BLE001 - a formula not covering this overload: fall back
             pass
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
@@ -259,8 +260,8 @@ def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
 def _mark_categories(graph: Graph) -> None:
     """Ops whose every output is a view of an input are VIEW, whatever their name says."""
     for op in graph.ops:
-        if op.outputs and all(graph.tensors[t].is_view for t in op.outputs):
-            if any(graph.tensors[t].storage in {graph.tensors[i].storage for i in op.inputs}
-                   for t in op.outputs):
-                op.category = OpCategory.VIEW
-                op.flops = 0.0
+        if op.outputs and all(graph.tensors[t].is_view for t in op.outputs) and any(
+                graph.tensors[t].storage in {graph.tensors[i].storage for i in op.inputs}
+                for t in op.outputs):
+            op.category = OpCategory.VIEW
+            op.flops = 0.0

@@ -43,6 +43,6 @@ def categorize(target: str) -> OpCategory:
                 if name in ("aten.t.default", "aten.numpy_t.default"):
                     return category
                 continue
-            if base == key or base.startswith(key + "_") or base.startswith("_" + key) or key in base:
+            if base == key or base.startswith((key + "_", "_" + key)) or key in base:
                 return category
     return OpCategory.OTHER

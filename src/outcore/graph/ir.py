@@ -35,7 +35,8 @@ class TensorKind(StrEnum):
 
 
 #: Kinds that exist before the step starts and are owned by the user (never freed by a plan).
-STATIC_KINDS = frozenset({TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.INPUT, TensorKind.TANGENT})
+STATIC_KINDS = frozenset({TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.INPUT,
+                          TensorKind.TANGENT})
 
 
 class Phase(StrEnum):

@@ -43,10 +43,9 @@ def storage_intervals(graph: Graph, order: Sequence[int]) -> dict[int, Interval]
     end = len(order) - 1
     outputs = set(graph.outputs)
     intervals: dict[int, Interval] = {}
-    for tid, (first, last) in tensor_uses(graph, order).items():
+    for tid, (first, last_use) in tensor_uses(graph, order).items():
         t = graph.tensors[tid]
-        if t.kind in STATIC_KINDS or tid in outputs:
-            last = end
+        last = end if t.kind in STATIC_KINDS or tid in outputs else last_use
         prev = intervals.get(t.storage)
         if prev is None:
             intervals[t.storage] = Interval(first, last)

@@ -106,9 +106,8 @@ def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
         for out in graph.ops[oid].outputs:
             defs[out].append(len(seq))
         seq.append(Compute(oid))
-        for out in graph.ops[oid].outputs:
-            if decisions.get(out) is Decision.OFFLOAD:
-                seq.append(Offload(out))
+        seq.extend(Offload(out) for out in graph.ops[oid].outputs
+                   if decisions.get(out) is Decision.OFFLOAD)
     resident = {t.id for t in tensors if decisions.get(t.storage) is None}
 
     def ensure(tid: int) -> None:
@@ -164,7 +163,7 @@ def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[in
             uses[ins.tensor].append(i)
     free_after: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for tid, starts in defs.items():
-        bounds = list(starts) + [len(seq)]
+        bounds = [*starts, len(seq)]
         for k, start in enumerate(starts):
             end = bounds[k + 1]
             if end == len(seq) and tid in never_free:

@@ -20,8 +20,14 @@ from typing import Any
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute, Schedule
-from outcore.variants.select import (Candidate, Step, memory_optimal, performance_optimal,
-                                     superneurons_fastest_fit, vdnn_dyn_greedy)
+from outcore.variants.select import (
+    Candidate,
+    Step,
+    memory_optimal,
+    performance_optimal,
+    superneurons_fastest_fit,
+    vdnn_dyn_greedy,
+)
 
 STRATEGIES = ("memory-optimal", "performance-optimal", "superneurons", "vdnn-greedy")
 

@@ -72,7 +72,8 @@ def variant_table(graph: Graph, options: Mapping[str, Any]) -> dict[int, list[st
     return table
 
 
-def candidates(graph: Graph, cost: Any, options: Mapping[str, Any]) -> dict[int, tuple[Candidate, ...]]:
+def candidates(graph: Graph, cost: Any,
+               options: Mapping[str, Any]) -> dict[int, tuple[Candidate, ...]]:
     """Op id -> priced candidates, framework first, for every op with a real choice."""
     if cost is None:
         return {}

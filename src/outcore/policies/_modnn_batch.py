@@ -55,7 +55,8 @@ class Footprint:
 
     @property
     def largest_task_fastest(self) -> int:
-        return max((b + w for b, w in zip(self.task_bytes, self.fastest_workspace)), default=0)
+        pairs = zip(self.task_bytes, self.fastest_workspace, strict=True)
+        return max((b + w for b, w in pairs), default=0)
 
     @property
     def minimum(self) -> int:

@@ -252,7 +252,8 @@ class ModnnScheduler:
                 if found is None:
                     continue
                 scheme, t_off = found[1], found[0][0]
-            gain = base.time_s - c.time_s - t_off - (delayed(c.workspace_bytes) - delayed(base.workspace_bytes))
+            extra_delay = delayed(c.workspace_bytes) - delayed(base.workspace_bytes)
+            gain = base.time_s - c.time_s - t_off - extra_delay
             key = (gain, -c.workspace_bytes)
             if best is None or key > (best[0], -best[2].workspace_bytes):
                 best = (gain, c.workspace_bytes, c, scheme)
@@ -272,7 +273,8 @@ class ModnnScheduler:
     def _next_prefetch_bytes(self, i: int) -> int:
         """Bytes the nearest later task with data on the host would prefetch (eq. 5's s)."""
         for s in range(i + 1, min(self.n, i + 1 + SEARCH_AHEAD)):
-            missing = [self.blocks[b].size for b in self.inputs_of[s] if self.blocks[b].where == HOST]
+            missing = [self.blocks[b].size for b in self.inputs_of[s]
+                       if self.blocks[b].where == HOST]
             if missing:
                 return sum(missing)
         return 0
@@ -347,7 +349,8 @@ class ModnnScheduler:
     def _slot_time(self, slot: int, now_slot: int) -> float:
         return self.T if slot >= now_slot else self.slots.end_time[slot]
 
-    def _offload_plan(self, b: Block, now_slot: int, free: float, last: int) -> tuple[int, float, float]:
+    def _offload_plan(self, b: Block, now_slot: int, free: float,
+                      last: int) -> tuple[int, float, float]:
         """(slot, start, end) of b's offload queued after a D2H engine at (free, last)."""
         slot = max(b.arrival_slot, last)
         start = max(self._slot_time(slot, now_slot), free)

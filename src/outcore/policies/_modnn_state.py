@@ -69,7 +69,7 @@ class Slots:
 
     def instructions(self) -> list[Instruction]:
         out: list[Instruction] = []
-        for pre, comp, post in zip(self.pre, self.compute, self.post):
+        for pre, comp, post in zip(self.pre, self.compute, self.post, strict=True):
             out += pre
             if comp is not None:
                 out.append(comp)

@@ -95,7 +95,7 @@ def classify(p: Profile, budget: float, *, step1_evaluations: int = 400,
              step2_evaluations: int = 3000, rule: SwapInRule = earliest_fit) -> Classification:
     """Run steps 0-2 (see the module docstring)."""
     search = _Search(p, budget, rule)
-    classes = {x: SWAP for x in p.features}
+    classes = dict.fromkeys(p.features, SWAP)
     profiling = search.run(classes)
     if not profiling.feasible:
         need = all_swap_minimum(p)

@@ -12,12 +12,13 @@ Used by PoocH and Dymem. ``outcore.plan.lower`` cannot express two things these 
 Three passes, like ``lower``'s: (1) the sequence: forward ops with an ``Offload`` after each
 swapped map's producer; backward ops, before each the copy-ins issued at that position
 (``issue_at``), then every input brought back: a swapped map by ``Wait(h2d)`` (or a
-just-in-time ``Prefetch``), anything else dropped by re-running its producer after its
-inputs (recursively; a re-made intermediate that no backward op reads is dropped again
-right after the op it was re-made for, a re-made feature map stays until its last use); (2) a ``Free`` after the last use of every residency (with
-``Wait(d2h)`` first when the residency was copied out); (3) each swapped map's forward
-``Wait(d2h)`` + ``Free`` moved later, to the start of position ``free_at[x]`` (never past
-its next definition). The result is verified by the caller.
+just-in-time ``Prefetch``), anything else dropped by re-running its producer after its inputs
+(recursively; a re-made intermediate that no backward op reads is dropped again right after
+the op it was re-made for, a re-made feature map stays until its last use); (2) a ``Free``
+after the last use of every residency (with ``Wait(d2h)`` first when the residency was copied
+out); (3) each swapped map's forward ``Wait(d2h)`` + ``Free`` moved later, to the start of
+position ``free_at[x]`` (never past its next definition). The result is verified by the
+caller.
 """
 
 from __future__ import annotations

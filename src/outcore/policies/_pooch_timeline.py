@@ -88,8 +88,10 @@ class Profile:
         self.features = self._features() if features is None else list(features)
         self.size = {x: graph.tensors[x].nbytes for x in self.features}
         self._uses()
-        self.out_time = {x: float(self.cost.transfer_time(self.size[x], "d2h")) for x in self.features}
-        self.in_time = {x: float(self.cost.transfer_time(self.size[x], "h2d")) for x in self.features}
+        self.out_time = {x: float(self.cost.transfer_time(self.size[x], "d2h"))
+                         for x in self.features}
+        self.in_time = {x: float(self.cost.transfer_time(self.size[x], "h2d"))
+                        for x in self.features}
         self.chains = {x: self._chain(x) for x in self.features}
         base = np.array(memory_per_step(graph, self.order), dtype=np.float64)
         for x in self.features:
@@ -139,7 +141,8 @@ class Profile:
         """The ops a recompute of ``x`` re-runs: its producer, and the producers of every
         dropped forward intermediate it reads, down to activations or static tensors."""
         g = self.graph
-        static = {t.storage for t in g.tensors if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
+        static = {t.storage for t in g.tensors
+                  if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
         ops: list[int] = []
         reads: list[int] = []
         seen: set[int] = set()
@@ -293,7 +296,7 @@ def _release_after_forward(p: Profile, cls: dict[int, str], ev: Evaluation, t: f
     late = [x for x in p.features if cls[x] == SWAP and x not in ev.free_at]
     if not late:
         return
-    starts = np.cumsum([t] + p.times[p.nf:-1]) if p.n > p.nf else np.array([t])
+    starts = np.cumsum([t, *p.times[p.nf:-1]]) if p.n > p.nf else np.array([t])
     for x in late:
         if sync_forward:
             ev.free_at[x] = p.nf

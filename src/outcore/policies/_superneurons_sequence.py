@@ -90,7 +90,8 @@ def compute_sequence(graph: Graph, order: Sequence[int], seg: Segmentation) -> l
     return insert_frees(graph, seq, defs)
 
 
-def insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]]) -> list[Instruction]:
+def insert_frees(graph: Graph, seq: list[Instruction],
+                 defs: dict[int, list[int]]) -> list[Instruction]:
     """Free each residency of each tensor after its last reader (step 4)."""
     keep = set(graph.outputs) | {t.id for t in graph.tensors if t.kind in STATIC_KINDS}
     uses: dict[int, list[int]] = defaultdict(list)
@@ -100,7 +101,7 @@ def insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]
                 uses[tid].append(i)
     free_after: dict[int, list[int]] = defaultdict(list)
     for tid, starts in defs.items():
-        bounds = starts + [len(seq)]
+        bounds = [*starts, len(seq)]
         reads = uses.get(tid, [])
         k = 0
         for n, start in enumerate(starts):

@@ -8,9 +8,10 @@ against the budget, when the offloadable checkpoint tensors leave and come back:
   list, front = most recently used. A layer locks the tensors it reads and writes. When an
   allocation (an op's outputs, a prefetch) does not fit the budget, ``LRU.out`` offloads the
   least recently used unlocked tensors until it fits (Offload, Wait d2h, Free; a tensor whose
-  host copy already exists is just freed, after its prefetch lands if one is in flight). A read of a tensor on the device moves it to the
-  front (hit); a read of an offloaded one brings it back (miss: Prefetch + Wait h2d). So data
-  moves only when device memory is insufficient; with no budget nothing moves.
+  host copy already exists is just freed, after its prefetch lands if one is in flight). A
+  read of a tensor on the device moves it to the front (hit); a read of an offloaded one
+  brings it back (miss: Prefetch + Wait h2d). So data moves only when device memory is
+  insufficient; with no budget nothing moves.
 * **Eager offloading** (``cache=False``, Sec. 3.3.1, what Fig. 10b and Table 3's "without
   Tensor Cache" measure): every offloadable tensor is copied to the host as soon as it is
   made, and freed once its forward readers are done and the next forward CONV layer has run

@@ -26,15 +26,15 @@ def movable_activations(graph: Graph) -> list[int]:
 def keep_all(graph: Graph) -> Plan:
     """Nothing freed during the step: the network-wide allocation peak."""
     return Plan(policy="keep-all", free_at_last_use=False,
-                reasons={t: "keep-all keeps every tensor for the whole step"
-                         for t in movable_activations(graph)})
+                reasons=dict.fromkeys(movable_activations(graph),
+                                      "keep-all keeps every tensor for the whole step"))
 
 
 def liveness(graph: Graph) -> Plan:
     """Keep every activation; free each tensor after its last use."""
     return Plan(policy="liveness",
-                reasons={t: "kept; freed after its last use in backward"
-                         for t in movable_activations(graph)})
+                reasons=dict.fromkeys(movable_activations(graph),
+                                      "kept; freed after its last use in backward"))
 
 
 def offload_all(graph: Graph) -> Plan:

@@ -9,5 +9,6 @@ register("liveness", "keep every activation, free each tensor at its last use")(
     from_plan(baseline.liveness))
 register("offload-all", "offload every activation backward reads; prefetch it back")(
     from_plan(baseline.offload_all))
-register("recompute-cheap", "recompute outputs of cheap ops (element-wise, norm, pool) in backward")(
+register("recompute-cheap",
+         "recompute outputs of cheap ops (element-wise, norm, pool) in backward")(
     from_plan(baseline.recompute_cheap))

@@ -19,11 +19,12 @@ Because everything is decided from the cost model, a PCIe profile and an NVLink 
 give different classifications (Table 3: slow links recompute more).
 
 Choices: "feature maps" are the activations at least 1/1024 of the largest one (batch-norm
-statistics and other small saved tensors are kept); the execution order is the capture order; without a budget the cost model's device
-memory is the budget. The classification is re-checked on the built Schedule with
-``outcore.plan.memory`` (the executor's rule); if the built schedule's peak exceeds the
-budget (the timeline is a model of it, not the schedule itself) the search is re-run
-against a budget lowered by the excess, up to ``options["retries"]`` (default 3) times.
+statistics and other small saved tensors are kept); the execution order is the capture order;
+without a budget the cost model's device memory is the budget. The classification is
+re-checked on the built Schedule with ``outcore.plan.memory`` (the executor's rule); if the
+built schedule's peak exceeds the budget (the timeline is a model of it, not the schedule
+itself) the search is re-run against a budget lowered by the excess, up to
+``options["retries"]`` (default 3) times.
 Search limits: ``options["step1_evaluations"]`` (400) and ``options["step2_evaluations"]``
 (3000) timeline simulations; ``options["features"]`` overrides the feature-map list.
 """

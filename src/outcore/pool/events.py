@@ -2,17 +2,17 @@
 
 ``blocks_from_schedule`` reads the rule's replay (``outcore.plan.residency.residency_steps``,
 which ``memory_curve`` samples too; steps are instruction indices): static storages
-(parameters, buffers, inputs, tangents) are resident from step 0; a storage is allocated at the instruction that makes its first tensor
-resident (a ``Compute`` of one of its tensors, or a ``Prefetch``); it is released by the
-``Free`` that drops its last resident tensor, so its block ends at the step before that
-``Free``; a storage resident at the end lives to the last step. A storage that is released and
-allocated again (offload then prefetch, drop then recompute) gives one block per residency.
-Two transients live for their instruction only: a recompute's duplicate of an output that is
-still resident (made, then dropped at once), and the workspace of the op's chosen variant
-(``workspace(op_id)``, by default read from ``schedule.variants`` as ``memory_curve`` does;
-pass ``lambda op: 0`` to leave workspace out). Hence, at every step, the bytes of the live
-blocks equal ``memory_curve(graph, schedule)``'s device sample (tested). Zero-byte storages
-give no block. Block ids follow allocation order.
+(parameters, buffers, inputs, tangents) are resident from step 0; a storage is allocated at
+the instruction that makes its first tensor resident (a ``Compute`` of one of its tensors, or
+a ``Prefetch``); it is released by the ``Free`` that drops its last resident tensor, so its
+block ends at the step before that ``Free``; a storage resident at the end lives to the last
+step. A storage that is released and allocated again (offload then prefetch, drop then
+recompute) gives one block per residency. Two transients live for their instruction only: a
+recompute's duplicate of an output that is still resident (made, then dropped at once), and
+the workspace of the op's chosen variant (``workspace(op_id)``, by default read from
+``schedule.variants`` as ``memory_curve`` does; pass ``lambda op: 0`` to leave workspace out).
+Hence, at every step, the bytes of the live blocks equal ``memory_curve(graph, schedule)``'s
+device sample (tested). Zero-byte storages give no block. Block ids follow allocation order.
 
 Mobility, by Dymem's Alg. 3 on the block's residency:
 
@@ -123,8 +123,8 @@ def _to_blocks(graph: Graph, closed: list[tuple[_Residency, int]],
             continue
         specs.append((res.start, res.seq, base.nbytes, end, res.storage,
                       _mobility(graph, res, computes), base.name))
-    for tr in transients:
-        specs.append((tr.start, tr.seq, tr.size, tr.start, -1, "temporary", tr.name))
+    specs.extend((tr.start, tr.seq, tr.size, tr.start, -1, "temporary", tr.name)
+                 for tr in transients)
     specs.sort()
     return [Block(id=k, size=size, start=start, end=end, mobility=mobility, name=name,
                   storage=storage)

@@ -39,8 +39,8 @@ class TimeIndex:
 
     def _ancestors(self, nodes: list[int]) -> set[int]:
         result: set[int] = set()
-        for node in nodes:
-            node >>= 1
+        for leaf in nodes:
+            node = leaf >> 1
             while node and node not in result:
                 result.add(node)
                 node >>= 1

@@ -33,7 +33,8 @@ def _table(headers: list[str], rows: list[list[Any]], table_id: str) -> str:
             cls = ' class="num"' if isinstance(cell, (int, float)) else ""
             cells.append(f"<td{cls}>{html.escape(str(cell))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return (f'<table id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
 
 
 def render_html(planned: Any, title: str) -> str:

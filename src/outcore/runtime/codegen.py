@@ -59,7 +59,9 @@ class Emitter:
             return f"v{tid}"
         if isinstance(value, (list, tuple)):
             inner = ", ".join(self.arg(v, oid, counter) for v in value)
-            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+            if isinstance(value, list):
+                return f"[{inner}]"
+            return f"({inner}{',' if len(value) == 1 else ''})"
         if value is None or isinstance(value, bool):
             return repr(value)
         name = f"k{oid}_{counter[0]}"
@@ -157,5 +159,5 @@ def generate(graph: Graph, schedule: Schedule,
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
     source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
     namespace = dict(em.globals)
-    exec(compile(source, f"<outcore step {graph.name}>", "exec"), namespace)  # noqa: S102
+    exec(compile(source, f"<outcore step {graph.name}>", "exec"), namespace)  # our generated code
     return GeneratedStep(fn=namespace["step"], source=source, static_ids=static)

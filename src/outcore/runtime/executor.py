@@ -144,8 +144,8 @@ class Executor:
         self.schedule = schedule
         self.step = step
         self.device: Device = device if device is not None else SyncCPUDevice()
-        self.generated: GeneratedStep = generate(graph, schedule,
-                                                 {**variant_impls(graph, schedule), **(impls or {})})
+        chosen = {**variant_impls(graph, schedule), **(impls or {})}
+        self.generated: GeneratedStep = generate(graph, schedule, chosen)
         self.capacity: int | None = getattr(self.device, "capacity", None)
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
@@ -158,8 +158,9 @@ class Executor:
         (one per instruction); ``StepResult.op_seconds`` lists the Computes among them as
         (op id, seconds): a profile taken inside a real step.
         ``StepResult.transfers`` is the device's transfer statistics for this step, when
-        the device keeps them (``stats()``). ``measure=False`` runs without the memory tracker (``peak_bytes`` is then 0); only
-        allowed on a device without a capacity to enforce.
+        the device keeps them (``stats()``). ``measure=False`` runs without the memory
+        tracker (``peak_bytes`` is then 0); only allowed on a device without a capacity to
+        enforce.
         """
         if not measure and self.capacity is not None:
             raise OutcoreError("measure=False would skip enforcing the device's capacity; "
@@ -197,7 +198,7 @@ class Executor:
         if len(marks) != len(instructions):
             raise OutcoreError(f"timed step made {len(marks)} runtime calls for "
                                f"{len(instructions)} instructions; codegen must make one each")
-        stamps = marks + [end]
+        stamps = [*marks, end]
         result.instruction_seconds = [stamps[i + 1] - stamps[i] for i in range(len(marks))]
         result.op_seconds = [(ins.op, result.instruction_seconds[i])
                              for i, ins in enumerate(instructions) if isinstance(ins, Compute)]

@@ -130,7 +130,7 @@ def generate_split(graph: Graph, schedule: Schedule,
     backward_src = _function("backward", "rt, env", [*em.lines, _returned(schedule.keep_at_end)])
     source = forward_src + "\n\n" + backward_src
     namespace = dict(em.globals)
-    exec(compile(source, f"<outcore split step {graph.name}>", "exec"), namespace)  # noqa: S102
+    exec(compile(source, f"<outcore split step {graph.name}>", "exec"), namespace)  # ours
     return SplitStep(forward=namespace["forward"], backward=namespace["backward"], cut=cut,
                      carried=carried, static_ids=static, source=source)
 

@@ -107,11 +107,11 @@ class SimResult:
         total = self.step_time or 1.0
         split = ", ".join(f"{k} {v * 1e3:.3f} ms ({100 * v / total:.1f}%)" for k, v in b.items())
         lines = [
-            f"step {self.step_time * 1e3:.3f} ms ({self.sub_batches} pass"
-            f"{'es' if self.sub_batches != 1 else ''}; cost model {self.cost_model})",
+            (f"step {self.step_time * 1e3:.3f} ms ({self.sub_batches} pass"
+             f"{'es' if self.sub_batches != 1 else ''}; cost model {self.cost_model})"),
             "  " + split,
-            f"  device peak {format_bytes(self.peak_bytes)} ({self.peak_bytes} B), average "
-            f"{format_bytes(self.average_bytes)}, host peak {format_bytes(self.host_peak_bytes)}",
+            (f"  device peak {format_bytes(self.peak_bytes)} ({self.peak_bytes} B), average "
+             f"{format_bytes(self.average_bytes)}, host peak {format_bytes(self.host_peak_bytes)}"),
             f"  moved d2h {format_bytes(self.bytes_d2h)}, h2d {format_bytes(self.bytes_h2d)}",
         ]
         return "\n".join(lines)

@@ -79,7 +79,7 @@ class _Replay:
         self.ops = ops
         shared = model.copy_engines < 2
         self.engines = {D2H: "copy", H2D: "copy"} if shared else {D2H: D2H, H2D: H2D}
-        self.engine_free = {name: 0.0 for name in self.engines.values()}
+        self.engine_free = dict.fromkeys(self.engines.values(), 0.0)
         self.now = 0.0
         self.stall = 0.0
         n_tensors = len(graph.tensors)

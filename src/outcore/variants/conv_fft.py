@@ -1,8 +1,9 @@
 """Convolution by FFT (cuDNN's "FFT" algorithm family), forward and both backward passes.
 
 Every pass works on a zero-padded plane of size ``P x Q >= (H + 2ph) x (W + 2pw)`` (rounded
-up to 2-3-5-smooth lengths, which FFTs do fast), large enough that the circular correlation/convolution of the DFT never wraps onto an index
-that is read (proof in ``workspace.conv_fft_plane``):
+up to 2-3-5-smooth lengths, which FFTs do fast), large enough that the circular
+correlation/convolution of the DFT never wraps onto an index that is read (proof in
+``workspace.conv_fft_plane``):
 
 * forward: ``Y = irfft2( sum_c rfft2(x_pad)[n,c] * conj(rfft2(w)[o,c]) )``, sampled at the
   strided output positions;

@@ -139,11 +139,13 @@ class ConvMeta:
 
     @property
     def ho(self) -> int:
-        return (self.h + 2 * self.padding[0] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+        span = self.dilation[0] * (self.kh - 1) + 1
+        return (self.h + 2 * self.padding[0] - span) // self.stride[0] + 1
 
     @property
     def wo(self) -> int:
-        return (self.w + 2 * self.padding[1] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+        span = self.dilation[1] * (self.kw - 1) + 1
+        return (self.w + 2 * self.padding[1] - span) // self.stride[1] + 1
 
 
 def conv_meta(target: str, arg_meta: Sequence[Any]) -> ConvMeta:

@@ -117,7 +117,7 @@ def _median_time(fn: Any, args: Sequence[Any], kwargs: dict[str, Any], repeats: 
 
 def _max_error(out: Any, ref: Any) -> float:
     worst = 0.0
-    for a, b in zip(_tensors(out), _tensors(ref)):
+    for a, b in zip(_tensors(out), _tensors(ref), strict=True):
         worst = max(worst, float((a.double() - b.double()).abs().max()) if a.numel() else 0.0)
     return worst
 

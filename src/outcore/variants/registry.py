@@ -24,8 +24,14 @@ from typing import Any
 
 from outcore.variants import support, workspace
 from outcore.variants.errors import VariantUnsupported
-from outcore.variants.meta import (CONV, CONV_BACKWARD, SDPA, SDPA_BACKWARD, attention_meta,
-                                   conv_meta)
+from outcore.variants.meta import (
+    CONV,
+    CONV_BACKWARD,
+    SDPA,
+    SDPA_BACKWARD,
+    attention_meta,
+    conv_meta,
+)
 
 FRAMEWORK = "framework"
 

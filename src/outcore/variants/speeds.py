@@ -24,13 +24,15 @@ DEFAULT_TABLE = Path(__file__).with_name("measured_cpu.json")
 
 def _plain(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
-        if len(value) in (2, 3) and isinstance(value[0], (tuple, list)) and isinstance(value[1], str):
+        if (len(value) in (2, 3) and isinstance(value[0], (tuple, list))
+                and isinstance(value[1], str)):
             return [[int(s) for s in value[0]], value[1].removeprefix("torch.")]
         return [_plain(v) for v in value]
     return value
 
 
-def meta_key(target: str, arg_meta: Sequence[Any], kwarg_meta: Mapping[str, Any] | None = None) -> str:
+def meta_key(target: str, arg_meta: Sequence[Any],
+             kwarg_meta: Mapping[str, Any] | None = None) -> str:
     """A canonical string for an op's shapes and scalars (strides ignored)."""
     kwargs = {k: _plain(v) for k, v in (kwarg_meta or {}).items()}
     return json.dumps([target, _plain(list(arg_meta)), kwargs], sort_keys=True)

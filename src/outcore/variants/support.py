@@ -12,9 +12,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outcore.variants.errors import VariantUnsupported
-from outcore.variants.meta import (CONV, CONV_BACKWARD, SDPA, SDPA_BACKWARD, AttentionMeta,
-                                   ConvMeta, TensorMeta, attention_meta, conv_meta,
-                                   tensor_meta)
+from outcore.variants.meta import (
+    CONV,
+    CONV_BACKWARD,
+    SDPA,
+    SDPA_BACKWARD,
+    AttentionMeta,
+    ConvMeta,
+    TensorMeta,
+    attention_meta,
+    conv_meta,
+    tensor_meta,
+)
 
 FLOAT_DTYPES = ("float32", "float64")
 
@@ -27,7 +36,7 @@ def _contiguous(t: TensorMeta) -> bool:
         expected.append(acc)
         acc *= size
     expected.reverse()
-    return all(size == 1 or s == e for size, s, e in zip(t.shape, t.stride, expected))
+    return all(size == 1 or s == e for size, s, e in zip(t.shape, t.stride, expected, strict=True))
 
 
 def conv_refusal(target: str, variant: str, m: ConvMeta,

@@ -64,10 +64,10 @@ def fast_fft_length(n: int) -> int:
 def conv_fft_plane(m: ConvMeta) -> tuple[int, int]:
     """The DFT plane: ``(H + 2ph, W + 2pw)`` each rounded up by ``fast_fft_length``.
 
-    ``H + 2ph`` suffices, and any larger plane too: the linear correlation of the padded input with the kernel, the linear
-    convolution of the stride-dilated dY (at most H + 2ph - kh + 1 long) with the kernel
-    (length H + 2ph), and the correlation giving dW at lags 0..kh-1 all fit in P without a
-    wrapped term landing on an index that is read. Same for Q.
+    ``H + 2ph`` suffices, and any larger plane too: the linear correlation of the padded input
+    with the kernel, the linear convolution of the stride-dilated dY (at most H + 2ph - kh + 1
+    long) with the kernel (length H + 2ph), and the correlation giving dW at lags 0..kh-1 all
+    fit in P without a wrapped term landing on an index that is read. Same for Q.
     """
     return (fast_fft_length(m.h + 2 * m.padding[0]), fast_fft_length(m.w + 2 * m.padding[1]))
 

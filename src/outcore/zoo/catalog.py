@@ -17,8 +17,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from outcore.zoo import (alexnet, densenet, fcn, googlenet, inception, mlp, resnet, resnext3d,
-                         transformer, vgg)
+from outcore.zoo import (
+    alexnet,
+    densenet,
+    fcn,
+    googlenet,
+    inception,
+    mlp,
+    resnet,
+    resnext3d,
+    transformer,
+    vgg,
+)
 from outcore.zoo.inputs import (
     Batch,
     clip_batch,
@@ -69,7 +79,7 @@ def _vgg_entries() -> list[Entry]:
     small = {**SMALL, "width": 1 / 16}
     out = [
         _image(f"vgg{n}", f"VGG-{n} (Simonyan & Zisserman 2015), conv groups {groups}",
-               partial(vgg.build_vgg, groups=groups), opts, small)  # fmt: skip
+               partial(vgg.build_vgg, groups=groups), opts, small)
         for n, groups in vgg.CONFIGS.items()
     ]
     deep = [(101, 19, "moDNN's VGG-101, a deepened VGG-19")]
@@ -111,15 +121,15 @@ def _resnet_entries() -> list[Entry]:
     out = [
         _image(f"resnet{depth}", f"ResNet-{depth} (He et al. 2016), {block} blocks {stages}",
                partial(resnet.build_resnet, block=block, stages=stages), dict(IMAGENET),
-               {**SMALL, "width": 1 / 8})  # fmt: skip
+               {**SMALL, "width": 1 / 8})
         for depth, (block, stages) in resnet.IMAGENET.items()
     ]
     cifar = {"image_size": 32, "num_classes": 10, "width": 1.0, "batchnorm": True}
-    for depth in (20, 32, 56, 110):
-        out.append(_image(f"resnet{depth}-cifar",
-                          f"CIFAR ResNet-{depth} (He et al. 2016 §4.2), option-A shortcuts",
-                          partial(resnet.build_resnet_cifar, depth=depth), cifar,
-                          {"image_size": 16, "width": 0.25}))  # fmt: skip
+    out.extend(_image(f"resnet{depth}-cifar",
+                      f"CIFAR ResNet-{depth} (He et al. 2016 §4.2), option-A shortcuts",
+                      partial(resnet.build_resnet_cifar, depth=depth), cifar,
+                      {"image_size": 16, "width": 0.25})
+               for depth in (20, 32, 56, 110))  # fmt: skip
     out.append(_image("resnet-units",
                       "bottleneck ResNet of `units` residual units, depth 3·units+2, stages "
                       "(6, 32, units-44, 6) (SuperNeurons Table 4); 833 units = its ResNet2500",

@@ -34,7 +34,7 @@ def scale(channels: int, width: float, multiple: int = 1) -> int:
     ``width`` is the zoo's width multiplier; 1.0 gives the published channel counts exactly.
     """
     scaled = max(1.0, channels * width / multiple)
-    return max(multiple, int(round(scaled)) * multiple)
+    return max(multiple, round(scaled) * multiple)
 
 
 def conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0, ceil: bool = False) -> int:

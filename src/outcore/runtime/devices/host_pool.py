@@ -91,8 +91,9 @@ class HostPool:
     """Segments from ``allocate(nbytes)`` (e.g. pinned), carved by ``OffsetAllocator``.
 
     The first segment has ``segment_bytes``; when nothing fits, a new segment of
-    ``max(segment_bytes, 2 * largest so far, nbytes rounded up to alignment)`` is added. ``segments_allocated`` counts
-    calls to ``allocate``, the expensive operation this pool exists to avoid repeating.
+    ``max(segment_bytes, 2 * largest so far, nbytes rounded up to alignment)`` is added.
+    ``segments_allocated`` counts calls to ``allocate``, the expensive operation this pool
+    exists to avoid repeating.
     """
 
     def __init__(self, segment_bytes: int, allocate: Callable[[int], torch.Tensor],

@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-from models import MODELS, make
 
 import outcore
 from outcore.errors import InfeasibleBudgetError
@@ -13,6 +12,8 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision
 from outcore.policies.auto import plan_auto
 from outcore.runtime.executor import Executor
+
+from models import MODELS, make
 
 
 class TableCost:
@@ -54,7 +55,7 @@ def test_fits_a_tighter_budget_with_eager_gradients(name):
     torch.manual_seed(1)
     loss_fn(reference(batch[0]), batch[1]).backward()
     assert result.peak_bytes == predicted_peak(graph, schedule) <= budget
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     assert all(plan.reasons[t] for t in plan.decisions)
 

@@ -97,7 +97,8 @@ class _Pricer:
     def transfer(self, nbytes: int) -> float:
         if self.cost is None:
             return nbytes / 12e9 * 2
-        return float(self.cost.transfer_time(nbytes, "d2h") + self.cost.transfer_time(nbytes, "h2d"))
+        cost = self.cost
+        return float(cost.transfer_time(nbytes, "d2h") + cost.transfer_time(nbytes, "h2d"))
 
     def price(self, tid: int, dropped: dict[int, Decision]) -> Choice:
         t = self.graph.tensors[tid]
@@ -259,8 +260,9 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
         return None
     _, name, chosen = min(scored, key=lambda item: item[0])
     if name != "outcore-auto":
-        others = ", ".join(f"{n} {t * 1e3:.2f} ms" for t, n, _ in sorted(scored, key=lambda i: i[0]))
-        for tid in list(chosen.plan.reasons) or [t for t in chosen.plan.decisions]:
+        ranked = sorted(scored, key=lambda i: i[0])
+        others = ", ".join(f"{n} {t * 1e3:.2f} ms" for t, n, _ in ranked)
+        for tid in list(chosen.plan.reasons) or list(chosen.plan.decisions):
             chosen.plan.reasons[tid] = (f"{chosen.plan.reasons.get(tid, 'decided')} [outcore-auto "
                                         f"took {name}'s plan: fastest that fits ({others})]")
         chosen.plan.policy = f"outcore-auto ({name})"

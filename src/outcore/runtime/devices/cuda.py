@@ -1,7 +1,8 @@
 """The CUDA backend of the Device interface: copy streams, events, a pinned host pool.
 
 Importing this module never touches CUDA; constructing ``CudaDevice`` without a usable GPU
-raises ``OutcoreError`` saying what to use instead.
+raises ``OutcoreError`` saying what to use instead. docs/cuda.md lists the PyTorch
+semantics this relies on and what the emulated device does not check.
 
 Streams: compute work runs on the current stream (read at every call, so an executor that
 runs under ``torch.cuda.stream(s)`` is followed); copies run on one D2H and one H2D stream.
@@ -14,10 +15,17 @@ Discipline, so that no memory is reused while a copy still reads or writes it:
 * Prefetch: the device tensor is allocated on the compute stream (counted by the tracker);
   the H2D stream waits on an event recorded after that allocation (the block may still be
   in use by earlier compute work) and on the D2H copy of the same tensor, then copies; the
-  destination is ``record_stream``-ed on the H2D stream. ``wait_prefetch`` makes the compute
-  stream wait on the copy's event (no host blocking).
-* Host copies live in a pinned ``HostPool`` (few big page-locked segments, carved by
-  offsets); a slot is reused only after the events of every copy touching it completed.
+  destination is ``record_stream``-ed on the H2D stream.
+* Waits make the compute stream wait on the copy's end event (no host blocking); with
+  ``timing`` on, events on the compute stream just before and after measure how long it
+  stood still (the exposed transfer time, ``TransferStats.*.blocked_s``).
+* Host copies live in a ``HostPool`` of page-locked segments carved by offsets: each segment
+  is a plain host allocation pinned with ``cudaHostRegister`` for exactly its size (not
+  ``pin_memory=True``, whose caching host allocator rounds every block up to a power of
+  two). ``reserve_host(sizes)`` sizes the pool from the plan before the first step. A slot
+  is reused only after the events of every copy touching it completed (``SlotLedger``).
+* Host-side work (segments, slot views, the copy calls) runs outside the caller's dispatch
+  modes, so the executor's ``MemoryTracker`` counts only device storages.
 
 Memory accounting: the tracker counts storages as on any device, with ``capacity`` checked
 against ``torch.cuda.mem_get_info`` at construction; a real CUDA out-of-memory during a
@@ -30,30 +38,26 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from outcore.errors import DeviceOutOfMemory, OutcoreError, ScheduleError
-from outcore.runtime.devices.copy_engine import Direction
-from outcore.runtime.devices.host_pool import HostPool, HostSlot
-from outcore.runtime.devices.stats import DirectionStats, TransferStats
+from outcore.runtime.devices.cuda_events import (
+    CopyLedger,
+    CopyRecord,
+    Direction,
+    Event,
+    SlotLedger,
+    WaitRecord,
+)
+from outcore.runtime.devices.host_pool import HostPool, HostSlot, align_up
+from outcore.runtime.devices.stats import TransferStats
 from outcore.runtime.devices.storage import TensorLayout, byte_view
 from outcore.runtime.tracker import MemoryTracker
 
-#: Default size of the first pinned host segment.
-DEFAULT_HOST_POOL_BYTES = 1 << 30
-
-
-@dataclass(eq=False)
-class _Copy:
-    """One asynchronous copy: timing events recorded on its stream around it."""
-
-    direction: Direction
-    nbytes: int
-    start: torch.cuda.Event
-    end: torch.cuda.Event
-
-    def seconds(self) -> float | None:
-        """Duration once the copy has completed, else None."""
-        return self.start.elapsed_time(self.end) / 1e3 if self.end.query() else None
+#: Size of the first pinned host segment when nothing was reserved.
+DEFAULT_HOST_POOL_BYTES = 64 << 20
+#: Offset alignment of host slots (a cache line; copies of any alignment are correct).
+HOST_ALIGNMENT = 64
 
 
 @dataclass(eq=False)
@@ -62,12 +66,32 @@ class _Host:
 
     layout: TensorLayout
     slot: HostSlot
-    offload: _Copy
-    readers: list[torch.cuda.Event] = field(default_factory=list)
+    offload: CopyRecord
+    readers: list[Event] = field(default_factory=list)
 
 
-def _pinned(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+def pin_exact(nbytes: int) -> torch.Tensor:
+    """A host buffer of exactly ``nbytes`` (to the page), page-locked with cudaHostRegister.
+
+    Falls back to ``pin_memory=True`` (power-of-two rounding) when this torch build has no
+    ``cudaHostRegister`` binding."""
+    cudart = torch.cuda.cudart()
+    register = getattr(cudart, "cudaHostRegister", None)
+    if register is None:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    status = int(register(buffer.data_ptr(), nbytes, 0))
+    if status != 0:
+        raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
+                           f"CUDA error {status}; lower host_budget= or free host memory")
+    return buffer
+
+
+def unpin_exact(buffer: torch.Tensor) -> None:
+    """Undo ``pin_exact`` (a no-op for a ``pin_memory=True`` buffer)."""
+    unregister = getattr(torch.cuda.cudart(), "cudaHostUnregister", None)
+    if unregister is not None:
+        unregister(buffer.data_ptr())
 
 
 class CudaDevice:
@@ -77,13 +101,22 @@ class CudaDevice:
         capacity: device bytes the tracker allows (None: unbounded, still counted); must
             not exceed what the GPU has free.
         index: CUDA device index (default: the current device).
-        host_pool_bytes: size of the first pinned host segment.
+        host_pool_bytes: size of the first pinned host segment when ``reserve_host`` was not
+            called (the pool grows by doubling past it).
+        host_limit: bytes the pinned pool may hold in all (None: no limit); a growth past it
+            raises ``outcore.host.HostOutOfMemory``.
+        timing: record timing events around copies and Waits (busy and exposed seconds).
+        copy_delay_cycles: before every copy, spin the copy stream for this many GPU clock
+            cycles (``torch.cuda._sleep``): a deliberately slow copy engine, for race tests.
+        poison: fill each prefetched buffer with NaN (integers: 0xFF bytes) on the compute
+            stream before its copy, so a read before ``wait_prefetch`` sees poison.
     """
 
     name = "cuda"
 
     def __init__(self, capacity: int | None = None, *, index: int | None = None,
-                 host_pool_bytes: int = DEFAULT_HOST_POOL_BYTES) -> None:
+                 host_pool_bytes: int = DEFAULT_HOST_POOL_BYTES, host_limit: int | None = None,
+                 timing: bool = True, copy_delay_cycles: int = 0, poison: bool = False) -> None:
         if not torch.cuda.is_available():
             raise OutcoreError(
                 "CudaDevice needs a CUDA build of PyTorch and a visible GPU, but "
@@ -99,14 +132,17 @@ class CudaDevice:
                 raise DeviceOutOfMemory(f"<capacity of {self.device}>", capacity,
                                         free + cached, total)
         self.tracker = MemoryTracker(capacity)
+        self.timing = timing
+        self.copy_delay_cycles = copy_delay_cycles
+        self.poison = poison
         self._streams = {"d2h": torch.cuda.Stream(self.device),
                          "h2d": torch.cuda.Stream(self.device)}
-        self._pool = HostPool(host_pool_bytes, _pinned)
+        self.pool = HostPool(host_pool_bytes, pin_exact, HOST_ALIGNMENT, release=unpin_exact,
+                             limit=host_limit)
         self._host: dict[int, _Host] = {}
-        self._prefetches: dict[int, _Copy] = {}
-        self._retired: list[tuple[HostSlot, list[torch.cuda.Event]]] = []
-        self._copies: list[_Copy] = []  # copies not yet folded into _totals
-        self._totals = {"d2h": DirectionStats(), "h2d": DirectionStats()}
+        self._prefetches: dict[int, CopyRecord] = {}
+        self._slots: SlotLedger[HostSlot] = SlotLedger(self.pool.free)
+        self._ledger = CopyLedger()
 
     @property
     def capacity(self) -> int | None:
@@ -116,18 +152,27 @@ class CudaDevice:
     def compute_stream(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
 
+    def reserve_host(self, sizes: list[int]) -> int:
+        """Pin, now, one segment holding host copies of ``sizes`` bytes (a plan's offloads,
+        see ``PlannedStep.host_sizes``); returns the bytes reserved."""
+        total = sum(align_up(n, HOST_ALIGNMENT) for n in sizes)
+        with _disable_current_modes():
+            self.pool.reserve(total)
+        return total
+
     # -- offload -----------------------------------------------------------------------------
     def start_offload(self, tid: int, t: torch.Tensor, name: str = "") -> None:
         """Queue a D2H copy of ``t``'s storage into a pinned slot, after its producer."""
         if t.device != self.device:
             raise ValueError(f"tensor {name or tid} is on {t.device}, not {self.device}")
-        layout = TensorLayout.of(t)
-        slot = self._slot(layout.nbytes)
-        src = byte_view(t.untyped_storage())
-        stream = self._streams["d2h"]
-        copy = self._launch("d2h", layout.nbytes, stream, [self._mark()],
-                            dst=slot.view, src=src)
-        src.record_stream(stream)
+        with _disable_current_modes():
+            layout = TensorLayout.of(t)
+            slot = self._slot(layout.nbytes)
+            src = byte_view(t.untyped_storage())
+            stream = self._streams["d2h"]
+            copy = self._launch("d2h", layout.nbytes, stream, [self._mark()],
+                                dst=slot.view, src=src)
+            src.record_stream(stream)
         old = self._host.pop(tid, None)
         if old is not None:
             self._retire(old)
@@ -139,7 +184,7 @@ class CudaDevice:
         if entry is None:
             raise ScheduleError(f"wait for the offload of tensor {tid}, but none was started; "
                                 "an Offload must come before its Wait")
-        self.compute_stream.wait_event(entry.offload.end)
+        self._wait("d2h", entry.offload.end)
 
     def release(self, tid: int, t: torch.Tensor, last_alias: bool) -> None:
         """Nothing to do: ``record_stream`` already keeps an in-flight source alive."""
@@ -153,18 +198,21 @@ class CudaDevice:
                                 "a Prefetch must follow the tensor's Offload")
         layout = entry.layout
         self.tracker.naming = name
-        try:
+        try:  # the one allocation the tracker must see
             raw = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
         except torch.cuda.OutOfMemoryError as exc:
             free, total = torch.cuda.mem_get_info(self.device)
             raise DeviceOutOfMemory(name, layout.nbytes, free, total) from exc
         storage = raw.untyped_storage()
         del raw
-        dst = byte_view(storage)
-        stream = self._streams["h2d"]
-        copy = self._launch("h2d", layout.nbytes, stream, [self._mark(), entry.offload.end],
-                            dst=dst, src=entry.slot.view)
-        dst.record_stream(stream)
+        with _disable_current_modes():
+            dst = byte_view(storage)
+            if self.poison:
+                _poison(dst, layout.dtype)
+            stream = self._streams["h2d"]
+            copy = self._launch("h2d", layout.nbytes, stream,
+                                [self._mark(), entry.offload.end], dst=dst, src=entry.slot.view)
+            dst.record_stream(stream)
         entry.readers.append(copy.end)
         self._prefetches[tid] = copy
         return layout.view(storage)
@@ -175,7 +223,7 @@ class CudaDevice:
         if copy is None:
             raise ScheduleError(f"wait for the prefetch of tensor {tid}, but none was started; "
                                 "a Prefetch must come before its Wait")
-        self.compute_stream.wait_event(copy.end)
+        self._wait("h2d", copy.end)
 
     # -- housekeeping ------------------------------------------------------------------------
     def drop_host(self, tid: int) -> None:
@@ -188,28 +236,29 @@ class CudaDevice:
     def synchronize(self) -> None:
         """Block the host until every stream of the device is idle."""
         torch.cuda.synchronize(self.device)
-        self._reclaim(block=False)
-        self._fold()
+        self._slots.reclaim(block=False)
+        self._ledger.fold()
 
     def host_bytes(self) -> int:
         return sum(e.layout.nbytes for e in self._host.values())
 
     def stats(self) -> TransferStats:
-        """Bytes and copy-stream seconds of the completed copies (blocked time is not
-        observable without a profiler: the compute stream waits on the GPU, not the host)."""
-        self._fold()
-        return TransferStats(self._totals["d2h"], self._totals["h2d"])
+        """Bytes, copy-stream busy seconds and compute-stream stall seconds (``blocked_s``)
+        of the completed copies and Waits, from CUDA timing events (zero with
+        ``timing=False``, except bytes and copies)."""
+        return self._ledger.snapshot()
 
     def reset_stats(self) -> None:
-        self._fold()
-        self._totals = {"d2h": DirectionStats(), "h2d": DirectionStats()}
+        self._ledger.fold()
+        self._ledger.reset()
 
     def close(self) -> None:
-        """Wait for the copies in flight and give the host slots back."""
+        """Wait for the copies in flight, give the host slots back and unpin the pool."""
         self.synchronize()
         for tid in list(self._host):
             self.drop_host(tid)
-        self._reclaim(block=True)
+        self._slots.reclaim(block=True)
+        self.pool.close()
 
     def __enter__(self) -> Self:
         return self
@@ -218,61 +267,58 @@ class CudaDevice:
         self.close()
 
     # -- internals ---------------------------------------------------------------------------
+    def _event(self) -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=self.timing)
+
     def _mark(self) -> torch.cuda.Event:
         """An event at the current point of the compute stream."""
         event = torch.cuda.Event()
         event.record(self.compute_stream)
         return event
 
-    def _launch(self, direction: Direction, nbytes: int, stream: torch.cuda.Stream,
-                after: list[torch.cuda.Event], dst: torch.Tensor,
-                src: torch.Tensor) -> _Copy:
-        for event in after:
-            stream.wait_event(event)
-        copy = _Copy(direction, nbytes, torch.cuda.Event(enable_timing=True),
-                     torch.cuda.Event(enable_timing=True))
-        copy.start.record(stream)
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-        copy.end.record(stream)
-        self._copies.append(copy)
-        return copy
+    def _wait(self, direction: Direction, end: Event) -> None:
+        compute = self.compute_stream
+        if not self.timing:
+            compute.wait_event(end)  # type: ignore[arg-type]
+            return
+        before, after = self._event(), self._event()
+        before.record(compute)
+        compute.wait_event(end)  # type: ignore[arg-type]
+        after.record(compute)
+        self._ledger.waited(WaitRecord(direction, before, after))
 
-    def _fold(self) -> None:
-        """Move completed copies from ``_copies`` into the running totals."""
-        pending = []
-        for copy in self._copies:
-            seconds = copy.seconds()
-            if seconds is None:
-                pending.append(copy)
-                continue
-            old = self._totals[copy.direction]
-            self._totals[copy.direction] = DirectionStats(
-                bytes=old.bytes + copy.nbytes, copies=old.copies + 1,
-                busy_s=old.busy_s + seconds)
-        self._copies = pending
+    def _launch(self, direction: Direction, nbytes: int, stream: torch.cuda.Stream,
+                after: list[Event], dst: torch.Tensor, src: torch.Tensor) -> CopyRecord:
+        for event in after:
+            stream.wait_event(event)  # type: ignore[arg-type]
+        start, end = self._event(), self._event()
+        with torch.cuda.stream(stream):
+            if self.copy_delay_cycles:
+                torch.cuda._sleep(self.copy_delay_cycles)
+            start.record(stream)
+            dst.copy_(src, non_blocking=True)
+            end.record(stream)
+        copy = CopyRecord(direction, nbytes, start, end)
+        self._ledger.copied(copy)
+        return copy
 
     def _slot(self, nbytes: int) -> HostSlot:
         """A pinned slot: reuse retired slots whose copies are done, block on the others
         before growing the pool."""
-        self._reclaim(block=False)
-        slot = self._pool.try_alloc(nbytes)
-        if slot is None and self._retired:
-            self._reclaim(block=True)
-            slot = self._pool.try_alloc(nbytes)
-        return slot if slot is not None else self._pool.alloc(nbytes)
+        self._slots.reclaim(block=False)
+        slot = self.pool.try_alloc(nbytes)
+        if slot is None and len(self._slots):
+            self._slots.reclaim(block=True)
+            slot = self.pool.try_alloc(nbytes)
+        return slot if slot is not None else self.pool.alloc(nbytes)
 
     def _retire(self, entry: _Host) -> None:
-        self._retired.append((entry.slot, [entry.offload.end, *entry.readers]))
+        self._slots.retire(entry.slot, [entry.offload.end, *entry.readers])
 
-    def _reclaim(self, block: bool) -> None:
-        keep = []
-        for slot, events in self._retired:
-            if block:
-                for event in events:
-                    event.synchronize()
-            if all(event.query() for event in events):
-                self._pool.free(slot)
-            else:
-                keep.append((slot, events))
-        self._retired = keep
+
+def _poison(flat: torch.Tensor, dtype: torch.dtype) -> None:
+    """Fill a fresh device buffer with values no computation produces (NaN for floats)."""
+    if dtype.is_floating_point and flat.numel() % dtype.itemsize == 0:
+        flat.view(dtype).fill_(float("nan"))
+    else:
+        flat.fill_(0xFF)

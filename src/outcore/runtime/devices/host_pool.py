@@ -90,20 +90,32 @@ class HostSlot:
 class HostPool:
     """Segments from ``allocate(nbytes)`` (e.g. pinned), carved by ``OffsetAllocator``.
 
-    The first segment has ``segment_bytes``; when nothing fits, a new segment of
-    ``max(segment_bytes, 2 * largest so far, nbytes rounded up to alignment)`` is added.
-    ``segments_allocated`` counts calls to ``allocate``, the expensive operation this pool
-    exists to avoid repeating.
+    Sizing: ``reserve(nbytes)`` adds one segment of exactly ``nbytes`` (aligned) when no
+    segment has that much contiguous room, so a pool reserved for a plan's host peak (the
+    sum of its offloads, each aligned) never grows during the step and holds at most
+    ``host peak + (alignment - 1) x offloads`` bytes. Without a reservation, the first
+    segment has ``segment_bytes`` and, when nothing fits, a new segment of
+    ``max(segment_bytes, 2 * largest so far, nbytes rounded up to alignment)`` is added
+    (capped so that the pool stays within ``limit``). ``segments_allocated`` counts calls
+    to ``allocate``, the expensive operation this pool exists to avoid repeating.
+
+    ``limit`` (bytes, None: none) bounds the sum of the segments: a growth past it raises
+    ``HostOutOfMemory``. ``release(buffer)`` is called for every segment by ``close()``
+    (e.g. to unpin it).
     """
 
     def __init__(self, segment_bytes: int, allocate: Callable[[int], torch.Tensor],
-                 alignment: int = 256) -> None:
+                 alignment: int = 64, *, release: Callable[[torch.Tensor], None] | None = None,
+                 limit: int | None = None) -> None:
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
         self.segment_bytes = segment_bytes
         self.alignment = alignment
+        self.limit = limit
         self._allocate = allocate
+        self._release = release
         self._segments: list[tuple[torch.Tensor, OffsetAllocator]] = []
+        self.peak_used = 0
 
     @property
     def segments_allocated(self) -> int:
@@ -122,6 +134,7 @@ class HostPool:
         for i, (buffer, allocator) in enumerate(self._segments):
             offset = allocator.alloc(nbytes)
             if offset is not None:
+                self.peak_used = max(self.peak_used, self.used_bytes)
                 return HostSlot(i, offset, buffer[offset:offset + nbytes])
         return None
 
@@ -133,10 +146,36 @@ class HostPool:
         largest = max((a.size for _, a in self._segments), default=0)
         need = align_up(nbytes, self.alignment)
         size = max(self.segment_bytes, 2 * largest, need)
-        self._segments.append((self._allocate(size), OffsetAllocator(size, self.alignment)))
+        if self.limit is not None and self.capacity + size > self.limit:
+            size = need  # the least growth that serves this request
+        self._grow(size)
         slot = self.try_alloc(nbytes)
         assert slot is not None, "a fresh segment must fit the request"
         return slot
 
+    def reserve(self, nbytes: int) -> None:
+        """Make sure ``nbytes`` of contiguous room exist (one exact segment if not)."""
+        room = max((a.largest_free for _, a in self._segments), default=0)
+        if nbytes > 0 and room < nbytes:
+            self._grow(align_up(nbytes, self.alignment))
+
     def free(self, slot: HostSlot) -> None:
         self._segments[slot.segment][1].free(slot.offset)
+
+    def overhead(self) -> float:
+        """Bytes held over the most bytes ever in use (1.0: nothing wasted; inf: unused)."""
+        return self.capacity / self.peak_used if self.peak_used else float("inf")
+
+    def close(self) -> None:
+        """Give every segment back (through ``release``); the pool can be used again after."""
+        segments, self._segments = self._segments, []
+        for buffer, _ in segments:
+            if self._release is not None:
+                self._release(buffer)
+
+    def _grow(self, size: int) -> None:
+        if self.limit is not None and self.capacity + size > self.limit:
+            from outcore.host import HostOutOfMemory
+
+            raise HostOutOfMemory(size, self.capacity, self.limit)
+        self._segments.append((self._allocate(size), OffsetAllocator(size, self.alignment)))

@@ -23,7 +23,7 @@ from outcore.capture import capture
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
-from outcore.plan.memory import predicted_peak
+from outcore.plan.memory import MemoryTrace, memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.policies.registry import PolicyContext, get
@@ -31,6 +31,9 @@ from outcore.units import format_bytes, parse_bytes
 
 DEFAULT_GPU = "v100-pcie"
 DEFAULT_POLICY = "outcore-auto"
+#: ``host_budget`` default: this machine's limit (``outcore.host.host_limit``) for graphs
+#: that can run here; no host limit for fake graphs (sized for another machine).
+MACHINE = "machine"
 
 
 def cost_model_for(gpu: str | None) -> Any:
@@ -64,6 +67,12 @@ class PlannedStep:
         predicted_peak: device bytes at the schedule's peak (what the executor will measure).
         budget: the budget planned for, in bytes (None = unbounded).
         simulation: the simulated step on the cost model's GPU (a ``SimResult``), if any.
+        host_peak: host bytes the step's host copies hold at their peak (the sum of its
+            offloaded storages: nothing leaves the host before the step ends), known before
+            the step runs; the simulator's ``host_peak_bytes`` is the same number.
+        host_budget: the host limit planned for, in bytes (None = unbounded).
+        host_sizes: bytes of each Offload's storage, in schedule order (what a device's
+            pinned pool reserves: ``CudaDevice.reserve_host``).
     """
 
     graph: Graph
@@ -72,6 +81,9 @@ class PlannedStep:
     predicted_peak: int
     budget: int | None
     simulation: Any = None
+    host_peak: int = 0
+    host_budget: int | None = None
+    host_sizes: list[int] = field(default_factory=list)
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation: name, bytes, producer, decision and why (one dict per tensor)."""
@@ -95,7 +107,7 @@ class PlannedStep:
 def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
          gpu: str | None = None, cost: Any = None,
          recapture: Callable[[int], Graph] | None = None, simulate: bool = True,
-         **options: Any) -> PlannedStep:
+         host_budget: int | str | None = MACHINE, **options: Any) -> PlannedStep:
     """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
 
     Args:
@@ -106,11 +118,17 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         cost: a cost model to use instead of the GPU profile's analytic one.
         recapture: ``k -> Graph`` captured at batch/k, for policies that split the batch.
         simulate: also simulate the schedule on the cost model (fills ``.simulation``).
+        host_budget: host bytes the plan's host copies may hold (bytes or "64GiB"); None:
+            no limit; default: what this machine or its cgroup allows
+            (``outcore.host.host_limit``) when the graph can run here, no limit for a fake
+            graph. outcore-auto prefers plans that fit it.
         options: policy-specific options (see each policy's docstring).
 
     Raises:
         InfeasibleBudgetError: the budget is below what the policy can reach, or below the
             layer-wise lower bound (the message names the bound and what to change).
+        outcore.host.HostBudgetError (an InfeasibleBudgetError): the plan's host copies
+            exceed ``host_budget``.
         ValueError: unknown policy, or an unreadable budget.
     """
     limit = None if budget is None else parse_bytes(budget)
@@ -124,19 +142,55 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                 "That is the layer-wise lower bound (parameters, inputs and the largest single "
                 "op's tensors); no policy goes below it at this batch. Shrink the batch, let a "
                 "sub-batching policy (modnn) split it, or raise the budget.")
+    host_limit, host_source = _host_budget(graph, host_budget)
     model = cost if cost is not None else cost_model_for(gpu)
-    ctx = PolicyContext(budget=limit, cost=model, recapture=recapture, options=options)
+    ctx = PolicyContext(budget=limit, cost=model, recapture=recapture, options=options,
+                        host_budget=host_limit)
     out = info.fn(graph, ctx)
-    peak = predicted_peak(out.graph, out.schedule)
+    trace = memory_curve(out.graph, out.schedule)
+    peak = trace.peak
     if limit is not None and peak > limit:
         raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or cannot "
                                     "move enough; try policy='auto'.")
-    result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit)
+    host_peak = max(trace.host, default=0)
+    if host_limit is not None and host_peak > host_limit:
+        from outcore.host import HostBudgetError
+
+        raise HostBudgetError(name, host_limit, host_peak, host_source)
+    result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit, host_peak=host_peak,
+                         host_budget=host_limit, host_sizes=_offload_sizes(out.schedule, trace))
     if simulate:
         from outcore.sim import simulate as run_simulation
 
         result.simulation = run_simulation(out.graph, out.schedule, model)
     return result
+
+
+def _host_budget(graph: Graph, host_budget: int | str | None) -> tuple[int | None, str]:
+    """The host limit in bytes (None: none) and where it came from (see ``plan``)."""
+    if host_budget is None:
+        return None, ""
+    if host_budget != MACHINE:
+        return parse_bytes(host_budget), "host_budget="
+    step = graph.source
+    if step is None or getattr(step, "fake", True):
+        return None, ""
+    from outcore.host import host_limit
+
+    found = host_limit()
+    return found.bytes, found.source
+
+
+def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
+    """Bytes each Offload adds to the host, in schedule order (from the one memory rule)."""
+    from outcore.plan.schedule import Offload
+
+    sizes, before = [], 0
+    for ins, host in zip(schedule.instructions, trace.host, strict=True):
+        if isinstance(ins, Offload):
+            sizes.append(host - before)
+        before = host
+    return sizes
 
 
 @dataclass
@@ -207,7 +261,8 @@ class Trainer:
 
 def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
             budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
-            policy: str = "auto", **options: Any) -> Trainer:
+            policy: str = "auto", host_budget: int | str | None = MACHINE,
+            **options: Any) -> Trainer:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Args:
@@ -217,6 +272,9 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
             budget as its capacity and a copy engine per direction) or "cpu".
         gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth.
         policy: a name from ``outcore.policies()``; "auto" = outcore-auto.
+        host_budget: host bytes the host copies may hold (default: what this machine or its
+            cgroup allows; see ``plan``). On "cuda" the pinned host pool is reserved for the
+            plan's host copies at once and never grows past this budget.
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` trains one step.
@@ -232,8 +290,12 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
         return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
 
     planned = plan(graph, limit, policy=policy, gpu=gpu, recapture=recapture, simulate=False,
-                   **options)
+                   host_budget=host_budget, **options)
     dev = make_device(device, capacity=limit, gpu=gpu if device == "cpu-emulated" else None)
+    reserve = getattr(dev, "reserve_host", None)
+    if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
+        dev.pool.limit = planned.host_budget  # type: ignore[attr-defined]
+        reserve(planned.host_sizes)
     return Trainer(model, planned, dev, limit)
 
 

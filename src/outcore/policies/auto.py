@@ -229,6 +229,17 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 PORTFOLIO = ("vdnn-dyn", "superneurons", "modnn", "pooch", "dymem", "offload-all")
 
 
+#: Tried as well when a host budget is given: plans that move nothing to the host.
+HOST_SPARING = ("recompute-cheap",)
+
+
+def _fits_host(out: PolicyOutput, ctx: PolicyContext) -> bool:
+    """Whether the plan's host copies fit ``ctx.host_budget`` (always, without one)."""
+    if ctx.host_budget is None:
+        return True
+    return max(memory_curve(out.graph, out.schedule).host, default=0) <= ctx.host_budget
+
+
 def _simulated(graph: Graph, schedule: Schedule, cost: CostModel) -> float:
     from outcore.sim import simulate
 
@@ -241,9 +252,9 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
     from outcore.policies.registry import get
 
     scored: list[tuple[float, str, PolicyOutput]] = []
-    if best is not None:
+    if best is not None and _fits_host(best, ctx):
         scored.append((_simulated(best.graph, best.schedule, ctx.cost), "outcore-auto", best))
-    for name in PORTFOLIO:
+    for name in PORTFOLIO + (HOST_SPARING if ctx.host_budget is not None else ()):
         try:
             out = get(name).fn(graph, ctx)
         except (OutcoreError, ValueError):
@@ -254,6 +265,8 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
             out.schedule = dataclasses.replace(out.schedule, variants={})
             out.plan.variants = {}
         if ctx.budget is not None and memory_curve(out.graph, out.schedule).peak > ctx.budget:
+            continue
+        if not _fits_host(out, ctx):
             continue
         scored.append((_simulated(out.graph, out.schedule, ctx.cost), name, out))
     if not scored:
@@ -284,8 +297,10 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     if ctx.cost is None or ctx.budget is None or not ctx.options.get("portfolio", True):
         if own is None:
             raise error  # type: ignore[misc]
-        return own
+        return own  # a host budget it breaks is reported by outcore.plan (HostBudgetError)
     chosen = _portfolio(graph, ctx, own)
     if chosen is None:
+        if own is not None:
+            return own  # fits the device budget, not the host's: outcore.plan says so
         raise error  # type: ignore[misc]
     return chosen

@@ -30,6 +30,7 @@ class PolicyContext:
     cost: Any = None  # an outcore.cost.model.CostModel
     recapture: Callable[[int], Graph] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    host_budget: int | None = None  # bytes host copies may hold (None: no limit)
 
 
 @dataclass

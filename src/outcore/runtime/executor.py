@@ -59,7 +59,7 @@ class Runtime:
     def __init__(self, device: Device, tracker: MemoryTracker, timed: bool) -> None:
         self.device = device
         self.tracker = tracker
-        self.rng: dict[int, torch.Tensor] = {}
+        self.rng: dict[int, RngState] = {}
         self.timed = timed
         #: When timed: the time each instruction started. Generated code makes exactly one
         #: runtime call per instruction, in order, so mark i belongs to instruction i.
@@ -94,18 +94,34 @@ class Runtime:
 
     def save_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
         with _untracked():
-            self.rng[oid] = torch.get_rng_state()
+            self.rng[oid] = _rng_state()
         return fn()
 
     def replay_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
         with _untracked():
-            current = torch.get_rng_state()
-            torch.set_rng_state(self.rng[oid])
+            current = _rng_state()
+            _set_rng_state(self.rng[oid])
         try:
             return fn()
         finally:
             with _untracked():
-                torch.set_rng_state(current)
+                _set_rng_state(current)
+
+
+RngState = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _rng_state() -> RngState:
+    """The CPU generator's state and, once CUDA is in use, the current GPU's (dropout on a
+    CUDA tensor draws from the GPU's generator, so a recompute must replay that one)."""
+    gpu = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), gpu
+
+
+def _set_rng_state(state: RngState) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1])
 
 
 def variant_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., Any]]:

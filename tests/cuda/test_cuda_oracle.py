@@ -1,0 +1,71 @@
+"""The correctness oracle on a GPU: loss and gradients equal eager CUDA PyTorch's.
+
+* every zoo network (small) under keep (liveness), offload-all and recompute-cheap, on the
+  CUDA device with its copy streams: bit for bit, tracked peak == predicted peak;
+* four networks under every registered policy at 70% of the liveness peak: bit for bit,
+  except moDNN's sub-batches (a sum of sub-batch gradients, compared to 1e-4), and the
+  measured peak never above the budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import outcore
+import outcore.api
+from outcore import zoo
+from outcore.graph.bounds import reference_peaks
+from outcore.plan.lower import lower
+from outcore.plan.memory import predicted_peak
+from outcore.policies import baseline
+from outcore.runtime.devices.cuda import CudaDevice
+from outcore.runtime.executor import Executor
+
+from cuda_helpers import SEED, cuda_work, grads_close, grads_equal, run_planned
+
+BASELINES = [baseline.liveness, baseline.offload_all, baseline.recompute_cheap]
+EVERY_POLICY_ON = ["resnet18", "vgg11", "transformer", "densenet121"]
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_network_matches_eager_on_cuda(name: str) -> None:
+    work = cuda_work(name)
+    for policy in BASELINES:
+        schedule = lower(work.graph, policy(work.graph))
+        work.reset()
+        with CudaDevice() as device:
+            torch.manual_seed(SEED)
+            result = Executor(work.graph, schedule, device).run(work.batch)
+            stats = device.stats()
+        label = f"{name}/{policy.__name__}"
+        assert torch.equal(result.loss, work.loss), label
+        assert grads_equal(work) == [], label
+        assert result.peak_bytes == predicted_peak(work.graph, schedule), label
+        if policy is baseline.offload_all:
+            assert stats.d2h.bytes == stats.h2d.bytes > 0, label
+
+
+@pytest.mark.parametrize("name", EVERY_POLICY_ON)
+def test_every_policy_matches_eager_on_cuda(name: str) -> None:
+    work = cuda_work(name, batch_size=4)
+    budget = int(reference_peaks(work.graph).liveness * 0.7)
+    ran = []
+    for policy in outcore.policies():
+        try:
+            planned = outcore.api.plan(work.graph, budget, policy=policy, simulate=False,
+                                       recapture=None)
+        except (outcore.InfeasibleBudgetError, ValueError):
+            continue  # this policy cannot plan this budget (said at plan time, not a failure)
+        with CudaDevice(capacity=budget) as device:
+            result = run_planned(work, planned, device)
+        label = f"{name}/{policy}"
+        assert result.peak_bytes <= budget, label
+        if planned.plan.sub_batches > 1:
+            assert grads_close(work) == [], label
+        else:
+            assert torch.equal(result.loss, work.loss), label
+            assert grads_equal(work) == [], label
+            assert result.peak_bytes == planned.predicted_peak, label
+        ran.append(policy)
+    assert "outcore-auto" in ran and len(ran) >= 5, f"{name}: only {ran} could plan"

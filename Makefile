@@ -1,12 +1,14 @@
 # outcore: two commands on a fresh machine.
 #   make demo   trains a ResNet on the emulated device under a third of its in-core peak
 #   make test   lints (ruff), type-checks src/ (mypy) and runs the test suite (the default, fast
-#               set; slow tests are covered by benchmarks)
+#               set; slow tests are covered by benchmarks; tests/cuda skip without a GPU)
+#   make test-cuda  on a machine with an NVIDIA GPU: its own venv with torch 2.13's CUDA build
+#               and the CUDA suite (scripts/test_cuda.sh; docs/cuda.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test setup bench clean
+.PHONY: demo test test-cuda setup bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +26,9 @@ test: setup
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy src/outcore
 	$(PY) -m pytest
+
+test-cuda:
+	bash scripts/test_cuda.sh
 
 bench: setup
 	$(PY) benchmarks/run_all.py

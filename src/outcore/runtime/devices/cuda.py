@@ -34,6 +34,8 @@ prefetch is reported as ``DeviceOutOfMemory`` naming the tensor.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -58,6 +60,9 @@ from outcore.runtime.tracker import MemoryTracker
 DEFAULT_HOST_POOL_BYTES = 64 << 20
 #: Offset alignment of host slots (a cache line; copies of any alignment are correct).
 HOST_ALIGNMENT = 64
+#: cudaHostRegisterPortable: the pages count as pinned for every CUDA context, not only
+#: the current device's.
+_HOST_REGISTER_PORTABLE = 1
 
 
 @dataclass(eq=False)
@@ -80,7 +85,7 @@ def pin_exact(nbytes: int) -> torch.Tensor:
     if register is None:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     buffer = torch.empty(nbytes, dtype=torch.uint8)
-    status = int(register(buffer.data_ptr(), nbytes, 0))
+    status = int(register(buffer.data_ptr(), nbytes, _HOST_REGISTER_PORTABLE))
     if status != 0:
         raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
                            f"CUDA error {status}; lower host_budget= or free host memory")
@@ -143,6 +148,9 @@ class CudaDevice:
         self._prefetches: dict[int, CopyRecord] = {}
         self._slots: SlotLedger[HostSlot] = SlotLedger(self.pool.free)
         self._ledger = CopyLedger()
+        # Pinned pages must be unregistered before their memory is freed: if the device is
+        # dropped unclosed, this still waits for the copies and unpins (it holds no self).
+        self._finalizer = weakref.finalize(self, _release_pool, self.pool, self.device)
 
     @property
     def capacity(self) -> int | None:
@@ -258,7 +266,7 @@ class CudaDevice:
         for tid in list(self._host):
             self.drop_host(tid)
         self._slots.reclaim(block=True)
-        self.pool.close()
+        self._finalizer()
 
     def __enter__(self) -> Self:
         return self
@@ -314,6 +322,13 @@ class CudaDevice:
 
     def _retire(self, entry: _Host) -> None:
         self._slots.retire(entry.slot, [entry.offload.end, *entry.readers])
+
+
+def _release_pool(pool: HostPool, device: torch.device) -> None:
+    """Wait for every copy on the device, then unpin and drop the pool's segments."""
+    with contextlib.suppress(RuntimeError):  # CUDA torn down at exit: nothing in flight
+        torch.cuda.synchronize(device)
+    pool.close()
 
 
 def _poison(flat: torch.Tensor, dtype: torch.dtype) -> None:

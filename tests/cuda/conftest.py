@@ -27,7 +27,7 @@ REASON = (f"needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cud
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    mine = [item for item in items if here in Path(str(item.fspath)).parents]
+    mine = [item for item in items if here in item.path.parents]
     for item in mine:
         item.add_marker(pytest.mark.cuda)
     if HAS_CUDA or not mine:

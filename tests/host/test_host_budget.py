@@ -85,3 +85,27 @@ def test_compile_plans_within_the_host_budget_and_trains_like_eager(vgg) -> None
     assert torch.equal(loss, expected.detach())
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_the_host_peak_known_before_the_step_is_what_the_step_holds(vgg) -> None:
+    """Measured on the emulated device: the most host bytes its host copies held during a
+    step equals PlannedStep.host_peak, for plans that offload all or part."""
+    from outcore.runtime.devices import EmulatedDevice
+    from outcore.runtime.executor import Executor
+
+    _, _, batch, graph = vgg
+    budget = int(reference_peaks(graph).liveness * 0.6)
+    for planned in (outcore.api.plan(graph, None, policy="offload-all"),
+                    outcore.api.plan(graph, budget, policy="auto", host_budget=None)):
+        assert planned.host_peak > 0
+        held: list[int] = []
+        with EmulatedDevice(None, 2e9, 2e9) as device:
+            offload = device.start_offload
+
+            def recording(tid, t, name="", offload=offload, device=device, held=held):
+                offload(tid, t, name)
+                held.append(device.host_bytes())
+            device.start_offload = recording  # type: ignore[method-assign]
+            Executor(planned.graph, planned.schedule, device).run(batch, apply=False)
+        assert max(held) == planned.host_peak, planned.plan.policy
+        assert device.host_bytes() == 0, "the step's host copies are dropped at its end"

@@ -88,3 +88,16 @@ def test_a_slot_is_not_reused_while_its_copy_is_in_flight() -> None:
         dev.wait_prefetch(0)
         torch.cuda.synchronize()
         assert torch.equal(back, x + 1)
+
+
+def test_a_closed_device_has_unpinned_its_pool_and_refuses_work() -> None:
+    from outcore.errors import OutcoreError
+
+    x = torch.ones(1024, device="cuda")
+    dev = CudaDevice()
+    assert dev.reserve_host([x.untyped_storage().nbytes()]) > 0
+    dev.start_offload(0, x)
+    dev.close()
+    assert dev.pool.capacity == 0 and dev.host_bytes() == 0
+    with pytest.raises(OutcoreError, match="closed"):
+        dev.start_offload(1, x)

@@ -151,6 +151,7 @@ class CudaDevice:
         # Pinned pages must be unregistered before their memory is freed: if the device is
         # dropped unclosed, this still waits for the copies and unpins (it holds no self).
         self._finalizer = weakref.finalize(self, _release_pool, self.pool, self.device)
+        self._closed = False
 
     @property
     def capacity(self) -> int | None:
@@ -171,6 +172,7 @@ class CudaDevice:
     # -- offload -----------------------------------------------------------------------------
     def start_offload(self, tid: int, t: torch.Tensor, name: str = "") -> None:
         """Queue a D2H copy of ``t``'s storage into a pinned slot, after its producer."""
+        self._check_open()
         if t.device != self.device:
             raise ValueError(f"tensor {name or tid} is on {t.device}, not {self.device}")
         with _disable_current_modes():
@@ -200,6 +202,7 @@ class CudaDevice:
     # -- prefetch ----------------------------------------------------------------------------
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
         """Allocate ``tid`` on the compute stream (tracked) and queue its H2D copy."""
+        self._check_open()
         entry = self._host.get(tid)
         if entry is None:
             raise ScheduleError(f"prefetch of {name!r} (tensor {tid}) but it has no host copy; "
@@ -261,7 +264,9 @@ class CudaDevice:
         self._ledger.reset()
 
     def close(self) -> None:
-        """Wait for the copies in flight, give the host slots back and unpin the pool."""
+        """Wait for the copies in flight, give the host slots back and unpin the pool; the
+        device cannot be used after (make a new one)."""
+        self._closed = True
         self.synchronize()
         for tid in list(self._host):
             self.drop_host(tid)
@@ -275,6 +280,10 @@ class CudaDevice:
         self.close()
 
     # -- internals ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OutcoreError(f"the {self.name} device is closed; make a new one")
+
     def _event(self) -> torch.cuda.Event:
         return torch.cuda.Event(enable_timing=self.timing)
 

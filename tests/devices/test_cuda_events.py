@@ -10,14 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from outcore.runtime.devices.cuda_events import (
     STALL_FLOOR_S,
     CopyLedger,
     CopyRecord,
     SlotLedger,
+    SlotReuse,
     WaitRecord,
 )
+from outcore.runtime.devices.host_pool import HostPool
 
 
 class Clock:
@@ -116,3 +119,59 @@ def test_reset_drops_totals_and_in_flight_records() -> None:
     ledger.reset()
     clock.now = 6.0
     assert ledger.snapshot().d2h.bytes == 0 and ledger.pending == 0
+
+
+def _reuse(segment: int) -> tuple[SlotReuse, list[int]]:
+    made: list[int] = []
+
+    def allocate(n: int) -> torch.Tensor:
+        made.append(n)
+        return torch.zeros(n, dtype=torch.uint8)
+
+    return SlotReuse(HostPool(segment, allocate, alignment=64)), made
+
+
+def _span(slot) -> tuple[int, int, int]:
+    return slot.segment, slot.offset, slot.offset + slot.view.numel()
+
+
+def _overlap(a, b) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def test_a_slot_whose_copy_is_in_flight_is_never_handed_out() -> None:
+    clock = Clock()
+    reuse, made = _reuse(4096)
+    first = reuse.take(1024)
+    reuse.give_back(first, [FakeEvent(clock, 5.0)])  # its copy ends at t=5
+    second = reuse.take(1024)  # room elsewhere: no blocking, no growth
+    assert not _overlap(_span(first), _span(second)) and clock.now == 0.0 and made == [4096]
+    clock.now = 5.0  # the copy is done: its range comes back and is reused
+    reuse.give_back(second, [FakeEvent(clock, 5.0)])
+    third = reuse.take(4096)
+    assert _span(third) == (0, 0, 4096) and made == [4096]
+
+
+def test_when_full_it_waits_for_the_copies_instead_of_growing() -> None:
+    clock = Clock()
+    reuse, made = _reuse(4096)
+    slots = [reuse.take(2048), reuse.take(2048)]
+    events = [FakeEvent(clock, 3.0), FakeEvent(clock, 7.0)]
+    for slot, event in zip(slots, events, strict=True):
+        reuse.give_back(slot, [event])
+    again = reuse.take(2048)
+    assert made == [4096], "must not pin more while retired slots can come back"
+    assert clock.now == 7.0 and all(e.synchronized == 1 for e in events)
+    assert again.segment == 0
+
+
+def test_it_grows_only_when_nothing_is_waiting() -> None:
+    clock = Clock()
+    reuse, made = _reuse(4096)
+    reuse.take(4096)  # held, not given back
+    reuse.take(100)
+    assert made == [4096, 8192] and clock.now == 0.0
+    held = reuse.take(64)
+    reuse.give_back(held, [FakeEvent(clock, 2.0)])
+    reuse.drain()
+    assert clock.now == 2.0 and len(reuse.waiting) == 0

@@ -23,7 +23,7 @@ Discipline, so that no memory is reused while a copy still reads or writes it:
   is a plain host allocation pinned with ``cudaHostRegister`` for exactly its size (not
   ``pin_memory=True``, whose caching host allocator rounds every block up to a power of
   two). ``reserve_host(sizes)`` sizes the pool from the plan before the first step. A slot
-  is reused only after the events of every copy touching it completed (``SlotLedger``).
+  is reused only after the events of every copy touching it completed (``SlotReuse``).
 * Host-side work (segments, slot views, the copy calls) runs outside the caller's dispatch
   modes, so the executor's ``MemoryTracker`` counts only device storages.
 
@@ -48,7 +48,7 @@ from outcore.runtime.devices.cuda_events import (
     CopyRecord,
     Direction,
     Event,
-    SlotLedger,
+    SlotReuse,
     WaitRecord,
 )
 from outcore.runtime.devices.host_pool import HostPool, HostSlot, align_up
@@ -146,7 +146,7 @@ class CudaDevice:
                              limit=host_limit)
         self._host: dict[int, _Host] = {}
         self._prefetches: dict[int, CopyRecord] = {}
-        self._slots: SlotLedger[HostSlot] = SlotLedger(self.pool.free)
+        self._slots = SlotReuse(self.pool)
         self._ledger = CopyLedger()
         # Pinned pages must be unregistered before their memory is freed: if the device is
         # dropped unclosed, this still waits for the copies and unpins (it holds no self).
@@ -177,7 +177,7 @@ class CudaDevice:
             raise ValueError(f"tensor {name or tid} is on {t.device}, not {self.device}")
         with _disable_current_modes():
             layout = TensorLayout.of(t)
-            slot = self._slot(layout.nbytes)
+            slot = self._slots.take(layout.nbytes)
             src = byte_view(t.untyped_storage())
             stream = self._streams["d2h"]
             copy = self._launch("d2h", layout.nbytes, stream, [self._mark()],
@@ -247,7 +247,7 @@ class CudaDevice:
     def synchronize(self) -> None:
         """Block the host until every stream of the device is idle."""
         torch.cuda.synchronize(self.device)
-        self._slots.reclaim(block=False)
+        self._slots.waiting.reclaim(block=False)
         self._ledger.fold()
 
     def host_bytes(self) -> int:
@@ -270,7 +270,7 @@ class CudaDevice:
         self.synchronize()
         for tid in list(self._host):
             self.drop_host(tid)
-        self._slots.reclaim(block=True)
+        self._slots.drain()
         self._finalizer()
 
     def __enter__(self) -> Self:
@@ -319,18 +319,8 @@ class CudaDevice:
         self._ledger.copied(copy)
         return copy
 
-    def _slot(self, nbytes: int) -> HostSlot:
-        """A pinned slot: reuse retired slots whose copies are done, block on the others
-        before growing the pool."""
-        self._slots.reclaim(block=False)
-        slot = self.pool.try_alloc(nbytes)
-        if slot is None and len(self._slots):
-            self._slots.reclaim(block=True)
-            slot = self.pool.try_alloc(nbytes)
-        return slot if slot is not None else self.pool.alloc(nbytes)
-
     def _retire(self, entry: _Host) -> None:
-        self._slots.retire(entry.slot, [entry.offload.end, *entry.readers])
+        self._slots.give_back(entry.slot, [entry.offload.end, *entry.readers])
 
 
 def _release_pool(pool: HostPool, device: torch.device) -> None:

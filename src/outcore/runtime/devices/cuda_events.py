@@ -20,6 +20,11 @@ Two ledgers:
 
 Both only fold completed work: an event whose ``query()`` is False is left for later, so
 the ledgers never block unless asked to (``reclaim(block=True)``).
+
+``SlotReuse`` is the CUDA device's policy for host slots on top of a ``HostPool``: take a
+slot from the room the pool has (after freeing retired slots whose copies completed); when
+none fits and slots are still waiting for copies, block on those copies and try again;
+only then grow the pool (pinning more memory costs milliseconds and host memory).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from outcore.runtime.devices.host_pool import HostPool, HostSlot
 from outcore.runtime.devices.stats import DirectionStats, TransferStats
 
 Direction = Literal["d2h", "h2d"]
@@ -166,3 +172,28 @@ class SlotLedger(Generic[S]):
                 keep.append((slot, events))
         self._retired = keep
         return freed
+
+
+class SlotReuse:
+    """Host slots from ``pool``, reused only once the copies touching them completed."""
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+        self.waiting: SlotLedger[HostSlot] = SlotLedger(pool.free)
+
+    def take(self, nbytes: int) -> HostSlot:
+        """A slot of ``nbytes``: see the module docstring for the order of preference."""
+        self.waiting.reclaim(block=False)
+        slot = self.pool.try_alloc(nbytes)
+        if slot is None and len(self.waiting):
+            self.waiting.reclaim(block=True)
+            slot = self.pool.try_alloc(nbytes)
+        return slot if slot is not None else self.pool.alloc(nbytes)
+
+    def give_back(self, slot: HostSlot, events: Sequence[Event]) -> None:
+        """``slot`` is free once every event in ``events`` (the copies touching it) completed."""
+        self.waiting.retire(slot, events)
+
+    def drain(self) -> None:
+        """Wait for every copy still touching a slot and free those slots."""
+        self.waiting.reclaim(block=True)

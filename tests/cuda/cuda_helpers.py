@@ -83,7 +83,11 @@ def grads_equal(work: CudaWork) -> list[str]:
             if p.grad is None or not torch.equal(p.grad, q)]
 
 
-def grads_close(work: CudaWork, rtol: float = 1e-4, atol: float = 1e-6) -> list[str]:
+def grads_close(work: CudaWork, rtol: float = 1e-4, atol: float = 1e-7) -> list[str]:
+    """Names of the parameters whose gradient is off by more than ``rtol`` of the largest
+    entry of eager's (other kernels or summation orders differ by rounding, element-wise
+    relative errors are large only where the gradient is near zero)."""
     named = list(work.model.named_parameters())
     return [n for (n, p), q in zip(named, work.grads, strict=True)
-            if p.grad is None or not torch.allclose(p.grad, q, rtol=rtol, atol=atol)]
+            if p.grad is None
+            or float((p.grad - q).abs().max()) > rtol * float(q.abs().max()) + atol]

@@ -2,9 +2,11 @@
 
 * every zoo network (small) under keep (liveness), offload-all and recompute-cheap, on the
   CUDA device with its copy streams: bit for bit, tracked peak == predicted peak;
-* four networks under every registered policy at 70% of the liveness peak: bit for bit,
-  except moDNN's sub-batches (a sum of sub-batch gradients, compared to 1e-4), and the
-  measured peak never above the budget.
+* four networks under every registered policy at a budget that keeps the static bytes and
+  90% of the in-core (liveness) activation bytes, where most policies can plan (small
+  networks are mostly parameters): bit for bit, except moDNN's sub-batches (a sum of
+  sub-batch gradients) and plans with operator variants (other kernels), compared to 1e-4;
+  the measured peak never above the budget.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from outcore.runtime.executor import Executor
 from cuda_helpers import SEED, cuda_work, grads_close, grads_equal, run_planned
 
 BASELINES = [baseline.liveness, baseline.offload_all, baseline.recompute_cheap]
-EVERY_POLICY_ON = ["resnet18", "vgg11", "transformer", "densenet121"]
+EVERY_POLICY_ON = [("resnet18", 32), ("vgg11", 32), ("transformer", 16), ("densenet121", 16)]
 
 
 @pytest.mark.parametrize("name", zoo.names())
@@ -46,10 +48,11 @@ def test_zoo_network_matches_eager_on_cuda(name: str) -> None:
             assert stats.d2h.bytes == stats.h2d.bytes > 0, label
 
 
-@pytest.mark.parametrize("name", EVERY_POLICY_ON)
-def test_every_policy_matches_eager_on_cuda(name: str) -> None:
-    work = cuda_work(name, batch_size=4)
-    budget = int(reference_peaks(work.graph).liveness * 0.7)
+@pytest.mark.parametrize(("name", "batch"), EVERY_POLICY_ON)
+def test_every_policy_matches_eager_on_cuda(name: str, batch: int) -> None:
+    work = cuda_work(name, batch_size=batch)
+    peaks = reference_peaks(work.graph)
+    budget = peaks.static + int(0.9 * (peaks.liveness - peaks.static))
     ran = []
     for policy in outcore.policies():
         try:
@@ -61,7 +64,10 @@ def test_every_policy_matches_eager_on_cuda(name: str) -> None:
             result = run_planned(work, planned, device)
         label = f"{name}/{policy}"
         assert result.peak_bytes <= budget, label
-        if planned.plan.sub_batches > 1:
+        if planned.plan.sub_batches > 1 or planned.schedule.variants:
+            # sub-batch gradients are summed; operator variants (vDNN's convolution
+            # algorithms) are other kernels: equal up to rounding, not bit for bit
+            assert torch.allclose(result.loss, work.loss, rtol=1e-4, atol=1e-6), label
             assert grads_close(work) == [], label
         else:
             assert torch.equal(result.loss, work.loss), label

@@ -18,7 +18,7 @@ plan for less.
 
 The host bytes of a plan are those of its host copies: ``residency_steps`` adds a
 storage's bytes at each Offload and nothing leaves the host before the step ends, so the
-host peak is the sum over the schedule's Offloads (``plan_host_peak``).
+host peak is the sum over the schedule's Offloads (``PlannedStep.host_peak``).
 """
 
 from __future__ import annotations

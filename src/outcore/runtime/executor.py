@@ -181,6 +181,8 @@ class Executor:
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
         except BaseException as exc:  # failure safety: no copy in flight, no bytes held
+            values.clear()
+            rt.rng.clear()
             abandon_step(self.device, exc)
             raise
         finally:

@@ -41,11 +41,15 @@ def _ours(frame: FrameType) -> bool:
 
 
 def clear_step_frames(tb: TracebackType | None) -> None:
-    """Drop the locals of outcore's finished frames in ``tb`` (generated step, runtime,
-    devices); frames still executing and the user's frames are left alone."""
+    """Drop the locals of the finished frames in ``tb`` that hold the step's tensors: the
+    generated step's and every frame it called (torch's, a variant's, the tracker's), and
+    outcore's own elsewhere (runtime, devices). Frames still executing, and the caller's
+    frames above the step, are left alone."""
+    inside = False
     while tb is not None:
         frame = tb.tb_frame
-        if _ours(frame):
+        inside = inside or frame.f_code.co_filename.startswith("<outcore")
+        if inside or _ours(frame):
             with contextlib.suppress(RuntimeError):  # a frame still executing
                 frame.clear()
         tb = tb.tb_next

@@ -222,6 +222,10 @@ class EmulatedDevice:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def in_flight(self) -> int:
+        """Copies submitted and not yet finished (0 after ``synchronize`` or a failed step)."""
+        return sum(1 for job in self._pending if not job.done.is_set())
+
     @property
     def threads_running(self) -> bool:
         """Whether any copy-engine thread is alive."""

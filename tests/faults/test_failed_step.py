@@ -65,8 +65,8 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), k
 
 
 class Injector:
@@ -107,10 +107,11 @@ def fail_step(executor: Executor, device: EmulatedDevice, batch: Any, fault: str
     return None
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fault=st.sampled_from(FAULTS), at=st.integers(1, 99))
 def test_a_step_failing_anywhere_leaves_nothing_behind(setup: Any, fault: str, at: int) -> None:
-    model, batch, planned, executor, device = setup
+    _, batch, _, executor, device = setup
     step_module = executor.step.step_module
     for p in step_module.parameters():  # .grad from an earlier step, which must survive
         p.grad = torch.full_like(p, 0.5)
@@ -202,8 +203,7 @@ def test_an_interrupt_during_the_commit_lands_after_it() -> None:
     from outcore.runtime.failsafe import deferred_interrupt
 
     reached = []
-    with pytest.raises(KeyboardInterrupt):
-        with deferred_interrupt():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached.append("after the signal")
+    with pytest.raises(KeyboardInterrupt), deferred_interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        reached.append("after the signal")
     assert reached == ["after the signal"]

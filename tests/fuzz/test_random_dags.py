@@ -76,12 +76,8 @@ class RandomDag(nn.Module):
         return self.head(torch.stack(leaves).sum(0))
 
 
-#: BatchNorm is left out of the default run until the open bug below is fixed
-DEFAULT_KINDS = tuple(k for k in KINDS if k != "batchnorm")
-
-
 @st.composite
-def dags(draw: st.DrawFn, kinds: tuple[str, ...] = DEFAULT_KINDS) -> list[tuple[str, int, int]]:
+def dags(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int, int]]:
     n = draw(st.integers(2, 9))
     spec = []
     for i in range(n):
@@ -130,7 +126,7 @@ def test_random_dags_match_eager(spec, policy, fraction, seed):
 
 @pytest.mark.slow
 @settings(max_examples=400, **FUZZ)
-@given(spec=dags(KINDS), policy=st.sampled_from(POLICIES), fraction=st.floats(0.3, 1.0),
+@given(spec=dags(), policy=st.sampled_from(POLICIES), fraction=st.floats(0.3, 1.0),
        seed=st.integers(0, 2**16))
 def test_random_dags_match_eager_long(spec, policy, fraction, seed):
     check(spec, policy, fraction, seed)
@@ -141,8 +137,9 @@ def test_regression_parameter_unused_by_the_drawn_graph():
     check([("linear", 0, 0), ("linear", 0, 0)], "keep-all", 1.0, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="open bug: BatchNorm1d on the step's input, keep-all: "
-                   "predicted peak 2644 B, measured 2516 B (128 B = one (4, 8) tensor "
-                   "counted by the plan but never allocated)")
-def test_regression_batchnorm_on_the_input_peak():
+def test_regression_masked_output_is_not_counted():
+    """Minimised: BatchNorm1d on the step's input. Its backward runs with output_mask
+    [False, True, True]; the fake kernel still reported a (4, 8) input gradient, which the
+    real one never allocates, so the plan predicted 128 B more than was measured (fixed in
+    capture: masked outputs are not graph tensors)."""
     check([("linear", 0, 0), ("batchnorm", 0, 0)], "keep-all", 1.0, 0)

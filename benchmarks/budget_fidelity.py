@@ -6,13 +6,16 @@ For each model: the in-core peak (keep-all) and the lowest budget outcore-auto a
 * outcore-auto plans (``planned``) and its schedule runs on the CPU-emulated device whose
   capacity *is* the budget (an allocation past it raises), so ``measured`` is the peak the
   tracker saw; the step must succeed and ``measured <= budget``, ``measured == planned``;
-* every other policy plans too (no run), to check monotonicity: lowering the budget never
+* every policy plans too (no run), to check monotonicity: lowering the budget never
   raises a policy's planned peak, and a budget that a policy accepts stays accepted above
-  it ("feasible, then infeasible at a larger budget" is a violation).
+  it ("feasible, then infeasible at a larger budget" is a violation);
+* with ``--ladder``, outcore-auto with ``monotone=True`` (``outcore.policies.auto_ladder``)
+  is checked the same way.
 
-    .venv/bin/python benchmarks/budget_fidelity.py [--budgets 20] [--models a,b]
+    .venv/bin/python benchmarks/budget_fidelity.py [--budgets 20] [--models a,b] [--ladder]
 
-Prints the curve per model and a summary (violations must be 0).
+Prints the curve per model and a summary; the exit status is 1 when any violation is found
+(outcore-auto without the ladder has some: see ``auto_ladder``'s docstring).
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ class Curve:
     lowest: int
     rows: list[tuple[int, int, int]] = field(default_factory=list)  # budget, planned, measured
     violations: list[str] = field(default_factory=list)
+    ladder: list[str] | None = None  # violations of outcore-auto with monotone=True
 
 
-def planned_peak(graph: Graph, budget: int, policy: str) -> int | None:
+def planned_peak(graph: Graph, budget: int, policy: str, **options: object) -> int | None:
     try:
-        return outcore.plan(graph, budget, policy=policy, simulate=False).predicted_peak
+        return outcore.plan(graph, budget, policy=policy, simulate=False,
+                            **options).predicted_peak
     except (OutcoreError, ValueError):
         return None
 
@@ -96,7 +101,7 @@ def measure(graph: Graph, budget: int) -> tuple[int, int]:
     return planned.predicted_peak, result.peak_bytes
 
 
-def curve(name: str, graph: Graph, n: int, policies: list[str]) -> Curve:
+def curve(name: str, graph: Graph, n: int, policies: list[str], ladder: bool = False) -> Curve:
     in_core = outcore.plan(graph, None, policy="keep-all", simulate=False).predicted_peak
     lowest = lowest_budget(graph, in_core)
     budgets = sorted({lowest + (in_core - lowest) * i // (n - 1) for i in range(n)})
@@ -110,6 +115,9 @@ def curve(name: str, graph: Graph, n: int, policies: list[str]) -> Curve:
     for policy in policies:
         peaks = [planned_peak(graph, b, policy) for b in budgets]
         result.violations += monotone_violations(budgets, peaks, policy)
+    if ladder:
+        peaks = [planned_peak(graph, b, "outcore-auto", monotone=True) for b in budgets]
+        result.ladder = monotone_violations(budgets, peaks, "outcore-auto monotone=True")
     return result
 
 
@@ -117,18 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--budgets", type=int, default=20)
     args.add_argument("--models", default=",".join(m for m, _, _ in MODELS))
+    args.add_argument("--ladder", action="store_true",
+                      help="also check outcore-auto with monotone=True (policies.auto_ladder)")
     opts = args.parse_args(argv)
     console = Console(width=110)
     policies = [p for p in outcore.policies() if p not in SKIP]
     chosen = opts.models.split(",")
-    total = 0
+    total = ladder_total = 0
     for name, batch_size, kw in MODELS:
         if name not in chosen:
             continue
         w = zoo.get(name, batch_size, **kw)
         graph = capture(w.model, w.loss_fn, w.batch)
         graph.meta["_batch"] = w.batch
-        c = curve(f"{name} (batch {batch_size})", graph, opts.budgets, policies)
+        c = curve(f"{name} (batch {batch_size})", graph, opts.budgets, policies, opts.ladder)
         table = Table(title=f"{c.name}: in-core {c.in_core} B, lowest feasible {c.lowest} B")
         for col in ("budget B", "planned B", "measured B", "measured/budget"):
             table.add_column(col, justify="right")
@@ -140,8 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         for v in c.violations:
             console.print(f"  [red]{v}[/red]")
         total += len(c.violations)
+        if c.ladder is not None:
+            console.print(f"outcore-auto monotone=True: violations {len(c.ladder)}")
+            ladder_total += len(c.ladder)
     console.print(f"total violations: {total}")
-    return 1 if total else 0
+    if opts.ladder:
+        console.print(f"outcore-auto monotone=True, total violations: {ladder_total}")
+    return 1 if total or ladder_total else 0
 
 
 if __name__ == "__main__":

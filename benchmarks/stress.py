@@ -29,6 +29,7 @@ import random
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -73,11 +74,13 @@ def live_tensors() -> tuple[int, int]:
     """(count, storage bytes) of every tensor the garbage collector sees."""
     gc.collect()
     count, storages = 0, {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor):
-            count += 1
-            s = obj.untyped_storage()
-            storages[s._cdata] = s.nbytes()
+    with warnings.catch_warnings():  # isinstance on deprecated torch module attributes warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor):
+                count += 1
+                s = obj.untyped_storage()
+                storages[s._cdata] = s.nbytes()
     return count, sum(storages.values())
 
 

@@ -208,3 +208,35 @@ def test_an_interrupt_during_the_commit_lands_after_it() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         reached.append("after the signal")
     assert reached == ["after the signal"]
+
+
+@pytest.mark.parametrize("where", ["forward hook", "loss"])
+def test_user_code_failing_at_compile_leaves_the_model_and_no_thread(where: str) -> None:
+    """The user's code runs when the step is captured (hooks, the loss function): when it
+    raises, the model is as before and no copy-engine thread was started."""
+    import threading
+
+    model, batch = model_and_batch()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    before = state(model)
+    threads = {t.ident for t in threading.enumerate()}
+
+    def hook(*_: Any) -> None:
+        raise Boom("in a forward hook")
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if where == "loss":
+            raise Boom("in the loss")
+        return F.cross_entropy(out, y)
+
+    handle = model[3].register_forward_hook(hook) if where == "forward hook" else None
+    with pytest.raises((Boom, outcore.errors.CaptureError)):
+        outcore.compile(model, loss_fn, batch, budget=None, device="cpu-emulated",
+                        policy="offload-all")
+    if handle is not None:
+        handle.remove()
+    same(state(model), before)
+    assert model.training
+    assert not [t for t in threading.enumerate()
+                if t.ident not in threads and t.name.startswith("outcore")]

@@ -74,12 +74,6 @@ class BatchDims:
     derived: set[int] = field(default_factory=set)
     coupled: list[int] = field(default_factory=list)
 
-    def scaled_nbytes(self, graph: Graph, tid: int, sub_size: int, full_size: int) -> int:
-        """Bytes of tensor ``tid`` (captured at ``full_size``) at the batch ``sub_size``."""
-        t = graph.tensors[tid]
-        if tid not in self.scales:
-            return t.nbytes
-        return t.nbytes * sub_size // full_size
 
 
 def _refuse(what: str) -> BatchDimError:

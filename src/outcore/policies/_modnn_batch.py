@@ -186,8 +186,10 @@ def lower_bound(graphs: Recaptures, cost: Any, options: Mapping[str, Any]) -> Fo
     return footprint(graphs.at(smallest_size(graphs)), cost, options)
 
 
-def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> InfeasibleBudgetError:
-    """The error for a budget below Mmin, naming the bound and its parts."""
+def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1,
+               note: str = "") -> InfeasibleBudgetError:
+    """The error for a budget below Mmin, naming the bound and its parts (and ``note``: why
+    smaller sub-batch sizes were not used)."""
     op = graph.ops[mmin.worst_task]
     why = "" if size == 1 else " (the smallest size this model can be captured at)"
     hint = (f"Mmin = SW {format_bytes(mmin.sw)} (weights, their gradients, {size} sample(s), the "
@@ -195,7 +197,7 @@ def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> Inf
             "which needs "
             f"{format_bytes(mmin.largest_task)} of inputs and outputs (moDNN eq. 2). Raise the "
             f"budget to at least {format_bytes(mmin.minimum)}, or shrink the model (weights "
-            "always stay on the device).")
+            "always stay on the device)." + (f" {note}" if note else ""))
     return InfeasibleBudgetError("modnn", budget, mmin.minimum, hint)
 
 
@@ -243,4 +245,6 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
             "is off because this graph cannot be re-captured at a smaller batch (ctx.recapture "
             "is None, e.g. a graph loaded from JSON). Capture the model with outcore.capture "
             "so moDNN can split the batch, or raise the budget.")
-    raise infeasible(budget, fp, graphs.at(smallest), smallest)
+    refused = "; ".join(f"size {b}: {why}" for b, why in sorted(graphs.unavailable.items()))
+    raise infeasible(budget, fp, graphs.at(smallest), smallest,
+                     f"Smaller sub-batch sizes were not used ({refused})." if refused else "")

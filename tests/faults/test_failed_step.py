@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
@@ -107,10 +107,28 @@ def fail_step(executor: Executor, device: EmulatedDevice, batch: Any, fault: str
     return None
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = {"deadline": None, "derandomize": True,
+            "suppress_health_check": [HealthCheck.function_scoped_fixture]}
+
+
+@settings(max_examples=30, **SETTINGS)
 @given(fault=st.sampled_from(FAULTS), at=st.integers(1, 99))
+# found by this test: an OOM on dropout's mask left its input alive in the cell of the
+# generated ``lambda`` that saves the RNG state (failsafe._empty_closures)
+@example(fault="oom", at=56)
 def test_a_step_failing_anywhere_leaves_nothing_behind(setup: Any, fault: str, at: int) -> None:
+    check_failure(setup, fault, at)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **SETTINGS)
+@given(fault=st.sampled_from(FAULTS), at=st.integers(1, 99))
+def test_a_step_failing_anywhere_leaves_nothing_behind_long(setup: Any, fault: str,
+                                                            at: int) -> None:
+    check_failure(setup, fault, at)
+
+
+def check_failure(setup: Any, fault: str, at: int) -> None:
     _, batch, _, executor, device = setup
     step_module = executor.step.step_module
     for p in step_module.parameters():  # .grad from an earlier step, which must survive

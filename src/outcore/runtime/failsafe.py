@@ -50,9 +50,22 @@ def clear_step_frames(tb: TracebackType | None) -> None:
         frame = tb.tb_frame
         inside = inside or frame.f_code.co_filename.startswith("<outcore")
         if inside or _ours(frame):
+            _empty_closures(frame)
             with contextlib.suppress(RuntimeError):  # a frame still executing
                 frame.clear()
+                frame.f_locals.clear()  # the snapshot of its locals _empty_closures read
         tb = tb.tb_next
+
+
+def _empty_closures(frame: FrameType) -> None:
+    """Empty the cells of generated lambdas a frame holds (``rt.save_rng(oid, lambda: ...)``):
+    a cleared frame still keeps its function, and the lambda's cells keep the op's inputs."""
+    for value in list(frame.f_locals.values()):
+        code = getattr(value, "__code__", None)
+        closure = getattr(value, "__closure__", None)
+        if closure and code is not None and code.co_filename.startswith("<outcore"):
+            for cell in closure:
+                cell.cell_contents = None
 
 
 def abandon_step(device: Any, exc: BaseException) -> None:

@@ -1,7 +1,9 @@
 """Budget fidelity as users measure it (issue 19, point 4).
 
-For each model: the in-core peak (keep-all) and the lowest budget outcore-auto accepts
-(bisection on bytes); 20 budgets evenly spaced between them. At every budget:
+For each model: the in-core peak (everything on the device, each tensor freed at its last
+use, as eager PyTorch does: outcore-auto without a budget; above it no plan changes) and the
+lowest budget outcore-auto accepts (bisection on bytes); 20 budgets evenly spaced between
+them. At every budget:
 
 * outcore-auto plans (``planned``) and its schedule runs on the CPU-emulated device whose
   capacity *is* the budget (an allocation past it raises), so ``measured`` is the peak the
@@ -102,7 +104,7 @@ def measure(graph: Graph, budget: int) -> tuple[int, int]:
 
 
 def curve(name: str, graph: Graph, n: int, policies: list[str], ladder: bool = False) -> Curve:
-    in_core = outcore.plan(graph, None, policy="keep-all", simulate=False).predicted_peak
+    in_core = outcore.plan(graph, None, simulate=False).predicted_peak
     lowest = lowest_budget(graph, in_core)
     budgets = sorted({lowest + (in_core - lowest) * i // (n - 1) for i in range(n)})
     result = Curve(name, in_core, lowest)

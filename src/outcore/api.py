@@ -253,10 +253,17 @@ class Trainer:
         return result.loss
 
     def close(self) -> None:
-        """Stop the device's copy engines (if any)."""
+        """Stop the device's copy engines (if any); idempotent. A trainer that is never
+        closed stops them when it is garbage-collected or the interpreter exits."""
         closer = getattr(self.device, "close", None)
         if closer is not None:
             closer()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
@@ -287,7 +294,8 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
 
-        return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
+        dims = options.get("batch_dims")
+        return capture(model, loss_fn, split_batch(tuple(example_batch), parts, dims)[0])
 
     planned = plan(graph, limit, policy=policy, gpu=gpu, recapture=recapture, simulate=False,
                    host_budget=host_budget, **options)

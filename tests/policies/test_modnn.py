@@ -137,7 +137,8 @@ def test_batchnorm1d_bound_is_taken_at_the_smallest_capturable_size():
         n = batch[0].shape[0] // k
         return capture(model, loss_fn, (batch[0][:n], batch[1][:n]))
 
-    ctx = PolicyContext(budget=0, cost=TableCost(), recapture=rec)
+    ctx = PolicyContext(budget=0, cost=TableCost(), recapture=rec,
+                        options={"sub_batch_statistics": True})
     mmin = minimum_memory(graph, ctx)
     assert mmin == footprint(rec(4), ctx.cost, {})  # batch 8 / 4 sub-batches = size 2
     with pytest.raises(InfeasibleBudgetError, match=r"sub-batch size 2 \(the smallest size"):
@@ -273,17 +274,17 @@ def eager_grads(model, loss_fn, batch):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def run_modnn(model, loss_fn, batch, budget_of, cost=None, recapture=True):
+def run_modnn(model, loss_fn, batch, budget_of, cost=None, recapture=True, **extra):
     trained = copy.deepcopy(model)
     graph = capture(trained, loss_fn, batch)
 
-    def rec(k):
-        n = batch[0].shape[0] // k
-        return capture(trained, loss_fn, (batch[0][:n], batch[1][:n]))
+    def rec(k):  # sub-batches as the executor gets them: copies, not views of the batch
+        return capture(trained, loss_fn, split_batch(batch, k)[0])
 
     from outcore.cost import AnalyticCostModel, get_profile
     # without a cost that prices algorithms, no variant: the kernels are eager's, bit for bit
     options = {} if cost is not None else {"variants": {}}
+    options.update(extra)
     cost = cost or AnalyticCostModel(get_profile("k40c"))
     ctx = PolicyContext(budget=0, cost=cost, recapture=rec if recapture else None,
                         options=options)
@@ -337,7 +338,7 @@ def test_batchnorm_sub_batches_are_per_sub_batch_statistics():
     def budget_of(graph, ctx):
         return sub_batch(graph, dataclasses.replace(ctx, budget=10**12)).footprint.minimum - 1
 
-    out, _, trained, _ = run_modnn(model, loss_fn, batch, budget_of)
+    out, _, trained, _ = run_modnn(model, loss_fn, batch, budget_of, sub_batch_statistics=True)
     assert out.schedule.sub_batches == 2
     params = dict(trained.named_parameters())
     for name, q in reference.named_parameters():

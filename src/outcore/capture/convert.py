@@ -94,8 +94,9 @@ class _Builder:
         outputs: list[int] = []
         if isinstance(val, (tuple, list)):
             slots: list[int | None] = []
+            masked = _masked_outputs(node)
             for i, v in enumerate(val):
-                if isinstance(v, torch.Tensor):
+                if isinstance(v, torch.Tensor) and i not in masked:
                     tid = self.add_tensor(v, f"{node.name}.{i}", kind, oid)
                     outputs.append(tid)
                     slots.append(tid)
@@ -167,6 +168,21 @@ class _Builder:
             self.map.output_roles.append((role, tid, name))
             result.append(tid)
         return result
+
+
+def _masked_outputs(node: fx.Node) -> set[int]:
+    """Output positions an ``output_mask`` argument turns off (``native_batch_norm_backward``
+    with ``[False, True, True]``): the real kernel returns no tensor there, although the fake
+    one may, so the graph must not count one (it over-predicted the peak by that tensor)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return set()
+    for k, arg in enumerate(schema.arguments):
+        if arg.name == "output_mask":
+            mask = node.args[k] if k < len(node.args) else node.kwargs.get("output_mask")
+            if isinstance(mask, (list, tuple)):
+                return {i for i, on in enumerate(mask) if on is False}
+    return set()
 
 
 def _placeholder_role(desc: Any) -> tuple[TensorKind, str]:

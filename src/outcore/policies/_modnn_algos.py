@@ -56,10 +56,16 @@ def variant_table(graph: Graph, options: Mapping[str, Any]) -> dict[int, list[st
     spec = options.get("variants")
     if callable(spec):
         spec = spec(graph)
+    def runnable(op: Op, names: list[str]) -> list[str]:
+        # a variant capture refused for this op (grouped convolution, dilation, dtype) never
+        # runs it: priced at 0 workspace and then run, it broke the step (bmm size error on
+        # depthwise convolutions, OOM from unpriced workspace)
+        return [n for n in names if "refused" not in op.variant_options.get(n, {})]
+
     if spec is None:
         table = {}
         for op in graph.ops:
-            names = registry.variants_for(op.target)
+            names = runnable(op, registry.variants_for(op.target))
             if len(names) > 1:
                 table[op.id] = names
         return table
@@ -68,7 +74,7 @@ def variant_table(graph: Graph, options: Mapping[str, Any]) -> dict[int, list[st
         if not 0 <= op_id < len(graph.ops):
             raise ValueError(f"options['variants'] names op {op_id}, but graph {graph.name!r} has "
                              f"{len(graph.ops)} ops; pass a callable graph -> table instead")
-        table[op_id] = list(names)
+        table[op_id] = runnable(graph.ops[op_id], list(names))
     return table
 
 

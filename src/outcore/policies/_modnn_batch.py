@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outcore.errors import CaptureError, InfeasibleBudgetError
+from outcore.graph.batch_dims import BatchDimError, follow, graph_batch
 from outcore.graph.ir import STATIC_KINDS, Graph, TensorKind
 from outcore.policies._modnn_algos import candidates
 from outcore.units import format_bytes
@@ -88,15 +89,12 @@ def footprint(graph: Graph, cost: Any, options: Mapping[str, Any]) -> Footprint:
 
 
 def batch_size(graph: Graph, options: Mapping[str, Any]) -> int:
-    """The mini-batch size: ``options["batch_size"]``, else the first dimension shared by
-    every input tensor (ValueError when they disagree or there is none)."""
-    if "batch_size" in options:
+    """The mini-batch size: ``options["batch_size"]``, else the size every input shares
+    (``outcore.graph.batch_dims.graph_batch``: dimension 0 in the batch-first layout, the
+    one common size otherwise; ``BatchDimError`` names the options when it is ambiguous)."""
+    if "batch_size" in options and "batch_dims" not in options:
         return int(options["batch_size"])
-    dims = {t.shape[0] for t in graph.tensors if t.kind is TensorKind.INPUT and t.shape}
-    if len(dims) != 1:
-        raise ValueError(f"cannot tell the batch size of {graph.name!r} from its inputs "
-                         f"(first dimensions {sorted(dims)}); pass options['batch_size']")
-    return int(next(iter(dims)))
+    return graph_batch(graph, options).size
 
 
 def divisors(n: int) -> list[int]:
@@ -116,6 +114,11 @@ class Recaptures:
     recapture: Callable[[int], Graph] | None
     cache: dict[int, Graph] = field(default_factory=dict)
     unavailable: dict[int, str] = field(default_factory=dict)
+    #: sub-batches may change the gradient through batch statistics (options
+    #: ``sub_batch_statistics=True``); otherwise a size whose graph couples samples is refused
+    allow_coupled: bool = False
+    #: each input's batch dimension (leaf order), recorded on sub-batch graphs for the split
+    split_dims: tuple[int, ...] | None = None
 
     def at(self, b: int) -> Graph:
         """The graph at sub-batch size ``b`` (a divisor of the batch); ``CaptureError`` if
@@ -128,11 +131,28 @@ class Recaptures:
             if self.recapture is None:
                 raise ValueError("sub-batching needs ctx.recapture")
             try:
-                self.cache[b] = self.recapture(self.batch // b)
+                sub = self.recapture(self.batch // b)
+                self._check_split(sub, b)
             except CaptureError as exc:
                 self.unavailable[b] = f"sub-batch size {b} cannot be captured: {exc}"
                 raise
+            self.cache[b] = sub
         return self.cache[b]
+
+    def _check_split(self, sub: Graph, b: int) -> None:
+        """Prove that ``sub`` is the step on ``b`` samples (``batch_dims.follow``) and that
+        splitting keeps each sample's gradient, unless batch statistics are allowed."""
+        if self.split_dims is None:
+            return  # a hand-made graph (no torch source): planned, never split for real
+        dims = follow(self.graph, sub, self.batch // b)
+        if dims.coupled and not self.allow_coupled:
+            names = ", ".join(repr(self.graph.ops[o].name) for o in dims.coupled[:3])
+            raise BatchDimError(
+                f"ops {names} compute statistics over the batch (e.g. BatchNorm), so "
+                "sub-batches would train with other gradients than the full batch; pass "
+                "options sub_batch_statistics=True to accept per-sub-batch statistics")
+        if self.split_dims is not None:
+            sub.meta["batch_dims"] = list(self.split_dims)
 
     def available(self, b: int) -> bool:
         """True when the graph at sub-batch size ``b`` can be captured."""
@@ -166,8 +186,10 @@ def lower_bound(graphs: Recaptures, cost: Any, options: Mapping[str, Any]) -> Fo
     return footprint(graphs.at(smallest_size(graphs)), cost, options)
 
 
-def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> InfeasibleBudgetError:
-    """The error for a budget below Mmin, naming the bound and its parts."""
+def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1,
+               note: str = "") -> InfeasibleBudgetError:
+    """The error for a budget below Mmin, naming the bound and its parts (and ``note``: why
+    smaller sub-batch sizes were not used)."""
     op = graph.ops[mmin.worst_task]
     why = "" if size == 1 else " (the smallest size this model can be captured at)"
     hint = (f"Mmin = SW {format_bytes(mmin.sw)} (weights, their gradients, {size} sample(s), the "
@@ -175,7 +197,7 @@ def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> Inf
             "which needs "
             f"{format_bytes(mmin.largest_task)} of inputs and outputs (moDNN eq. 2). Raise the "
             f"budget to at least {format_bytes(mmin.minimum)}, or shrink the model (weights "
-            "always stay on the device).")
+            "always stay on the device)." + (f" {note}" if note else ""))
     return InfeasibleBudgetError("modnn", budget, mmin.minimum, hint)
 
 
@@ -223,4 +245,6 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
             "is off because this graph cannot be re-captured at a smaller batch (ctx.recapture "
             "is None, e.g. a graph loaded from JSON). Capture the model with outcore.capture "
             "so moDNN can split the batch, or raise the budget.")
-    raise infeasible(budget, fp, graphs.at(smallest), smallest)
+    refused = "; ".join(f"size {b}: {why}" for b, why in sorted(graphs.unavailable.items()))
+    raise infeasible(budget, fp, graphs.at(smallest), smallest,
+                     f"Smaller sub-batch sizes were not used ({refused})." if refused else "")

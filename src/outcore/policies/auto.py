@@ -17,6 +17,10 @@ The planner works on the memory peak directly instead of on layer types:
    so it ends; when no candidate is left and the peak is still above the budget, the budget
    is infeasible and the error names the lowest peak reached.
 
+Option ``monotone=True`` plans on a ladder (``outcore.policies.auto_ladder``) so that the
+planned peak never rises as the budget falls; without it, the fastest plan that fits may
+have a higher peak at a smaller budget.
+
 Every step is plain Python over the Graph, the cost model and ``plan.memory`` (the same rule
 the executor measures), so the predicted peak of the result is what the device will see.
 """
@@ -287,6 +291,10 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
           "fastest (simulated) of that plan and the seed policies' plans (framework kernels "
           "unless options allow_variants=True)")
 def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
+    if ctx.options.get("monotone"):  # the peak never rises as the budget falls: auto_ladder
+        from outcore.policies.auto_ladder import monotone_plan
+
+        return monotone_plan(graph, ctx, auto_policy)
     own: PolicyOutput | None = None
     error: InfeasibleBudgetError | None = None
     try:

@@ -23,10 +23,15 @@ rounding (sums in a different order). **BatchNorm** normalises each sub-batch wi
 statistics, so gradients (and the loss) are those of training on the sub-batches, not the
 full batch, and running statistics are updated once per sub-batch (k times per step, each
 with the module's momentum), exactly as ``run_sub_batches`` does. moDNN's paper does not
-discuss batch statistics; use a budget that keeps k = 1 (>= the full-batch minimum) or
-GroupNorm/LayerNorm when exact full-batch BatchNorm semantics matter.
+discuss batch statistics, so outcore splits such a model only when asked (option
+``sub_batch_statistics=True``); otherwise a size below the full batch is unavailable and a
+budget that needs one is refused. Which ops couple samples, and along which dimension each
+input is split, is proven on the graph (``outcore.graph.batch_dims``): a re-captured graph
+that is not the same computation on fewer samples is refused for that size.
 
-Options (``ctx.options``): ``batch_size`` (else read from the inputs' first dimension),
+Options (``ctx.options``): ``batch_size`` and ``batch_dims`` (one dimension per input; by
+default inferred from the inputs' shapes, ``outcore.graph.batch_dims``),
+``sub_batch_statistics``,
 ``variants`` (op id -> variant names, or a callable graph -> that table; default: every
 variant outcore has for the op). Without a budget the cost model's device memory is used.
 A model that cannot run at sub-batch size 1 (BatchNorm needs two samples per channel) gets
@@ -42,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from outcore.graph.batch_dims import graph_batch
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
@@ -85,7 +91,13 @@ def budget_of(ctx: PolicyContext) -> int:
 
 
 def graphs_of(graph: Graph, ctx: PolicyContext) -> Recaptures:
-    return Recaptures(graph, batch_size(graph, ctx.options), ctx.recapture)
+    options = ctx.options
+    # a captured step is split for real, so its layout must be proven; a hand-made graph
+    # (no torch source) is only planned, at the batch size its options name
+    dims = graph_batch(graph, options).dims if graph.source is not None else None
+    return Recaptures(graph, batch_size(graph, options), ctx.recapture,
+                      allow_coupled=bool(options.get("sub_batch_statistics", False)),
+                      split_dims=dims)
 
 
 def minimum_memory(graph: Graph, ctx: PolicyContext) -> Footprint:

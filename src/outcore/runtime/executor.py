@@ -31,6 +31,7 @@ from outcore.plan.verify import verify
 from outcore.runtime.codegen import GeneratedStep, generate
 from outcore.runtime.devices.base import Device, SyncCPUDevice, _untracked
 from outcore.runtime.devices.stats import TransferStats
+from outcore.runtime.failsafe import abandon_step, commit
 from outcore.runtime.tracker import MemoryTracker
 
 
@@ -51,6 +52,7 @@ class StepResult:
     op_seconds: list[tuple[int, float]] = field(default_factory=list)
     instruction_seconds: list[float] = field(default_factory=list)
     transfers: TransferStats | None = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Runtime:
@@ -194,6 +196,11 @@ class Executor:
                     tracker.track(values.values(), "step inputs")
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
+        except BaseException as exc:  # failure safety: no copy in flight, no bytes held
+            values.clear()
+            rt.rng.clear()
+            abandon_step(self.device, exc)
+            raise
         finally:
             for tid in self._copied:
                 self.device.drop_host(tid)
@@ -225,27 +232,37 @@ class Executor:
                 result.loss = outputs[tid]
             elif role == "grad":
                 result.grads[name.removeprefix("model.")] = outputs[tid]
+            elif role == "buffer":
+                result.buffers[name.removeprefix("model.")] = outputs[tid]
 
-    def apply(self, result: StepResult, outputs: dict[int, torch.Tensor],
+    def apply(self, result: StepResult, outputs: dict[int, torch.Tensor] | None = None,
               grad_scale: float = 1.0) -> None:
-        """Accumulate gradients into ``.grad`` and write buffer updates, once.
+        """Accumulate ``result``'s gradients (times ``grad_scale``) into ``.grad`` and write
+        its buffer updates, all or nothing (``outcore.runtime.failsafe.commit``).
 
         A gradient laid out like its parameter is used as it is (no copy), as autograd's
         AccumulateGrad does; another layout is copied into the parameter's layout."""
-        module = self.step.step_module
-        params = dict(module.named_parameters(remove_duplicate=False))
-        buffers = dict(module.named_buffers(remove_duplicate=False))
         with torch.no_grad():
-            for role, tid, name in self.step.nodes.output_roles:
-                value = outputs[tid]
-                if role == "grad":
-                    param = params[name]
-                    grad = value if grad_scale == 1.0 else value * grad_scale
-                    if param.grad is not None:
-                        param.grad.add_(grad)
-                    elif grad.stride() == param.stride() and grad.data_ptr() != param.data_ptr():
-                        param.grad = grad
-                    else:
-                        param.grad = torch.empty_like(param).copy_(grad)
-                elif role == "buffer":
-                    buffers[name].copy_(value)
+            grads = {n: g if grad_scale == 1.0 else g * grad_scale
+                     for n, g in result.grads.items()}
+        self.apply_grads(grads, result.buffers)
+
+    def apply_grads(self, grads: dict[str, torch.Tensor],
+                    buffers: dict[str, torch.Tensor] | None = None) -> None:
+        """Commit gradients and buffer updates named as in ``StepResult``, all or nothing."""
+        module = self.step.step_module
+        params = {n.removeprefix("model."): p
+                  for n, p in module.named_parameters(remove_duplicate=False)}
+        owned = {n.removeprefix("model."): b
+                 for n, b in module.named_buffers(remove_duplicate=False)}
+        commit(params, grads, owned, buffers or {})
+
+    def named_buffers(self, names: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """(name, the module's buffer) for every name of ``names`` (``StepResult`` naming)."""
+        owned = {n.removeprefix("model."): b
+                 for n, b in self.step.step_module.named_buffers(remove_duplicate=False)}
+        return [(n, owned[n]) for n in names]
+
+    def apply_buffers(self, result: StepResult) -> None:
+        """Write only ``result``'s buffer updates (a sub-batch's BatchNorm statistics)."""
+        self.apply_grads({}, result.buffers)

@@ -222,6 +222,17 @@ class EmulatedDevice:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def set_slowdown(self, slowdown: float) -> None:
+        """Change both engines' ``slowdown`` for the copies submitted from now on (stress
+        tests vary the link's speed between steps)."""
+        for engine in self._engines.values():
+            link = engine.link
+            engine.link = LinkModel(link.bandwidth, link.latency_s, slowdown)
+
+    def in_flight(self) -> int:
+        """Copies submitted and not yet finished (0 after ``synchronize`` or a failed step)."""
+        return sum(1 for job in self._pending if not job.done.is_set())
+
     @property
     def threads_running(self) -> bool:
         """Whether any copy-engine thread is alive."""

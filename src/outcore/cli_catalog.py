@@ -66,11 +66,11 @@ def cmd_policies(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_reproduce(args: argparse.Namespace) -> dict[str, Any]:
     from outcore import progress
-    from outcore.errors import InvalidArgumentError
+    from outcore.errors import UnknownPaperError
     from outcore.reproduce import PAPERS, run
 
     if args.paper not in PAPERS:
-        raise InvalidArgumentError(args.paper, f"a paper: one of {', '.join(PAPERS)}")
+        raise UnknownPaperError(args.paper, f"one of {', '.join(PAPERS)}")
     with progress.task(f"reproducing {args.paper}{' (quick)' if args.quick else ''}"):
         code = run(args.paper, args.quick)
     return {"paper": args.paper, "quick": args.quick, "exit_code": code}

@@ -72,8 +72,8 @@ def load_workload(args: argparse.Namespace, *, fake: bool,
             fn = getattr(importlib.import_module(module_name), func_name)
         except (ImportError, AttributeError) as exc:
             raise UnknownModelError(spec, "module:function naming a function of an importable "
-                                    f"module ({type(exc).__name__}: {exc})",
-                                    "Check the module is on PYTHONPATH.") from None
+                                    "module", f"Cannot load it ({type(exc).__name__}: {exc}); "
+                                    "check the module is on PYTHONPATH.") from None
         made = fn()
         if hasattr(made, "model"):
             return made.model, made.loss_fn, made.batch, spec

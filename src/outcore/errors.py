@@ -121,6 +121,13 @@ class UnknownModelError(InvalidArgumentError):
     template = "unknown {what} {value!r}; expected {accepted}."
 
 
+class UnknownPaperError(InvalidArgumentError):
+    """A paper ``outcore reproduce`` does not know."""
+
+    what = "paper"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
 class UnknownDeviceError(InvalidArgumentError):
     """A device other than "cuda", "cpu-emulated" or "cpu"."""
 

@@ -13,10 +13,10 @@ PAPERS = ("vdnn", "superneurons", "modnn", "pooch", "dymem")
 
 
 def run(paper: str, quick: bool = False) -> int:
-    """Run ``paper``'s reproduction; returns its exit code. ValueError for an unknown one."""
-    from outcore.errors import InvalidArgumentError
+    """Run ``paper``'s reproduction; returns its exit code (UnknownPaperError: no such paper)."""
+    from outcore.errors import UnknownPaperError
 
     if paper not in PAPERS:
-        raise InvalidArgumentError(paper, f"one of {', '.join(PAPERS)}")
+        raise UnknownPaperError(paper, f"one of {', '.join(PAPERS)}")
     module = importlib.import_module(f"outcore.reproduce.{paper}")
     return int(module.main(["--quick"] if quick else []) or 0)

@@ -117,7 +117,7 @@ def test_options_reach_the_policy(monkeypatch, capsys):
 def test_options_go_through_the_policies_validator(monkeypatch, no_capture, capsys):
     """The CLI asks one validator; once outcore.policies.config_for exists, its error is
     the CLI's error."""
-    import outcore.policies as policies
+    from outcore import policies
     from outcore.errors import InvalidArgumentError
 
     def config_for(name, options):
@@ -139,3 +139,16 @@ def test_unitless_budget_gets_a_note(capsys):
 def test_module_function_loading_is_documented_as_running_code():
     assert "runs your code" in cli.__doc__ or "RUNS" in cli.__doc__
     assert "runs the\nuser's code" in cli_workload.__doc__ or "user's code" in cli_workload.__doc__
+
+
+def test_profile_out_is_read_back_by_plan_cost(tmp_path, capsys):
+    ops = tmp_path / "ops.json"
+    assert main(["profile", "--model", "mlp", "--batch", "4", "--out", str(ops), "--json"]) \
+        == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["saved"] == str(ops)
+    assert main(["plan", "--model", "mlp", "--batch", "4", "--real", "--cost", str(ops),
+                 "--json"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["simulation"]["cost_model"].startswith("MeasuredProfile")
+    assert main(["plan", "--model", "mlp", "--cost", str(tmp_path / "missing.json")]) \
+        == EXIT_USAGE

@@ -49,7 +49,8 @@ def test_installed_wheel_reproduces_vdnn_outside_the_tree(wheel, tmp_path):
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "OUTCORE_NO_CACHE": "1"}
     done = subprocess.run([sys.executable, "-m", "outcore.cli", "reproduce", "vdnn", "--quick"],
-                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "VGG-16" in done.stdout and "done in" in done.stdout
     where = subprocess.run([sys.executable, "-c", "import outcore; print(outcore.__file__)"],

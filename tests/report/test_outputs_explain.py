@@ -86,7 +86,7 @@ def test_explain_names_modules_groups_by_decision_in_human_units(planned):
 
 def test_html_report_units_colours_modules_and_no_repeated_note(planned):
     text = render_html(planned, "net")
-    for decision, colour in COLOURS.items():
+    for colour in COLOURS.values():
         assert colour in text  # the colours are defined ...
     used = {d for d in COLOURS if f'<td class="{d}">{d}</td>' in text}
     assert used == {r["decision"] for r in planned.explain()}  # ... and applied

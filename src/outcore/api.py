@@ -159,6 +159,11 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                                result.simulation))
     if result.plan.sub_batches > 1:
         result.notes.append(sub_batching.announce_split(graph, result.plan.sub_batches))
+    from outcore.log import info as log_info
+
+    log_info(f"planned {graph.name} with {result.plan.policy}"
+             f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
+             f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
     return result
 
 
@@ -236,10 +241,16 @@ class Trainer:
         return self.planned.explain()
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the loss (a detached scalar)."""
+        """One training step on ``(x, y)``; returns the loss (a detached scalar).
+
+        Raises BatchMismatchError (a ValueError) before running anything when the batch's
+        shapes or dtypes differ from the captured example's.
+        """
+        from outcore.batch_check import check_batch
         from outcore.runtime.subbatch import run_sub_batches
 
         parts = self.planned.plan.sub_batches
+        check_batch(self.planned.graph, (x, y), parts)
         if parts > 1:
             result = run_sub_batches(self.executor, (x, y), parts)
         else:

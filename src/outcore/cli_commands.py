@@ -42,8 +42,10 @@ def summary(planned: Any, label: str) -> dict[str, Any]:
 
 
 def _print_notes(console: Any, notes: list[str]) -> None:
+    from rich.markup import escape
+
     for text in notes:
-        console.print(f"[bold yellow]note:[/bold yellow] {text}")
+        console.print(f"[bold yellow]note:[/bold yellow] {escape(text)}")
 
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,6 +145,7 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
     shared = common_suffix(shown)
 
     def render(console: Any) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"{label}: {planned.plan.policy} decisions "
@@ -153,11 +156,12 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         for r in shown:
             style = RICH_STYLES.get(r["decision"], "")
             why = r["why"][: len(r["why"]) - len(shared)] if shared else r["why"]
-            table.add_row(r["module"], r["op"], r["size"],
-                          f"[{style}]{r['decision']}[/{style}]" if style else r["decision"], why)
+            table.add_row(escape(r["module"]), escape(r["op"]), r["size"],
+                          f"[{style}]{r['decision']}[/{style}]" if style else r["decision"],
+                          escape(why))
         console.print(table)
         if shared:
-            console.print(f"every row above also: {shared.strip('; ')}")
+            console.print(f"every row above also: {escape(shared.strip('; '))}")
         _print_notes(console, rows.notes)
 
     emit(args, render)

@@ -121,6 +121,14 @@ class UnknownModelError(InvalidArgumentError):
     template = "unknown {what} {value!r}; expected {accepted}."
 
 
+class BatchMismatchError(InvalidArgumentError):
+    """A batch passed to ``Trainer.step`` whose shapes or dtypes differ from the captured
+    example's."""
+
+    what = "batch"
+    template = "the {what}'s {value} does not match the captured step: expected {accepted}."
+
+
 class UnknownPaperError(InvalidArgumentError):
     """A paper ``outcore reproduce`` does not know."""
 

@@ -123,3 +123,16 @@ def test_invalid_arguments_fail_before_the_capture(monkeypatch):
         assert isinstance(info.value, ValueError)
         assert repr(next(iter(kwargs.values())))[:5] in str(info.value) \
             or str(next(iter(kwargs.values()))) in str(info.value)
+
+
+def test_step_refuses_a_batch_unlike_the_captured_one():
+    model = plain_net()
+    trainer = outcore.compile(model, LOSS, BATCH, budget=None, device="cpu")
+    x, y = BATCH
+    for bad, words in (((x.double(), y), "float64"), ((x[:8], y[:8]), "(8, 3, 16, 16)"),
+                       ((x, y.int()), "int32")):
+        with pytest.raises(outcore.errors.BatchMismatchError, match="captured") as info:
+            trainer.step(*bad)
+        assert words in str(info.value) and isinstance(info.value, ValueError)
+    assert all(p.grad is None for p in model.parameters())  # nothing ran
+    trainer.step(x, y)

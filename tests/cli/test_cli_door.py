@@ -152,3 +152,14 @@ def test_profile_out_is_read_back_by_plan_cost(tmp_path, capsys):
     assert doc["simulation"]["cost_model"].startswith("MeasuredProfile")
     assert main(["plan", "--model", "mlp", "--cost", str(tmp_path / "missing.json")]) \
         == EXIT_USAGE
+
+
+def test_explain_rows_name_modules_and_come_grouped(capsys):
+    assert main(["explain", "--model", "resnet20-cifar", "--batch", "32", "--budget", "25MB",
+                 "--json"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["tensors"]
+    assert all(r["module"] and r["op"] and r["size"] for r in rows)
+    order = {"offload": 0, "recompute": 1, "keep": 2}
+    assert [order[r["decision"]] for r in rows] == sorted(order[r["decision"]] for r in rows)
+    assert any(r["module"].endswith("branch.0") for r in rows)  # zoo ResNet's conv modules

@@ -84,7 +84,7 @@ def _mark_instructions(ax: Any, result: SimResult, by: str, top: float) -> None:
     for row, (kind, (label, marker, colour)) in enumerate(MARKS.items()):
         xs = [_x_of(result, by, i) for i, k in enumerate(result.kind) if k == kind]
         if xs:
-            ax.plot(xs, [top * (1.02 + 0.035 * row)] * len(xs), ls="none", marker=marker,
+            ax.plot(xs, [top * (1.04 + 0.05 * row)] * len(xs), ls="none", marker=marker,
                     ms=4, color=colour, label=f"{label} ({len(xs)})", clip_on=False)
 
 
@@ -106,7 +106,7 @@ def plot_memory(result: SimResult, path: str | Path, *, by: str = "step",
         raise ValueError(f"by must be one of {_AXES}, got {by!r}")
     x, mem, live, xlabel = _series(result, by)
     scale, unit = _unit(max([result.peak_bytes, budget or 0, 1]))
-    fig = Figure(figsize=(9, 4.5), dpi=110)
+    fig = Figure(figsize=(9, 5.2), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ax.step(x, [m / scale for m in mem], where="post", color="tab:blue", label="device memory")
@@ -120,13 +120,13 @@ def plot_memory(result: SimResult, path: str | Path, *, by: str = "step",
                    label=f"budget {budget / scale:.2f} {unit}")
     else:
         ax.plot([], [], color="tab:red", ls="--", label="no budget (unbounded)")
-    ax.set_ylim(0, top * 1.15)
+    ax.set_ylim(0, top * 1.25)
     start = _backward_start(result, graph, by, schedule)
     if start is not None and x:
         ax.axvspan(start, x[-1], color="0.92", zorder=0, label="backward")
         ax.axvline(start, color="0.4", lw=0.8)
-        ax.text(start, top * 1.12, " backward", fontsize=8, va="top", ha="left")
-        ax.text(x[0], top * 1.12, " forward", fontsize=8, va="top", ha="left")
+        ax.text(start, top * 1.24, " backward", fontsize=8, va="top", ha="left")
+        ax.text(x[0], top * 1.24, " forward", fontsize=8, va="top", ha="left")
     _mark_instructions(ax, result, by, top)
     ax2 = ax.twinx()
     ax2.step(x, live, where="post", color="tab:orange", lw=0.9, label="live tensors")
@@ -134,8 +134,8 @@ def plot_memory(result: SimResult, path: str | Path, *, by: str = "step",
     ax2.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()
     handles2 = ax2.get_legend_handles_labels()
-    ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper left", fontsize=7,
-              ncol=2)
+    ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="upper center",
+              bbox_to_anchor=(0.5, -0.13), fontsize=7, ncol=5, frameon=False)
     ax.set_title(title or f"memory per {by}: step {result.step_time * 1e3:.2f} ms")
     fig.tight_layout()
     path = Path(path)

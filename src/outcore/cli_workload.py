@@ -105,7 +105,7 @@ def capture(args: argparse.Namespace, *, fake: bool) -> tuple[Any, str]:
 
     model, loss_fn, batch, label = load_workload(args, fake=fake)
     with progress.task(f"capturing {label}{' (fake tensors)' if fake else ''}"):
-        graph = run_capture(model, loss_fn, batch, fake=fake)
+        graph = run_capture(model, loss_fn, batch, fake=fake, name=args.model)
     if key is not None:
         plan_cache.store(key, graph.to_json())
     return graph, label
@@ -127,7 +127,7 @@ def recapture_for(args: argparse.Namespace, *, fake: bool) -> Any:
             model, loss_fn, full, label = load_workload(args, fake=fake)
             batch = split_batch(tuple(full), parts)[0]
         with progress.task(f"capturing {label} at 1/{parts} of the batch"):
-            return run_capture(model, loss_fn, batch, fake=fake)
+            return run_capture(model, loss_fn, batch, fake=fake, name=args.model)
 
     return recapture
 

@@ -21,7 +21,7 @@ _UNITS = {
     "g": 2**30,
 }
 ACCEPTED = "a number of bytes or a string such as '512MB', '12GB' or '11.5GiB'"
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(value: int | float | str) -> int:

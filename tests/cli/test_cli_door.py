@@ -27,7 +27,7 @@ def no_capture(monkeypatch):
     (["plan", "--model", "resnet152", "--budget", "1e400"], "NonFiniteBudgetError"),
     (["plan", "--model", "resnet152", "--budget", "inf"], "UnreadableBudgetError"),
     (["plan", "--model", "resnet152", "--budget", "0GB"], "NonPositiveBudgetError"),
-    (["explain", "--model", "resnet152", "--budget", "-3GB"], "UnreadableBudgetError"),
+    (["explain", "--model", "resnet152", "--budget=-3GB"], "NonPositiveBudgetError"),
     (["compare", "--model", "resnet-nope"], "UnknownModelError"),
     (["simulate", "--model", "resnet152", "--batch", "0"], "InvalidOptionError"),
     (["run", "--model", "mlp", "--steps", "0"], "InvalidOptionError"),
@@ -163,3 +163,9 @@ def test_explain_rows_name_modules_and_come_grouped(capsys):
     order = {"offload": 0, "recompute": 1, "keep": 2}
     assert [order[r["decision"]] for r in rows] == sorted(order[r["decision"]] for r in rows)
     assert any(r["module"].endswith("branch.0") for r in rows)  # zoo ResNet's conv modules
+
+
+def test_outcore_zoo_is_an_attribute():
+    import outcore
+
+    assert "resnet50" in outcore.zoo.names()

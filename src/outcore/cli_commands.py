@@ -180,7 +180,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     model, loss_fn, batch, label = work.load_workload(args, fake=False)
     trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
                            device="cpu-emulated", gpu=args.gpu, policy=args.policy,
-                           allow_sub_batches=True if args.allow_sub_batches else None,
+                           allow_sub_batches=work.allow_sub_batches(args),
                            cache=False if args.no_cache else None, **work.options(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses: list[float] = []

@@ -21,8 +21,19 @@ from outcore.errors import UnknownModelError
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--option key=value`` pairs as a dict (a repeated key: the last wins)."""
-    return dict(parse_option(text) for text in getattr(args, "option", []) or [])
+    """The ``--option key=value`` pairs as a dict (a repeated key: the last wins), without
+    ``allow_sub_batches`` (see ``allow_sub_batches``)."""
+    found = dict(parse_option(text) for text in getattr(args, "option", []) or [])
+    found.pop("allow_sub_batches", None)
+    return found
+
+
+def allow_sub_batches(args: argparse.Namespace) -> bool | None:
+    """True with ``--allow-sub-batches`` (or ``--option allow_sub_batches=true``), else None
+    (the API's default: only policy modnn splits)."""
+    given = dict(parse_option(text) for text in getattr(args, "option", []) or [])
+    return True if getattr(args, "allow_sub_batches", False) or \
+        given.get("allow_sub_batches") is True else None
 
 
 def check(args: argparse.Namespace) -> None:
@@ -148,7 +159,7 @@ def plan_policy(args: argparse.Namespace, graph: Any, policy: str) -> Any:
     fake = not getattr(args, "real", False)
     return plan(graph, budget(args), policy=policy, gpu=args.gpu, cost=cost_model(args),
                 recapture=recapture_for(args, fake=fake),
-                allow_sub_batches=True if getattr(args, "allow_sub_batches", False) else None,
+                allow_sub_batches=allow_sub_batches(args),
                 cache=False if args.no_cache else None, **options(args))
 
 

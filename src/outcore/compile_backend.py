@@ -310,7 +310,7 @@ class OutcoreBackend:
         from outcore.log import announce
 
         if self.graphs:
-            announce(f"outcore: planning compiled graph #{len(self.graphs)} (a graph break, a "
+            announce(f"planning compiled graph #{len(self.graphs)} (a graph break, a "
                      "recompilation or a new input shape): it is captured and planned on its "
                      "own", ReplanWarning, stacklevel=3)
         try:

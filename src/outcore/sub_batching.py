@@ -75,5 +75,5 @@ def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
 def announce_split(graph: Graph, parts: int) -> str:
     """Warn and log that the batch is split; returns the note."""
     text = note(graph, parts)
-    announce(f"outcore: {text}", SubBatchWarning, stacklevel=4)
+    announce(text, SubBatchWarning, stacklevel=4)
     return text

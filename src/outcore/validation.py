@@ -3,8 +3,9 @@ before any capture or planning, and fails with one error type per cause.
 
 Each check returns the normalised value or raises a subclass of
 ``outcore.errors.InvalidArgumentError`` (also a ``ValueError``) that names the value given,
-what is accepted and what to do. Nothing here imports torch, so the CLI can check its
-arguments in milliseconds, before the (sometimes 20-second) capture.
+what is accepted and what to do. Only ``check_model`` imports torch (it reads the zoo's
+catalogue, about two seconds), so the CLI checks every argument well before the (sometimes
+20-second) capture.
 
 Policy options are checked by ``check_policy``, the single place the CLI and the API ask;
 it defers to the policies' own validator (``outcore.policies.config_for``) when the package

@@ -169,3 +169,15 @@ def test_outcore_zoo_is_an_attribute():
     import outcore
 
     assert "resnet50" in outcore.zoo.names()
+
+
+def test_sub_batches_need_the_flag_and_are_announced(capsys):
+    args = ["plan", "--model", "resnet20-cifar", "--batch", "16", "--budget", "3MB", "--json"]
+    assert main(args) == EXIT_INFEASIBLE
+    captured = capsys.readouterr()
+    assert "--allow-sub-batches" in json.loads(captured.out)["message"]
+    assert main([*args, "--allow-sub-batches"]) == EXIT_OK
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["sub_batches"] > 1 and "batch-coupled" in doc["notes"][0]
+    assert "WARNING" in captured.err and "sub-batches" in captured.err

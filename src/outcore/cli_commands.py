@@ -76,12 +76,13 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
-    from outcore.report.files import output_folder
+    from outcore.report.files import check_folder, output_folder
     from outcore.report.html import write_html
     from outcore.report.snapshot import write_snapshot
     from outcore.report.timeline import plot_memory
     from outcore.report.trace import write_trace
 
+    check_folder(args.out)  # before the capture, like every other argument
     planned, label = work.planned(args)
     out = output_folder(args.out)
     png = plot_memory(planned.simulation, out / "memory.png", graph=planned.graph,

@@ -52,11 +52,19 @@ def test_unwritable_folder_is_a_clear_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(OutputPathError, match="cannot create the output folder"):
         files.output_folder(blocker / "out")
+    with pytest.raises(OutputPathError, match="is a file"):
+        files.check_folder(blocker / "out" / "deeper")
+    assert files.check_folder(tmp_path / "new" / "folder") == tmp_path / "new" / "folder"
+    assert not (tmp_path / "new").exists()  # checking creates nothing
     with pytest.raises(OutputPathError, match="is a folder"):
         files.check_writable(tmp_path)
 
 
-def test_simulate_into_an_unwritable_path_exits_6(tmp_path, capsys):
+def test_simulate_into_an_unwritable_path_exits_6_before_capturing(tmp_path, capsys,
+                                                                  monkeypatch):
+    from outcore import cli_workload
+
+    monkeypatch.setattr(cli_workload, "capture", lambda *a, **k: pytest.fail("captured"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     code = main(["simulate", "--model", "mlp", "--batch", "8", "--out", str(blocker / "out")])

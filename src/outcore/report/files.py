@@ -38,6 +38,22 @@ def output_folder(path: str | Path) -> Path:
     return folder
 
 
+def check_folder(path: str | Path) -> Path:
+    """``path`` if it is, or could be created as, a writable folder; creates nothing (so a
+    command can check ``--out`` before its capture)."""
+    folder = Path(path)
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise OutputPathError(f"cannot create the output folder {str(folder)!r}: "
+                              f"{str(probe)!r} is a file. {_WHAT_TO_DO}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputPathError(f"the output folder {str(folder)!r} cannot be written "
+                              f"({str(probe)!r} is not writable). {_WHAT_TO_DO}")
+    return folder
+
+
 def inside(folder: str | Path, name: str) -> Path:
     """``folder / name`` where ``name`` is a plain file name (no folder part, no "..")."""
     if not name or name in (".", "..") or Path(name).name != name or "/" in name \

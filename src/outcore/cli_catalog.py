@@ -71,6 +71,15 @@ def cmd_reproduce(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.paper not in PAPERS:
         raise UnknownPaperError(args.paper, f"one of {', '.join(PAPERS)}")
+    if args.json:  # the tables go into the JSON document, not around it
+        import contextlib
+        import io
+
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = run(args.paper, args.quick)
+        return {"paper": args.paper, "quick": args.quick, "exit_code": code,
+                "output": buffer.getvalue()}
     with progress.task(f"reproducing {args.paper}{' (quick)' if args.quick else ''}"):
         code = run(args.paper, args.quick)
     return {"paper": args.paper, "quick": args.quick, "exit_code": code}

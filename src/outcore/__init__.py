@@ -11,6 +11,7 @@ Public API:
         -> Trainer with .step(x, y), .plan, .explain(), .stats
     backend(budget=...) -> a torch.compile backend
     policies() -> list of policy names
+    zoo: the papers' networks (zoo.names(), zoo.get(name, batch))
     errors: CaptureError, InfeasibleBudgetError, ScheduleError, DeviceOutOfMemory
 """
 
@@ -48,4 +49,8 @@ def __getattr__(name: str):  # lazy: `import outcore` does not import torch
         from outcore.compile_backend import backend
 
         return backend
+    if name in ("zoo", "reproduce", "errors", "hardware", "plan_cache", "progress"):
+        import importlib
+
+        return importlib.import_module(f"outcore.{name}")
     raise AttributeError(f"module 'outcore' has no attribute {name!r}")

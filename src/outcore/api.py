@@ -36,18 +36,20 @@ DEFAULT_POLICY = "outcore-auto"
 MACHINE = "machine"
 
 
-def cost_model_for(gpu: str | None) -> Any:
-    """The analytic cost model of a named hardware profile (default ``v100-pcie``).
+def cost_model_for(gpu: str | None, graph: Graph | None = None, device: str | None = None) -> Any:
+    """The analytic cost model of a named hardware profile.
 
-    Operator variants are timed with the assumed GPU ratios of
-    ``outcore.cost.gpu_variants`` on GPU profiles, and with this CPU's measured ratios on
-    ``this-cpu``.
+    Without ``gpu``, ``outcore.hardware.default_gpu(graph, device)``: the GPU that is there
+    on ``device="cuda"``, else ``v100-pcie``, or a profile that knows the graph's dtypes.
+    Operator variants are timed with the assumed GPU ratios of ``outcore.cost.gpu_variants``
+    on GPU profiles, and with this CPU's measured ratios on ``this-cpu``.
     """
     from outcore.cost.model import AnalyticCostModel
     from outcore.cost.profiles import get_profile
     from outcore.cost.variant_costs import ASSUMED_GPU, RECORDED
+    from outcore.hardware import default_gpu
 
-    name = gpu or DEFAULT_GPU
+    name = gpu or default_gpu(graph, device)
     variants = RECORDED if name == "this-cpu" else ASSUMED_GPU
     return AnalyticCostModel(get_profile(name), variants=variants)
 
@@ -84,17 +86,15 @@ class PlannedStep:
     host_peak: int = 0
     host_budget: int | None = None
     host_sizes: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def explain(self) -> list[dict[str, Any]]:
-        """Per activation: name, bytes, producer, decision and why (one dict per tensor)."""
-        rows = []
-        for t in self.graph.activations():
-            producer = self.graph.producer_op(t.id)
-            rows.append({"tensor": t.name, "bytes": t.nbytes, "producer": producer.target,
-                         "category": str(producer.category),
-                         "decision": str(self.plan.decision(t.id)),
-                         "why": self.plan.reasons.get(t.id, "kept (not named by the policy)")})
-        return rows
+        """Per activation: module path, ATen op, bytes, decision and why, grouped by decision
+        (offload, recompute, keep; largest first). The returned list's ``.notes`` says what
+        changed semantics (sub-batches); see ``outcore.report.explain``."""
+        from outcore.report.explain import explain_rows
+
+        return explain_rows(self)
 
     def counts(self) -> dict[str, int]:
         """How many activations each decision got."""
@@ -107,6 +107,7 @@ class PlannedStep:
 def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
          gpu: str | None = None, cost: Any = None,
          recapture: Callable[[int], Graph] | None = None, simulate: bool = True,
+         allow_sub_batches: bool | None = None, cache: bool | None = None,
          host_budget: int | str | None = MACHINE, **options: Any) -> PlannedStep:
     """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
 
@@ -114,10 +115,15 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         graph: from ``outcore.capture`` (real or fake).
         budget: bytes, or a string such as "12GB" or "11.5GiB"; None plans without a bound.
         policy: a name from ``outcore.policies()``; "auto" is ``outcore-auto``.
-        gpu: a hardware profile name for the cost model (default "v100-pcie").
+        gpu: a hardware profile name for the cost model (default: see
+            ``outcore.hardware.default_gpu``).
         cost: a cost model to use instead of the GPU profile's analytic one.
         recapture: ``k -> Graph`` captured at batch/k, for policies that split the batch.
         simulate: also simulate the schedule on the cost model (fills ``.simulation``).
+        allow_sub_batches: let a policy split the batch into sub-batches (changes what
+            BatchNorm computes; see ``outcore.sub_batching``). Default: only policy="modnn".
+        cache: reuse (and store) the plan in the on-disk cache (``outcore.plan_cache``);
+            default on unless ``OUTCORE_NO_CACHE=1``.
         host_budget: host bytes the plan's host copies may hold (bytes or "64GiB"); None:
             no limit; default: what this machine or its cgroup allows
             (``outcore.host.host_limit``) when the graph can run here, no limit for a fake
@@ -125,44 +131,69 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         options: policy-specific options (see each policy's docstring).
 
     Raises:
+        InvalidArgumentError: (also a ValueError) an unknown policy, option or GPU, or an
+            unreadable, non-positive or non-finite budget, before any planning.
         InfeasibleBudgetError: the budget is below what the policy can reach, or below the
             layer-wise lower bound (the message names the bound and what to change).
         outcore.host.HostBudgetError (an InfeasibleBudgetError): the plan's host copies
             exceed ``host_budget``.
-        ValueError: unknown policy, or an unreadable budget.
     """
-    limit = None if budget is None else parse_bytes(budget)
-    name = _policy_name(policy)
+    from outcore import plan_cache, progress, sub_batching
+    from outcore.validation import check_budget, check_gpu, check_policy
+
+    limit = check_budget(budget)
+    name = check_policy(policy, options)
+    gpu = check_gpu(gpu)
     info = get(name)
+    split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
     if limit is not None:
         bound = reference_peaks(graph).layer_lower_bound
-        if limit < bound and recapture is None:
-            raise InfeasibleBudgetError(
-                name, limit, bound,
-                "That is the layer-wise lower bound (parameters, inputs and the largest single "
-                "op's tensors); no policy goes below it at this batch. Shrink the batch, let a "
-                "sub-batching policy (modnn) split it, or raise the budget.")
+        if limit < bound and not split_ok:
+            sub_batching.refuse_below_bound(name, limit, bound, recapture is not None)
     host_limit, host_source = _host_budget(graph, host_budget)
-    model = cost if cost is not None else cost_model_for(gpu)
-    ctx = PolicyContext(budget=limit, cost=model, recapture=recapture, options=options,
-                        host_budget=host_limit)
-    out = info.fn(graph, ctx)
-    trace = memory_curve(out.graph, out.schedule)
-    peak = trace.peak
-    if limit is not None and peak > limit:
-        raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or cannot "
-                                    "move enough; try policy='auto'.")
-    host_peak = max(trace.host, default=0)
-    if host_limit is not None and host_peak > host_limit:
+    model = cost if cost is not None else cost_model_for(gpu, graph)
+    key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit}, model,
+                     split_ok, cache)
+    cached = None if key is None else plan_cache.load(key)
+    if cached is not None:
+        cached_plan, schedule, peak, simulation = cached
+        result = PlannedStep(graph, cached_plan, schedule, peak, limit,
+                             simulation if simulate else None)
+        trace = memory_curve(graph, schedule)
+    else:
+        ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
+                            options=options, host_budget=host_limit,
+                            split_changes_ok=split_ok)
+        with progress.task(f"planning {graph.name} with {name}"):
+            out = _run_policy(info.fn, graph, ctx, recapture is not None and not split_ok)
+        trace = memory_curve(out.graph, out.schedule)
+        peak = trace.peak
+        if limit is not None and peak > limit:
+            raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or "
+                                        "cannot move enough; try policy='auto'.")
+        result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit)
+    result.host_peak = max(trace.host, default=0)
+    result.host_budget = host_limit
+    result.host_sizes = _offload_sizes(result.schedule, trace)
+    if host_limit is not None and result.host_peak > host_limit:
         from outcore.host import HostBudgetError
 
-        raise HostBudgetError(name, host_limit, host_peak, host_source)
-    result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit, host_peak=host_peak,
-                         host_budget=host_limit, host_sizes=_offload_sizes(out.schedule, trace))
-    if simulate:
+        raise HostBudgetError(name, host_limit, result.host_peak, host_source)
+    if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
 
-        result.simulation = run_simulation(out.graph, out.schedule, model)
+        with progress.task(f"simulating {graph.name}"):
+            result.simulation = run_simulation(result.graph, result.schedule, model)
+    if key is not None and cached is None and result.graph is graph:
+        plan_cache.store(key, (result.plan, result.schedule, result.predicted_peak,
+                               result.simulation))
+    if result.plan.sub_batches > 1:
+        result.notes.append(sub_batching.announce_split(graph, result.plan.sub_batches))
+    from outcore.log import info as log_info
+
+    log_info(f"planned {graph.name} with {result.plan.policy}"
+             f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
+             f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
     return result
 
 
@@ -193,6 +224,30 @@ def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
     return sizes
 
 
+def _run_policy(fn: Callable[..., Any], graph: Graph, ctx: PolicyContext,
+                could_split: bool) -> Any:
+    """Run a policy; an infeasible budget that sub-batches could meet says so."""
+    try:
+        return fn(graph, ctx)
+    except InfeasibleBudgetError as exc:
+        if not could_split:
+            raise
+        raise InfeasibleBudgetError(
+            exc.policy, exc.budget, exc.required,
+            f"{exc.hint} Splitting the batch into sub-batches might fit: pass "
+            "allow_sub_batches=True (CLI: --allow-sub-batches), which changes what BatchNorm "
+            "computes.".strip()) from exc
+
+
+def _cache_key(graph: Graph, limit: int | None, name: str, options: dict[str, Any],
+               model: Any, split_ok: bool, cache: bool | None) -> str | None:
+    from outcore import plan_cache
+
+    if not plan_cache.enabled(cache):
+        return None
+    return plan_cache.plan_key(graph, limit, name, options, model, split_ok)
+
+
 @dataclass
 class TrainerStats:
     """What the last ``step`` measured, beside what the plan predicted."""
@@ -203,11 +258,15 @@ class TrainerStats:
     steps: int = 0
     sub_batches: int = 1
     history: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what changed semantics (sub-batches)
 
     def __str__(self) -> str:
-        return (f"peak {format_bytes(self.measured_peak)} measured vs "
+        text = (f"peak {format_bytes(self.measured_peak)} measured vs "
                 f"{format_bytes(self.predicted_peak)} predicted; "
                 f"step {self.step_seconds * 1e3:.1f} ms")
+        if self.sub_batches > 1:
+            text += f"; {self.sub_batches} sub-batches (opted in)"
+        return text
 
 
 class Trainer:
@@ -227,7 +286,8 @@ class Trainer:
         self.budget = budget
         self.executor = Executor(planned.graph, planned.schedule, device)
         self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
-                                  sub_batches=planned.plan.sub_batches)
+                                  sub_batches=planned.plan.sub_batches,
+                                  notes=list(planned.notes))
 
     @property
     def plan(self) -> Plan:
@@ -238,10 +298,16 @@ class Trainer:
         return self.planned.explain()
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the loss (a detached scalar)."""
+        """One training step on ``(x, y)``; returns the loss (a detached scalar).
+
+        Raises BatchMismatchError (a ValueError) before running anything when the batch's
+        shapes or dtypes differ from the captured example's.
+        """
+        from outcore.batch_check import check_batch
         from outcore.runtime.subbatch import run_sub_batches
 
         parts = self.planned.plan.sub_batches
+        check_batch(self.planned.graph, (x, y), parts)
         if parts > 1:
             result = run_sub_batches(self.executor, (x, y), parts)
         else:
@@ -268,7 +334,8 @@ class Trainer:
 
 def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
             budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
-            policy: str = "auto", host_budget: int | str | None = MACHINE,
+            policy: str = "auto", allow_sub_batches: bool | None = None,
+            cache: bool | None = None, host_budget: int | str | None = MACHINE,
             **options: Any) -> Trainer:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
@@ -277,19 +344,32 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
         budget: device memory to stay within (bytes or "12GB"/"11.5GiB"); None = unbounded.
         device: "cuda", "cpu-emulated" (the accelerator emulated on this CPU, with the
             budget as its capacity and a copy engine per direction) or "cpu".
-        gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth.
+        gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth;
+            default: the GPU that is there on "cuda" (``outcore.hardware.default_gpu``).
         policy: a name from ``outcore.policies()``; "auto" = outcore-auto.
         host_budget: host bytes the host copies may hold (default: what this machine or its
             cgroup allows; see ``plan``). On "cuda" the pinned host pool is reserved for the
             plan's host copies at once and never grows past this budget.
+        allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
+            unless True or policy="modnn"); announced and shown in ``stats.notes``.
+        cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
+
+    Every argument is checked before the capture (InvalidArgumentError subclasses).
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` trains one step.
     """
+    from outcore import progress
+    from outcore.hardware import default_gpu
     from outcore.runtime.devices import make_device
+    from outcore.validation import check_budget, check_device, check_gpu, check_policy
 
-    limit = None if budget is None else parse_bytes(budget)
-    graph = capture(model, loss_fn, example_batch)
+    limit = check_budget(budget)
+    check_device(device)
+    check_policy(policy, options)
+    gpu = check_gpu(gpu)
+    with progress.task(f"capturing {type(model).__name__}"):
+        graph = capture(model, loss_fn, example_batch)
 
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
@@ -297,8 +377,9 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
         dims = options.get("batch_dims")
         return capture(model, loss_fn, split_batch(tuple(example_batch), parts, dims)[0])
 
-    planned = plan(graph, limit, policy=policy, gpu=gpu, recapture=recapture, simulate=False,
-                   host_budget=host_budget, **options)
+    planned = plan(graph, limit, policy=policy, gpu=gpu or default_gpu(graph, device),
+                   recapture=recapture, simulate=False, allow_sub_batches=allow_sub_batches,
+                   cache=cache, host_budget=host_budget, **options)
     dev = make_device(device, capacity=limit, gpu=gpu if device == "cpu-emulated" else None)
     reserve = getattr(dev, "reserve_host", None)
     if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded

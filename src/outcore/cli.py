@@ -1,63 +1,168 @@
-"""The ``outcore`` command: plan, simulate, run, compare, reproduce, explain, profile.
+"""The ``outcore`` command: plan, simulate, run, compare, explain, reproduce, profile, and the
+catalogues (models, gpus, policies).
 
-Exit codes: 0 success; 1 an unexpected error; 2 bad arguments (one line, no traceback);
-3 the budget cannot be met (InfeasibleBudgetError); 4 the device ran out of memory.
-Every command takes ``--json`` to print machine-readable output instead of tables.
+Exit codes, one per class of error (documented in docs/guide.md):
+
+    0  success
+    1  an unexpected error (a bug: please report it with the traceback of ``--debug``)
+    2  bad arguments: an unknown policy, option, GPU, model or device, an unreadable, zero,
+       negative or non-finite budget (argparse's own errors too); checked before any capture
+    3  the budget cannot be met (InfeasibleBudgetError)
+    4  the device ran out of memory (DeviceOutOfMemory)
+    5  the model could not be captured (CaptureError)
+    6  an output could not be written (OutputPathError)
+    130 interrupted (Ctrl-C)
+
+``--json`` (machine-readable output, no tables, no progress) and ``--no-cache`` (plan again
+even when the plan cache holds this plan) are accepted anywhere on the command line.
+
+``--model module:function`` imports ``module`` and calls ``function()``: it runs your code,
+as ``uvicorn module:app`` does; only name modules you trust.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from outcore.errors import DeviceOutOfMemory, InfeasibleBudgetError, OutcoreError
+from outcore.errors import (
+    CaptureError,
+    DeviceOutOfMemory,
+    InfeasibleBudgetError,
+    InvalidArgumentError,
+    OutcoreError,
+    OutcoreWarning,
+    OutputPathError,
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE, EXIT_OOM = 0, 1, 2, 3, 4
+EXIT_CAPTURE, EXIT_OUTPUT, EXIT_INTERRUPTED = 5, 6, 130
+
+#: Flags accepted anywhere on the command line (moved to the front before parsing).
+GLOBAL_FLAGS = ("--json", "--no-cache", "--debug")
 
 
-class UsageError(Exception):
+class UsageError(InvalidArgumentError):
     """Bad arguments: reported in one line with exit code 2."""
+
+    template = "{value}"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "")
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The exit code of an error (see the module docstring)."""
+    table: list[tuple[type[BaseException], int]] = [
+        (InvalidArgumentError, EXIT_USAGE), (InfeasibleBudgetError, EXIT_INFEASIBLE),
+        (DeviceOutOfMemory, EXIT_OOM), (CaptureError, EXIT_CAPTURE),
+        (OutputPathError, EXIT_OUTPUT), (KeyboardInterrupt, EXIT_INTERRUPTED)]
+    for kind, code in table:
+        if isinstance(exc, kind):
+            return code
+    return EXIT_ERROR
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, value), the value read as int, float, bool, None or str."""
+    from outcore.errors import InvalidOptionError
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise InvalidOptionError(text, "key=value with a Python identifier as the key, e.g. "
+                                 "--option portfolio=false")
+    low = raw.strip().lower()
+    value: Any
+    if low in ("true", "yes", "on"):
+        value = True
+    elif low in ("false", "no", "off"):
+        value = False
+    elif low in ("none", "null"):
+        value = None
+    else:
+        try:
+            value = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                value = raw
+    return key.strip(), value
 
 
 def _model_arguments(p: argparse.ArgumentParser, *, default_fake: bool) -> None:
-    p.add_argument("--model", required=True,
-                   help="a zoo name (see `outcore plan --list-models`) or module:function "
-                        "returning (model, loss_fn, (x, y))")
+    p.add_argument("--model", default=None,
+                   help="a zoo name (see `outcore models`) or module:function returning "
+                        "(model, loss_fn, (x, y)); module:function RUNS that code")
     p.add_argument("--batch", type=int, default=32, help="mini-batch size (zoo models)")
     p.add_argument("--small", action="store_true",
                    help="zoo: the reduced-width version of the network (fits this CPU)")
     if default_fake:
         p.add_argument("--real", action="store_true",
                        help="capture real tensors (default: fake, sizes only)")
+    p.add_argument("--list-models", action="store_true", help="list the zoo and exit")
+    p.add_argument("--list-gpus", action="store_true", help="list the GPU profiles and exit")
+    p.add_argument("--list-policies", action="store_true", help="list the policies and exit")
 
 
 def _planning_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", default=None, help='device memory budget, e.g. "12GB", "11.5GiB"')
-    p.add_argument("--gpu", default=None, help="hardware profile (default v100-pcie); "
-                   "see `outcore profile --list`")
-    p.add_argument("--policy", default="auto", help="policy name (see `outcore compare`)")
+    p.add_argument("--budget", default=None,
+                   help='device memory budget with a unit, e.g. "12GB", "11.5GiB"')
+    p.add_argument("--gpu", default=None, help="hardware profile (default v100-pcie; "
+                   "see `outcore gpus`)")
+    p.add_argument("--policy", default="auto", help="policy name (see `outcore policies`)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a policy option (repeatable); values are read as int, float, "
+                        "true/false or text, e.g. --option portfolio=false")
+    p.add_argument("--allow-sub-batches", action="store_true",
+                   help="let the plan split the batch into sub-batches (changes what "
+                        "BatchNorm computes; announced)")
+    p.add_argument("--cost", default=None, metavar="PATH",
+                   help="plan with an op profile written by `outcore profile --model M --out "
+                        "PATH` instead of the GPU profile")
+
+
+def _global_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of tables (accepted anywhere)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="plan (and capture) again even when the plan cache holds the result")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from outcore import __version__
+
     parser = argparse.ArgumentParser(prog="outcore", description=(
         "Train networks whose training memory exceeds the accelerator's: plan, simulate "
-        "and run keep/offload/recompute schedules."))
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        "and run keep/offload/recompute schedules."),
+        epilog="Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 budget cannot be "
+               "met, 4 device out of memory, 5 capture failed, 6 output not written.")
+    parser.add_argument("--version", action="version", version=f"outcore {__version__}")
+    _global_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    for build in COMMAND_BUILDERS:
+        build(sub)
+    return parser
 
+
+def _add_planning_commands(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a model under a budget: decisions, peak, time")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
-    p.add_argument("--list-models", action="store_true", help=argparse.SUPPRESS)
 
     p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot, trace, HTML")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
-    p.add_argument("--out", default="out", help="folder for memory.png, trace.json, report.html")
+    p.add_argument("--out", default="out", help="folder for memory.png, trace.json, "
+                   "report.html and memory_snapshot.pickle (created; nothing written outside)")
 
     p = sub.add_parser("run", help="train N steps on the CPU-emulated device")
     _model_arguments(p, default_fake=False)
@@ -74,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     _planning_arguments(p)
     p.add_argument("--limit", type=int, default=40, help="rows to show (0 = all)")
 
+
+def _add_other_commands(sub: Any) -> None:
+    from outcore.reproduce import PAPERS
+
     p = sub.add_parser("reproduce", help="run a paper's reproduction benchmark")
-    p.add_argument("paper", help="vdnn, superneurons, modnn, pooch or dymem")
+    p.add_argument("paper", help=", ".join(PAPERS))
     p.add_argument("--quick", action="store_true", help="a smaller, faster run")
 
     p = sub.add_parser("profile", help="measure this machine (and optionally a model's ops)")
@@ -83,43 +192,85 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="also time every op of this zoo model")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--small", action="store_true")
-    p.add_argument("--out", default=None, help="write the op profile JSON here")
-    return parser
+    p.add_argument("--out", default=None, help="write the op profile JSON here (read it back "
+                   "with `outcore plan --cost PATH`)")
+
+    sub.add_parser("models", help="list the zoo's networks")
+    sub.add_parser("gpus", help="list the GPU profiles")
+    sub.add_parser("policies", help="list the policies, with their papers")
+
+
+#: Functions that add subcommands to the parser (other modules may append theirs).
+COMMAND_BUILDERS: list[Callable[[Any], None]] = [_add_planning_commands, _add_other_commands]
+
+
+def _hoist_global_flags(argv: Sequence[str]) -> list[str]:
+    """Move --json/--no-cache/--debug to the front, wherever they were given (before "--")."""
+    args = list(argv)
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in GLOBAL_FLAGS]
+    rest = [a for a in args[:end] if a not in GLOBAL_FLAGS]
+    return flags + rest + args[end:]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outcore`` command; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_hoist_global_flags(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse already printed a one-line usage error or --help
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
-    from outcore import cli_commands
+    from outcore import cli_commands, progress
 
-    handler = getattr(cli_commands, f"cmd_{args.command}")
-    try:
-        result = handler(args)
-    except UsageError as exc:
-        print(f"outcore {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except InfeasibleBudgetError as exc:
-        _fail(args, exc)
-        return EXIT_INFEASIBLE
-    except DeviceOutOfMemory as exc:
-        _fail(args, exc)
-        return EXIT_OOM
-    except (OutcoreError, ValueError, KeyError) as exc:
-        _fail(args, exc)
-        return EXIT_USAGE if isinstance(exc, (ValueError, KeyError)) else EXIT_ERROR
+    progress.configure(not args.json)
+    handler = cli_commands.handler(args)
+    with _cli_logging(args):
+        try:
+            result = handler(args)
+        except (OutcoreError, KeyboardInterrupt) as exc:
+            if args.debug:
+                raise
+            _fail(args, exc)
+            return _exit_code(exc)
+        except Exception as exc:
+            if args.debug:
+                raise
+            _fail(args, exc)
+            print("outcore: this is a bug in outcore or in the model; run again with --debug "
+                  "for the traceback", file=sys.stderr)
+            return EXIT_ERROR
+        finally:
+            progress.configure(False)
     if args.json and result is not None:
         print(json.dumps(result, indent=2, default=str))
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _cli_logging(args: argparse.Namespace) -> Iterator[None]:
+    """Print the ``outcore`` logger's warnings on stderr (one line each; with --debug its
+    info lines too); outcore's own warnings are shown through it, not twice."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("outcore: %(levelname)s: %(message)s"))
+    handler.setLevel(logging.INFO if args.debug else logging.WARNING)
+    logger = logging.getLogger("outcore")
+    level = logger.level
+    logger.setLevel(handler.level if level == logging.NOTSET else min(level, handler.level))
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OutcoreWarning)
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _fail(args: argparse.Namespace, exc: BaseException) -> None:
-    message = str(exc).strip("'\"")
+    message = str(exc).strip("'\"") or "interrupted"
     if args.json:
-        print(json.dumps({"error": type(exc).__name__, "message": message}))
+        print(json.dumps({"error": type(exc).__name__, "message": message,
+                          "exit_code": _exit_code(exc)}))
     else:
         print(f"outcore {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
 

@@ -1,83 +1,56 @@
-"""The ``outcore`` subcommands (argument parsing lives in ``outcore.cli``).
+"""The planning subcommands: plan, simulate, compare, explain, run (parsing: ``outcore.cli``;
+catalogues, reproduce and profile: ``outcore.cli_catalog``).
 
 Each ``cmd_*`` returns a JSON-able dict (printed with --json) and renders rich tables
-otherwise. Errors are raised, and ``outcore.cli.main`` maps them to exit codes.
+otherwise. Arguments are checked (``cli_workload.check``) before anything is captured;
+errors are raised and ``outcore.cli.main`` maps them to exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from pathlib import Path
 from typing import Any
 
-from outcore.cli import UsageError, emit
-from outcore.units import format_bytes, parse_bytes
+from outcore import cli_workload as work
+from outcore.cli import emit
+from outcore.units import format_bytes
+
+LISTS = {"list_models": "models", "list_gpus": "gpus", "list_policies": "policies"}
 
 
-def load_workload(args: argparse.Namespace, *, fake: bool) -> tuple[Any, Any, Any, str]:
-    """(model, loss_fn, batch, label) from ``--model`` (zoo name or module:function)."""
-    spec = args.model
-    if ":" in spec:
-        module_name, _, func_name = spec.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(f"cannot load {spec!r}: {exc}") from None
-        made = fn()
-        if hasattr(made, "model"):
-            return made.model, made.loss_fn, made.batch, spec
-        if not (isinstance(made, tuple) and len(made) == 3):
-            raise UsageError(f"{spec} must return (model, loss_fn, (x, y)) or a zoo Workload")
-        return made[0], made[1], made[2], spec
-    from outcore import zoo
+def handler(args: argparse.Namespace) -> Any:
+    """The function that runs ``args.command`` (a --list-* flag runs that catalogue)."""
+    from outcore import cli_catalog
 
-    if spec not in zoo.names():
-        raise UsageError(f"unknown model {spec!r}; zoo models: {', '.join(zoo.names())}, "
-                         "or give module:function")
-    if args.batch < 1:
-        raise UsageError("--batch must be at least 1")
-    w = zoo.get(spec, args.batch, fake=fake, small=getattr(args, "small", False))
-    return w.model, w.loss_fn, w.batch, f"{spec} (batch {args.batch})"
+    for flag, command in LISTS.items():
+        if getattr(args, flag, False):
+            return getattr(cli_catalog, f"cmd_{command}")
+    name = f"cmd_{args.command}"
+    return globals().get(name) or getattr(cli_catalog, name)
 
 
-def _budget(args: argparse.Namespace) -> int | None:
-    if args.budget is None:
-        return None
-    try:
-        return parse_bytes(args.budget)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _capture(args: argparse.Namespace, *, fake: bool) -> tuple[Any, str]:
-    from outcore.capture import capture
-
-    model, loss_fn, batch, label = load_workload(args, fake=fake)
-    return capture(model, loss_fn, batch, fake=fake), label
-
-
-def _planned(args: argparse.Namespace):
-    from outcore.api import plan
-
-    graph, label = _capture(args, fake=not getattr(args, "real", False))
-    return plan(graph, _budget(args), policy=args.policy, gpu=args.gpu), label
-
-
-def _summary(planned: Any, label: str) -> dict[str, Any]:
+def summary(planned: Any, label: str) -> dict[str, Any]:
+    """The JSON summary of a plan (shared by plan and simulate)."""
     sim = planned.simulation
     return {
         "model": label, "policy": planned.plan.policy, "budget": planned.budget,
         "predicted_peak": planned.predicted_peak, "decisions": planned.counts(),
-        "sub_batches": planned.plan.sub_batches,
+        "sub_batches": planned.plan.sub_batches, "notes": list(planned.notes),
         "instructions": len(planned.schedule),
         "simulation": sim.to_dict() if sim is not None else None,
     }
 
 
+def _print_notes(console: Any, notes: list[str]) -> None:
+    from rich.markup import escape
+
+    for text in notes:
+        console.print(f"[bold yellow]note:[/bold yellow] {escape(text)}")
+
+
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
-    planned, label = _planned(args)
-    result = _summary(planned, label)
+    planned, label = work.planned(args)
+    result = summary(planned, label)
 
     def render(console: Any) -> None:
         from rich.table import Table
@@ -96,43 +69,50 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
             table.add_row(f"simulated step ({sim.cost_model})", f"{sim.step_time * 1e3:.2f} ms")
             table.add_row("exposed transfer", f"{sim.exposed_transfer_time * 1e3:.2f} ms")
         console.print(table)
+        _print_notes(console, planned.notes)
 
     emit(args, render)
     return result
 
 
 def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
+    from outcore.report.files import check_folder, output_folder
+    from outcore.report.html import write_html
+    from outcore.report.snapshot import write_snapshot
     from outcore.report.timeline import plot_memory
     from outcore.report.trace import write_trace
 
-    planned, label = _planned(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_memory(planned.simulation, out / "memory.png", graph=planned.graph)
-    trace = out / "trace.json"
-    write_trace(trace, planned.simulation, planned.graph, planned.schedule)
-    from outcore.report.html import write_html
-
+    check_folder(args.out)  # before the capture, like every other argument
+    planned, label = work.planned(args)
+    out = output_folder(args.out)
+    png = plot_memory(planned.simulation, out / "memory.png", graph=planned.graph,
+                      schedule=planned.schedule, budget=planned.budget,
+                      title=f"{label}: {planned.plan.policy}")
+    trace = write_trace(out / "trace.json", planned.simulation, planned.graph,
+                        planned.schedule, model=args.model)
     report = write_html(planned, out / "report.html", title=f"outcore plan: {label}")
-    result = _summary(planned, label) | {"plot": str(png), "trace": str(trace),
-                                         "report": str(report)}
+    snapshot = write_snapshot(out / "memory_snapshot.pickle", planned.simulation,
+                              planned.graph, planned.schedule)
+    result = summary(planned, label) | {"plot": str(png), "trace": str(trace),
+                                        "report": str(report), "snapshot": str(snapshot)}
     emit(args, lambda console: console.print(
         f"[bold]{label}[/bold], policy {planned.plan.policy}\n{planned.simulation.summary()}\n"
-        f"wrote {png}, {trace} and {report}"))
+        f"wrote {png}, {trace}, {report} and {snapshot} (open the last in "
+        "https://pytorch.org/memory_viz)"))
     return result
 
 
 def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
-    from outcore.api import plan
     from outcore.errors import InfeasibleBudgetError
     from outcore.policies import names
 
-    graph, label = _capture(args, fake=not getattr(args, "real", False))
-    budget = _budget(args)
+    work.check(args)
+    graph, label = work.capture(args, fake=not getattr(args, "real", False))
+    budget = work.budget(args)
     rows = []
     for name in names():
         try:
-            p = plan(graph, budget, policy=name, gpu=args.gpu)
+            p = work.plan_policy(args, graph, name)
             rows.append({"policy": name, "feasible": True, "peak": p.predicted_peak,
                          "step_time": p.simulation.step_time, **p.counts()})
         except InfeasibleBudgetError as exc:
@@ -143,8 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
         from rich.table import Table
 
         at = "no budget" if budget is None else format_bytes(budget)
-        title = f"{label}: every policy at {at}"
-        table = Table(title=title)
+        table = Table(title=f"{label}: every policy at {at}")
         for col in ("policy", "fits", "peak", "step (ms)", "keep", "offload", "recompute"):
             table.add_column(col, justify="left" if col == "policy" else "right")
         for r in rows:
@@ -159,112 +138,73 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
-    planned, label = _planned(args)
+    from outcore.report.explain import RICH_STYLES, common_suffix
+
+    planned, label = work.planned(args)
     rows = planned.explain()
     shown = rows if args.limit == 0 else rows[: args.limit]
+    shared = common_suffix(shown)
 
     def render(console: Any) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"{label}: {planned.plan.policy} decisions "
-                            f"({len(shown)} of {len(rows)} activations)")
-        for col in ("tensor", "bytes", "producer", "decision", "why"):
-            table.add_column(col, overflow="fold")
+                            f"({len(shown)} of {len(rows)} activations, by decision, "
+                            "largest first)")
+        for col in ("module", "op", "size", "decision", "why"):
+            table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
         for r in shown:
-            table.add_row(r["tensor"], format_bytes(r["bytes"]), r["producer"], r["decision"],
-                          r["why"])
+            style = RICH_STYLES.get(r["decision"], "")
+            why = r["why"][: len(r["why"]) - len(shared)] if shared else r["why"]
+            table.add_row(escape(r["module"]), escape(r["op"]), r["size"],
+                          f"[{style}]{r['decision']}[/{style}]" if style else r["decision"],
+                          escape(why))
         console.print(table)
+        if shared:
+            console.print(f"every row above also: {escape(shared.strip('; '))}")
+        _print_notes(console, rows.notes)
 
     emit(args, render)
-    return {"model": label, "policy": planned.plan.policy, "tensors": rows}
+    return {"model": label, "policy": planned.plan.policy, "notes": rows.notes,
+            "tensors": list(rows)}
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from outcore.api import compile as compile_step
+    from outcore.validation import check_positive_int
 
-    if args.steps < 1:
-        raise UsageError("--steps must be at least 1")
-    model, loss_fn, batch, label = load_workload(args, fake=False)
-    trainer = compile_step(model, loss_fn, batch, budget=_budget(args), device="cpu-emulated",
-                           gpu=args.gpu, policy=args.policy)
+    work.check(args)
+    check_positive_int(args.steps, "--steps")
+    model, loss_fn, batch, label = work.load_workload(args, fake=False)
+    trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
+                           device="cpu-emulated", gpu=args.gpu, policy=args.policy,
+                           allow_sub_batches=work.allow_sub_batches(args),
+                           cache=False if args.no_cache else None, **work.options(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses: list[float] = []
     from rich.progress import Progress
 
-    with Progress(disable=args.json) as progress:
-        task = progress.add_task(f"training {label}", total=args.steps)
-        for _ in range(args.steps):
-            optimizer.zero_grad()
-            losses.append(float(trainer.step(*batch)))
-            optimizer.step()
-            progress.advance(task)
-    trainer.close()
+    from outcore import progress as feedback
+
+    try:
+        with Progress(disable=not feedback.enabled(), transient=True) as bar:
+            task = bar.add_task(f"training {label}", total=args.steps)
+            for _ in range(args.steps):
+                optimizer.zero_grad()
+                losses.append(float(trainer.step(*batch)))
+                optimizer.step()
+                bar.advance(task)
+    finally:
+        trainer.close()
     stats = trainer.stats
     result = {"model": label, "policy": trainer.plan.policy, "losses": losses,
               "budget": trainer.budget, "measured_peak": stats.measured_peak,
-              "predicted_peak": stats.predicted_peak, "step_seconds": stats.step_seconds}
+              "predicted_peak": stats.predicted_peak, "step_seconds": stats.step_seconds,
+              "sub_batches": stats.sub_batches, "notes": stats.notes}
     emit(args, lambda console: console.print(
         f"{label}: {args.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; {stats}"))
     return result
 
-
-def cmd_reproduce(args: argparse.Namespace) -> dict[str, Any]:
-    import runpy
-    import sys
-
-    papers = ("vdnn", "superneurons", "modnn", "pooch", "dymem")
-    if args.paper not in papers:
-        raise UsageError(f"unknown paper {args.paper!r}; choose one of {', '.join(papers)}")
-    root = Path(__file__).resolve().parents[2]
-    script = root / "benchmarks" / f"repro_{args.paper}.py"
-    if not script.exists():
-        raise UsageError(f"{script} is not here: run `outcore reproduce` from a source checkout")
-    argv = [str(script)] + (["--quick"] if args.quick else [])
-    saved, sys.argv = sys.argv, argv
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.argv = saved
-    return {"paper": args.paper, "script": str(script)}
-
-
-def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
-    from outcore.cost.profiles import profiles
-
-    if args.list:
-        table = {name: p.to_dict() for name, p in profiles().items()}
-
-        def render_list(console: Any) -> None:
-            from rich.table import Table
-
-            t = Table(title="GPU profiles")
-            for col in ("name", "memory", "fp32 TFLOP/s", "h2d GB/s", "d2h GB/s", "engines"):
-                t.add_column(col)
-            for name, p in profiles().items():
-                t.add_row(name, format_bytes(p.memory), f"{p.peak('float32') / 1e12:.1f}",
-                          f"{p.bandwidth('h2d') / 1e9:.1f}", f"{p.bandwidth('d2h') / 1e9:.1f}",
-                          str(p.copy_engines))
-            console.print(t)
-
-        emit(args, render_list)
-        return {"profiles": table}
-    from outcore.cost.measure_host import measure_this_cpu
-
-    host = measure_this_cpu()
-    result: dict[str, Any] = {"this-cpu": host.to_dict()}
-    if args.model:
-        from outcore.cost.measure_ops import measure_ops
-
-        graph, _ = _capture(args, fake=False)
-        measured = measure_ops(graph)
-        result["ops"] = len(graph.ops)
-        if args.out:
-            measured.save(args.out)
-            result["saved"] = args.out
-    emit(args, lambda console: console.print(
-        f"this CPU: {host.peak('float32') / 1e9:.1f} GFLOP/s fp32, copies "
-        f"{host.bandwidth('h2d') / 1e9:.1f} GB/s" + (f"; op profile of {args.model} saved to "
-                                                        f"{args.out}" if args.out else "")))
-    return result

@@ -50,15 +50,14 @@ import torch
 from torch import fx, nn
 from torch._functorch._aot_autograd import descriptors as aot
 
-from outcore.api import DEFAULT_POLICY, plan
+from outcore.api import plan
 from outcore.capture.convert import NodeMap, build_graph
 from outcore.capture.step import CapturedStep
-from outcore.errors import CaptureError, OutcoreError
+from outcore.errors import CaptureError, OutcoreError, ReplanWarning
 from outcore.graph.ir import Graph
 from outcore.runtime.devices import make_device
 from outcore.runtime.devices.base import Device
 from outcore.runtime.split import CompiledGraph, GraphStats, Signature
-from outcore.units import parse_bytes
 
 Role = str  # "param" (needs a gradient), "buffer" (module state), "input" (an argument)
 #            or "const" (a number, e.g. a dynamic size, fixed for one specialisation)
@@ -81,21 +80,37 @@ def _is_argument(node: fx.Node) -> bool:
     return source is None or bool(getattr(source, "is_input", True))
 
 
-def input_roles(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Role]:
+def placeholder_states(gm: fx.GraphModule) -> list[bool]:
+    """Per placeholder, True when dynamo's source says it is module state (a buffer, or a
+    tensor that is not an argument of the call).
+
+    Read when dynamo hands the graph to the backend: dynamo drops the placeholders'
+    ``grapharg`` once compilation ends, so a shape-dynamic graph planned later, on its first
+    call, must use what was read here (else its BatchNorm buffers look like arguments).
+    """
+    return ["_buffers[" in _source_name(n) or not _is_argument(n)
+            for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def input_roles(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                states: list[bool] | None = None) -> list[Role]:
     """The role of each flat input: what needs a gradient is a parameter; module state
-    (buffers, tensors that are not arguments) a buffer, whose in-place updates are kept; a
-    number (a dynamic size dynamo passes) a constant the graph is specialised for."""
+    (buffers, tensors that are not arguments; ``states``, from ``placeholder_states``) a
+    buffer, whose in-place updates are kept; a number (a dynamic size dynamo passes) a
+    constant the graph is specialised for."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise CaptureError(f"dynamo passed {len(example_inputs)} example inputs for "
                            f"{len(placeholders)} graph inputs")
+    if states is None:
+        states = placeholder_states(gm)
     roles: list[Role] = []
-    for node, value in zip(placeholders, example_inputs, strict=True):
+    for is_state, value in zip(states, example_inputs, strict=True):
         if not isinstance(value, torch.Tensor):
             roles.append("const")
         elif isinstance(value, nn.Parameter) or value.requires_grad:
             roles.append("param")
-        elif "_buffers[" in _source_name(node) or not _is_argument(node):
+        elif is_state:
             roles.append("buffer")
         else:
             roles.append("input")
@@ -196,7 +211,8 @@ def _check_inputs_unmutated(joint: fx.GraphModule) -> None:
 
 
 def capture_dynamo_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor],
-                         name: str) -> tuple[Graph, Signature]:
+                         name: str, states: list[bool] | None = None
+                         ) -> tuple[Graph, Signature]:
     """Export dynamo's graph as one joint ATen graph; return the IR and its signature.
 
     The Graph's ``source`` is a ``CapturedStep`` over the joint graph (its ``step_module``
@@ -204,7 +220,7 @@ def capture_dynamo_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tens
     """
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    roles = input_roles(gm, example_inputs)
+    roles = input_roles(gm, example_inputs, states)
     step = _DynamoStep(gm, example_inputs, roles)
     arguments = tuple(v for v, role in zip(example_inputs, roles, strict=True) if role == "input")
     with contextlib.ExitStack() as stack:
@@ -262,42 +278,53 @@ class OutcoreBackend:
         self.options = options
         self.graphs: list[CompiledGraph] = []
         self.unplanned = 0
+        self.last: CompiledGraph | None = None
 
     @property
     def stats(self) -> GraphStats:
-        """The stats of the one planned graph (``graphs[i].stats`` when there are several)."""
-        if len(self.graphs) != 1:
-            raise OutcoreError(f"this backend planned {len(self.graphs)} graphs (graph breaks, "
-                               "recompilations or new shapes); read backend.graphs[i].stats"
-                               if self.graphs else
-                               "nothing was planned yet: call the compiled model first")
-        return self.graphs[0].stats
+        """The stats of the graph that ran last (the only one without graph breaks or
+        recompilations; a new shape, e.g. a smaller last batch, is planned as another graph
+        and its step is the last one). With graph breaks read ``graphs[i].stats``."""
+        if self.last is None:
+            raise OutcoreError("nothing ran yet: call the compiled model (and backward) first")
+        return self.last.stats
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if not torch.is_grad_enabled() or not any(
                 isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
             self.unplanned += 1
             return gm.forward
+        states = placeholder_states(gm)  # dynamo forgets the sources after this call
         if any(not isinstance(v, torch.Tensor) for v in example_inputs):
-            return _PerShape(self, gm)
-        return self.compile_graph(gm, example_inputs)
+            return _PerShape(self, gm, states)
+        return self.compile_graph(gm, example_inputs, states)
 
-    def compile_graph(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+    def compile_graph(self, gm: fx.GraphModule, inputs: Sequence[Any],
+                      states: list[bool] | None = None) -> Callable[..., Any]:
         """Capture, plan and generate one graph for these concrete ``inputs``.
 
         An OutcoreError (infeasible budget, unsupported graph) is returned as a callable that
         raises it: dynamo would otherwise wrap it in its own BackendCompilerFailed.
         """
+        from outcore.hardware import default_gpu
+        from outcore.log import announce
+
+        if self.graphs:
+            announce(f"planning compiled graph #{len(self.graphs)} (a graph break, a "
+                     "recompilation or a new input shape): it is captured and planned on its "
+                     "own", ReplanWarning, stacklevel=3)
         try:
             self._check_device(inputs)
-            graph, signature = capture_dynamo_graph(gm, inputs, f"compiled{len(self.graphs)}")
-            planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu,
+            graph, signature = capture_dynamo_graph(gm, inputs, f"compiled{len(self.graphs)}",
+                                                    states)
+            planned = plan(graph, self.budget, policy=self.policy,
+                           gpu=self.gpu or default_gpu(graph, self.device),
                            simulate=False, **self.options)
             compiled = CompiledGraph(planned, signature, self._make_device, self.budget)
         except OutcoreError as err:
             return _Raiser(err)
         self.graphs.append(compiled)
-        return compiled
+        return _Tracked(self, compiled)
 
     def _make_device(self) -> Device:
         return make_device(self.device, capacity=self.budget,
@@ -321,9 +348,11 @@ class _PerShape:
     """A graph dynamo made shape-dynamic: captured and planned for each concrete shape on
     its first call (outcore plans static shapes), then reused for that shape."""
 
-    def __init__(self, backend: OutcoreBackend, gm: fx.GraphModule) -> None:
+    def __init__(self, backend: OutcoreBackend, gm: fx.GraphModule,
+                 states: list[bool]) -> None:
         self.backend = backend
         self.gm = gm
+        self.states = states
         self.by_shape: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -331,8 +360,21 @@ class _PerShape:
                     for a in args)
         compiled = self.by_shape.get(key)
         if compiled is None:
-            compiled = self.by_shape[key] = self.backend.compile_graph(self.gm, args)
+            compiled = self.by_shape[key] = self.backend.compile_graph(self.gm, args,
+                                                                       self.states)
         return compiled(*args)
+
+
+class _Tracked:
+    """A planned graph that tells its backend it ran (for ``OutcoreBackend.stats``)."""
+
+    def __init__(self, backend: OutcoreBackend, compiled: CompiledGraph) -> None:
+        self.backend = backend
+        self.compiled = compiled
+
+    def __call__(self, *args: Any) -> Any:
+        self.backend.last = self.compiled
+        return self.compiled(*args)
 
 
 class _Raiser:
@@ -365,13 +407,12 @@ def backend(budget: int | str | None = "6GiB", *, policy: str = "auto", device: 
     Raises (from the call of the compiled model that first runs the graph):
         InfeasibleBudgetError: the budget is below what the policy can reach.
         CaptureError: the graph cannot be exported or run as a forward and a backward.
-        ValueError: an unknown device or policy, or an unreadable budget (at once).
+        InvalidArgumentError: (a ValueError) an unknown device, policy or GPU, or an
+            unreadable, non-positive or non-finite budget (at once).
     """
-    from outcore.policies.registry import get
-    from outcore.runtime.devices.factory import DEVICES
+    from outcore.validation import check_budget, check_device, check_gpu, check_policy
 
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    get(DEFAULT_POLICY if policy == "auto" else policy)  # an unknown name fails here, not later
-    limit = None if budget is None else parse_bytes(budget)
-    return OutcoreBackend(limit, policy, device, gpu, options)
+    limit = check_budget(budget)  # every argument fails here, not at the first call
+    check_device(device)
+    check_policy(policy, options)
+    return OutcoreBackend(limit, policy, device, check_gpu(gpu), options)

@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from outcore import zoo
+from outcore import progress, zoo
 from outcore.api import cost_model_for, plan
 from outcore.capture import capture
 from outcore.errors import InfeasibleBudgetError
@@ -53,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out")
     args = parser.parse_args(argv)
     console = Console(width=130)
+    progress.configure(True)  # a spinner per step on a terminal; nothing in a pipe
     torch.manual_seed(0)
     work = zoo.get(args.model, args.batch)
-    graph = capture(work.model, work.loss_fn, work.batch)
+    with progress.task(f"capturing {args.model} (batch {args.batch})"):
+        graph = capture(work.model, work.loss_fn, work.batch)
     peaks = reference_peaks(graph)
     budget = peaks.liveness // 3
     console.print(f"[bold]{work.description}[/bold]\n{len(graph.ops)} ops; in-core peak "
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "keep-all":
             continue
         try:
-            planned = plan(graph, budget, policy=name, cost=cost)
+            planned = plan(graph, budget, policy=name, cost=cost, cache=False)
         except (InfeasibleBudgetError, ValueError) as exc:
             needed = getattr(exc, "required", None)
             table.add_row(name, "[red]no[/red]", format_bytes(needed) if needed else "-", "-",
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         work.model.load_state_dict(initial)  # every policy trains from the same weights
         device = make_device("cpu-emulated", capacity=budget, gpu=args.gpu)
         try:
-            measured, seconds, loss = _train(planned, work.batch, device, args.steps, work.model)
+            with progress.task(f"training {args.steps} steps with {name}"):
+                measured, seconds, loss = _train(planned, work.batch, device, args.steps,
+                                                 work.model)
         finally:
             device.close()
         counts = planned.counts()
@@ -110,8 +114,9 @@ def _write_outputs(planned, out: Path, console: Console) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     png = plot_memory(planned.simulation, out / "demo_memory.png", graph=planned.graph,
-                      budget=planned.budget)
-    write_trace(out / "demo_trace.json", planned.simulation, planned.graph, planned.schedule)
+                      schedule=planned.schedule, budget=planned.budget)
+    write_trace(out / "demo_trace.json", planned.simulation, planned.graph, planned.schedule,
+                model=f"{planned.graph.name} (make demo)")
     console.print(f"\nwrote {png} (memory and live tensors per step, outcore-auto) and "
                   f"{out / 'demo_trace.json'} (open in https://ui.perfetto.dev)")
 

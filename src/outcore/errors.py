@@ -30,6 +30,7 @@ class InfeasibleBudgetError(OutcoreError):
         self.policy = policy
         self.budget = budget
         self.required = required
+        self.hint = hint
         msg = (
             f"policy {policy!r} cannot fit a budget of {format_bytes(budget)}: "
             f"it needs at least {format_bytes(required)} ({required} bytes)."
@@ -75,3 +76,118 @@ class DeviceOutOfMemory(OutcoreError):
 
 class ProfileError(OutcoreError):
     """A hardware or measured profile is missing fields or holds impossible values."""
+
+
+# -- bad arguments: one type per cause, each naming the value, what is accepted, what to do --
+class InvalidArgumentError(OutcoreError, ValueError):
+    """An argument outcore cannot use, caught before any capture or planning.
+
+    Also a ``ValueError`` (what Python code catches for a bad value). The CLI exits with
+    code 2 for every subclass.
+
+    Attributes:
+        value: the value given.
+        accepted: what would have been accepted (a sentence or a list of names).
+    """
+
+    what = "argument"
+    template = "{what} {value!r} is not accepted; expected {accepted}."
+
+    def __init__(self, value: object, accepted: str, hint: str = "") -> None:
+        self.value = value
+        self.accepted = accepted
+        msg = self.template.format(what=self.what, value=value, accepted=accepted)
+        super().__init__(msg + (f" {hint}" if hint else ""))
+
+
+class UnknownPolicyError(InvalidArgumentError):
+    """A policy name that is not registered (``outcore.policies()`` lists the names)."""
+
+    what = "policy"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
+class UnknownGPUError(InvalidArgumentError):
+    """A hardware profile name that is not in the catalogue (``outcore gpus`` lists them)."""
+
+    what = "GPU profile"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
+class UnknownModelError(InvalidArgumentError):
+    """A model that is neither a zoo name nor a loadable ``module:function``."""
+
+    what = "model"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
+class BatchMismatchError(InvalidArgumentError):
+    """A batch passed to ``Trainer.step`` whose shapes or dtypes differ from the captured
+    example's."""
+
+    what = "batch"
+    template = "the {what}'s {value} does not match the captured step: expected {accepted}."
+
+
+class UnknownPaperError(InvalidArgumentError):
+    """A paper ``outcore reproduce`` does not know."""
+
+    what = "paper"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
+class UnknownDeviceError(InvalidArgumentError):
+    """A device other than "cuda", "cpu-emulated" or "cpu"."""
+
+    what = "device"
+    template = "unknown {what} {value!r}; expected {accepted}."
+
+
+class InvalidBudgetError(InvalidArgumentError):
+    """A budget outcore cannot plan for (base of the three causes below)."""
+
+    what = "budget"
+
+
+class UnreadableBudgetError(InvalidBudgetError):
+    """A budget that is not a number of bytes nor a string such as "12GB"."""
+
+    template = "cannot read {value!r} as a budget; expected {accepted}."
+
+
+class NonPositiveBudgetError(InvalidBudgetError):
+    """A budget that is zero or negative."""
+
+
+class NonFiniteBudgetError(InvalidBudgetError):
+    """A budget that is infinite or NaN (including "1e400", which overflows)."""
+
+
+class InvalidOptionError(InvalidArgumentError):
+    """A command-line ``--option key=value`` that is not of that form, or another bad
+    numeric argument (``--batch 0``, ``--steps 0``)."""
+
+    what = "option"
+
+
+class OutputPathError(OutcoreError):
+    """A report or profile could not be written where asked (unwritable folder, a name that
+    leaves the requested folder)."""
+
+
+class OutcoreWarning(UserWarning):
+    """Base of outcore's warnings (each is also logged on the ``outcore`` logger)."""
+
+
+class SubBatchWarning(OutcoreWarning):
+    """The batch is split into sub-batches: BatchNorm statistics (and anything else that
+    couples the samples of a batch) are computed per sub-batch, so gradients and running
+    statistics differ from eager PyTorch's."""
+
+
+class ReplanWarning(OutcoreWarning):
+    """outcore captured and planned again (a new input shape, a recompilation)."""
+
+
+class BudgetUnitWarning(OutcoreWarning):
+    """A budget given as a bare number in a string ("12"): read as bytes."""

@@ -6,7 +6,8 @@ import pytest
 
 from outcore.cli import EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, build_parser, main
 
-COMMANDS = ["plan", "simulate", "run", "compare", "reproduce", "explain", "profile"]
+COMMANDS = ["plan", "simulate", "run", "compare", "reproduce", "explain", "profile", "models",
+            "gpus", "policies"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -83,7 +84,7 @@ def test_infeasible_budget_exit_code(capsys):
     (["plan", "--model", "mlp", "--budget", "lots"], "cannot read"),
     (["plan", "--model", "mlp", "--policy", "nope"], "unknown policy"),
     (["reproduce", "nopaper"], "unknown paper"),
-    (["plan", "--model", "nosuchmodule:fn"], "cannot load"),
+    (["plan", "--model", "nosuchmodule:fn"], "Cannot load"),
     (["run", "--model", "mlp", "--steps", "0"], "at least 1"),
 ])
 def test_bad_arguments_are_one_line_errors(args, words, capsys):

@@ -19,6 +19,7 @@ from outcore.errors import InfeasibleBudgetError
 from outcore.graph.batch_dims import BatchDimError, follow, input_batch_dims
 from outcore.policies import PolicyContext
 from outcore.policies.modnn import minimum_memory
+from outcore.policies.registry import get
 from outcore.runtime.subbatch import split_batch
 
 
@@ -189,9 +190,10 @@ def test_models_whose_split_changes_the_step_are_not_split(model):
     batch = (torch.randn(4, 6), torch.randint(0, 4, (4,)))
     graph = capture(model, F.cross_entropy, batch)
     why = "cannot be captured" if isinstance(model, HardCoded) else "sub_batch_statistics=True"
-    with pytest.raises(InfeasibleBudgetError, match=why):
-        outcore.plan(graph, 1, policy="modnn", recapture=lambda k: capture(
-            model, F.cross_entropy, split_batch(batch, k)[0]), simulate=False)
+    ctx = PolicyContext(budget=1, cost=cost_model_for(None), recapture=lambda k: capture(
+        model, F.cross_entropy, split_batch(batch, k)[0]))
+    with pytest.raises(InfeasibleBudgetError, match=why):  # the policy alone, no opt-in
+        get("modnn").fn(graph, ctx)
     if not isinstance(model, HardCoded):  # statistics per sub-batch, when asked for
         out = outcore.plan(graph, mmin(model, F.cross_entropy, batch, sub_batch_statistics=True),
                            policy="modnn", simulate=False, sub_batch_statistics=True,

@@ -20,6 +20,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from outcore.capture import module_paths
 from outcore.capture.convert import build_graph
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError
@@ -120,9 +121,12 @@ def capture(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
                 mode = FakeTensorMode(allow_non_fake_inputs=False)
                 stack.enter_context(_faked(step, mode))
                 x, y = _fake_batch(mode, (x, y))
+            stack.enter_context(module_paths.recording(model))
             joint = _export(stack, step, (x, y))
             gm = joint.graph_module
             graph, nodes = build_graph(gm, name or type(model).__name__)
+            graph.meta["module_paths"] = module_paths.op_module_paths(
+                gm, [o.name for o in graph.ops])
     finally:
         model.train(was_training)
     graph.meta["fake"] = is_fake

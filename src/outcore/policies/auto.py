@@ -252,6 +252,7 @@ def _simulated(graph: Graph, schedule: Schedule, cost: CostModel) -> float:
 
 def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> PolicyOutput | None:
     """Simulate the seed policies' plans beside our own and keep the fastest that fits."""
+    from outcore import progress
     from outcore.errors import OutcoreError
     from outcore.policies.registry import get
 
@@ -260,7 +261,8 @@ def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> P
         scored.append((_simulated(best.graph, best.schedule, ctx.cost), "outcore-auto", best))
     for name in PORTFOLIO + (HOST_SPARING if ctx.host_budget is not None else ()):
         try:
-            out = get(name).fn(graph, ctx)
+            with progress.task(f"outcore-auto: trying {name}'s plan"):
+                out = get(name).fn(graph, ctx)
         except (OutcoreError, ValueError):
             continue  # that policy cannot meet this budget (or is not installed)
         if out.schedule.variants and not ctx.options.get("allow_variants", False):

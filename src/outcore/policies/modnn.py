@@ -96,7 +96,8 @@ def graphs_of(graph: Graph, ctx: PolicyContext) -> Recaptures:
     # (no torch source) is only planned, at the batch size its options name
     dims = graph_batch(graph, options).dims if graph.source is not None else None
     return Recaptures(graph, batch_size(graph, options), ctx.recapture,
-                      allow_coupled=bool(options.get("sub_batch_statistics", False)),
+                      allow_coupled=bool(options.get("sub_batch_statistics", False))
+                      or ctx.split_changes_ok,
                       split_dims=dims)
 
 

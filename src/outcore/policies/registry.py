@@ -31,6 +31,10 @@ class PolicyContext:
     recapture: Callable[[int], Graph] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     host_budget: int | None = None  # bytes host copies may hold (None: no limit)
+    #: the user opted into sub-batches that change the step (``allow_sub_batches=True`` or
+    #: naming moDNN through ``outcore.plan``/``compile``, which warn and say so in notes):
+    #: a split may then compute batch statistics per sub-batch (BatchNorm)
+    split_changes_ok: bool = False
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 from outcore.graph.ir import Graph
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+from outcore.report.files import write_text
 from outcore.sim.result import SimResult
 
 PID = 1
@@ -68,9 +69,13 @@ def chrome_trace(result: SimResult, graph: Graph, schedule: Schedule, *,
             "otherData": {"graph": graph.name, "policy": schedule.policy, **result.to_dict()}}
 
 
-def write_trace(path: str | Path, result: SimResult, graph: Graph, schedule: Schedule,
-                **options: Any) -> Path:
-    """Write ``chrome_trace(...)`` as JSON to ``path``; returns the path."""
-    path = Path(path)
-    path.write_text(json.dumps(chrome_trace(result, graph, schedule, **options)), encoding="utf-8")
-    return path
+def write_trace(path: str | Path, result: SimResult, graph: Graph, schedule: Schedule, *,
+                model: str | None = None, **options: Any) -> Path:
+    """Write ``chrome_trace(...)`` as JSON to ``path`` atomically; returns the path.
+
+    ``model`` names the process ("outcore sim: resnet50, outcore-auto") instead of the
+    captured module's class name (``graph.name``, e.g. "Sequential").
+    """
+    if model is not None and "title" not in options:
+        options["title"] = f"outcore sim: {model}, {schedule.policy}"
+    return write_text(path, json.dumps(chrome_trace(result, graph, schedule, **options)))

@@ -1,0 +1,170 @@
+"""What the planning commands share: checking the arguments before any capture, loading the
+workload, capturing it (through the on-disk cache for zoo models) and planning it.
+
+``check(args)`` runs first, in well under a second: policy and options, GPU, budget, model
+name, batch. Only then does ``planned(args)`` capture (seconds to a minute at paper scale).
+
+``--model module:function`` imports ``module`` and calls ``function()``: that runs the
+user's code (as ``uvicorn module:app`` does), so it is loaded only after every other
+argument was checked, and its graphs are never cached (the code may change between runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from outcore import progress
+from outcore.cli import UsageError, parse_option
+from outcore.errors import UnknownModelError
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--option key=value`` pairs as a dict (a repeated key: the last wins), without
+    ``allow_sub_batches`` (see ``allow_sub_batches``)."""
+    found = dict(parse_option(text) for text in getattr(args, "option", []) or [])
+    found.pop("allow_sub_batches", None)
+    return found
+
+
+def allow_sub_batches(args: argparse.Namespace) -> bool | None:
+    """True with ``--allow-sub-batches`` (or ``--option allow_sub_batches=true``), else None
+    (the API's default: only policy modnn splits)."""
+    given = dict(parse_option(text) for text in getattr(args, "option", []) or [])
+    return True if getattr(args, "allow_sub_batches", False) or \
+        given.get("allow_sub_batches") is True else None
+
+
+def check(args: argparse.Namespace) -> None:
+    """Every argument of a planning command, before anything is captured."""
+    from outcore.validation import (
+        check_budget,
+        check_gpu,
+        check_model,
+        check_policy,
+        check_positive_int,
+    )
+
+    if args.model is None:
+        raise UsageError(f"outcore {args.command} needs --model NAME (a zoo name, see "
+                         "`outcore models`, or module:function)")
+    if hasattr(args, "policy"):
+        check_policy(args.policy, options(args))
+        args.gpu = check_gpu(args.gpu)
+        check_budget(args.budget)
+    check_model(args.model)
+    check_positive_int(args.batch, "--batch")
+    if hasattr(args, "steps"):
+        check_positive_int(args.steps, "--steps")
+    if getattr(args, "cost", None):
+        from pathlib import Path
+
+        if not Path(args.cost).is_file():
+            raise UsageError(f"--cost {args.cost!r}: no such file; write one with `outcore "
+                             "profile --model M --out PATH`")
+
+
+def budget(args: argparse.Namespace) -> int | None:
+    """The checked budget in bytes (the unit note was given by ``check``)."""
+    from outcore.validation import check_budget
+
+    return check_budget(args.budget, warn_unitless=False)
+
+
+def load_workload(args: argparse.Namespace, *, fake: bool,
+                  batch: int | None = None) -> tuple[Any, Any, Any, str]:
+    """(model, loss_fn, batch, label) from ``--model`` (zoo name or module:function)."""
+    spec = args.model
+    size = args.batch if batch is None else batch
+    if ":" in spec:
+        module_name, _, func_name = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownModelError(spec, "module:function naming a function of an importable "
+                                    "module", f"Cannot load it ({type(exc).__name__}: {exc}); "
+                                    "check the module is on PYTHONPATH.") from None
+        made = fn()
+        if hasattr(made, "model"):
+            return made.model, made.loss_fn, made.batch, spec
+        if not (isinstance(made, tuple) and len(made) == 3):
+            raise UsageError(f"{spec} must return (model, loss_fn, (x, y)) or a zoo Workload")
+        return made[0], made[1], made[2], spec
+    from outcore import zoo
+
+    w = zoo.get(spec, size, fake=fake, small=getattr(args, "small", False))
+    return w.model, w.loss_fn, w.batch, f"{spec} (batch {size})"
+
+
+def capture(args: argparse.Namespace, *, fake: bool) -> tuple[Any, str]:
+    """The step graph of ``--model`` and its label; zoo graphs come from the cache when it
+    holds them (``--no-cache`` captures again)."""
+    from outcore import plan_cache
+    from outcore.graph.ir import Graph
+
+    zoo_model = ":" not in args.model
+    label = f"{args.model} (batch {args.batch})" if zoo_model else args.model
+    key = None
+    if zoo_model and plan_cache.enabled(False if args.no_cache else None):
+        key = plan_cache.graph_key(model=args.model, batch=args.batch, fake=fake,
+                                   small=getattr(args, "small", False))
+        text = plan_cache.load(key)
+        if isinstance(text, str):
+            return Graph.from_json(text), label
+    from outcore.capture import capture as run_capture
+
+    model, loss_fn, batch, label = load_workload(args, fake=fake)
+    with progress.task(f"capturing {label}{' (fake tensors)' if fake else ''}"):
+        graph = run_capture(model, loss_fn, batch, fake=fake, name=args.model)
+    if key is not None:
+        plan_cache.store(key, graph.to_json())
+    return graph, label
+
+
+def recapture_for(args: argparse.Namespace, *, fake: bool) -> Any:
+    """``parts -> Graph`` at batch / parts. Policies only get it with
+    ``--allow-sub-batches`` (or ``--policy modnn``); otherwise it lets the refusal of a
+    budget that only sub-batches could meet say so."""
+
+    def recapture(parts: int) -> Any:
+        from outcore.capture import capture as run_capture
+        from outcore.runtime.subbatch import split_batch
+
+        if ":" not in args.model:
+            model, loss_fn, batch, label = load_workload(args, fake=fake,
+                                                         batch=args.batch // parts)
+        else:
+            model, loss_fn, full, label = load_workload(args, fake=fake)
+            batch = split_batch(tuple(full), parts)[0]
+        with progress.task(f"capturing {label} at 1/{parts} of the batch"):
+            return run_capture(model, loss_fn, batch, fake=fake, name=args.model)
+
+    return recapture
+
+
+def cost_model(args: argparse.Namespace) -> Any:
+    """The op profile of ``--cost``, or None (the GPU profile's analytic model)."""
+    if not getattr(args, "cost", None):
+        return None
+    from outcore.cost.measured import MeasuredProfile
+
+    return MeasuredProfile.load(args.cost)
+
+
+def plan_policy(args: argparse.Namespace, graph: Any, policy: str) -> Any:
+    """Plan ``graph`` with ``policy`` and the command's budget, GPU, options and cache."""
+    from outcore.api import plan
+
+    fake = not getattr(args, "real", False)
+    return plan(graph, budget(args), policy=policy, gpu=args.gpu, cost=cost_model(args),
+                recapture=recapture_for(args, fake=fake),
+                allow_sub_batches=allow_sub_batches(args),
+                cache=False if args.no_cache else None, **options(args))
+
+
+def planned(args: argparse.Namespace) -> tuple[Any, str]:
+    """Check, capture and plan: the PlannedStep of the command's arguments and its label."""
+    check(args)
+    graph, label = capture(args, fake=not getattr(args, "real", False))
+    return plan_policy(args, graph, args.policy), label

@@ -1,0 +1,79 @@
+"""The sub-batching rule: splitting the batch is an explicit opt-in.
+
+moDNN (and outcore-auto, when it takes moDNN's plan) can run one step as ``k`` sub-batches
+with gradient accumulation. That changes what the step computes wherever the samples of a
+batch are coupled: BatchNorm normalises each sub-batch with its own statistics and updates
+its running statistics ``k`` times (``num_batches_tracked`` grows by ``k``). Without
+batch-coupled layers the accumulated gradients equal the full batch's only up to the order
+of the floating-point sums, and only for a loss that is a mean over samples (what
+``run_sub_batches`` weights for); outcore cannot prove the latter from the graph, so it
+never splits unless asked:
+
+* ``allow_sub_batches=True`` (``outcore.plan``/``compile``/``backend``, or the CLI's
+  ``--allow-sub-batches``), or naming ``policy="modnn"``, opts in;
+* without it, policies get no way to re-capture a smaller batch, and a budget under the
+  layer-wise lower bound is refused with the bound and the way out;
+* every split is announced (a ``SubBatchWarning`` and the ``outcore`` logger) and shown in
+  ``explain()`` notes and ``trainer.stats.notes``.
+"""
+
+from __future__ import annotations
+
+from outcore.errors import InfeasibleBudgetError, SubBatchWarning
+from outcore.graph.ir import Graph, Phase
+from outcore.log import announce
+from outcore.units import format_bytes
+
+#: ATen targets whose result couples the samples of a batch (statistics over dim 0).
+BATCH_COUPLED = ("batch_norm", "_native_batch_norm_legit", "native_batch_norm")
+
+
+def batch_coupled_ops(graph: Graph) -> list[str]:
+    """Forward ops whose output depends on the other samples of the batch."""
+    return [op.name for op in graph.ops
+            if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
+
+
+def allowed(policy: str, allow_sub_batches: bool | None) -> bool:
+    """True when the user opted in: ``allow_sub_batches=True`` or the moDNN policy by name."""
+    if allow_sub_batches is not None:
+        return bool(allow_sub_batches)
+    return policy == "modnn"
+
+
+def refuse_below_bound(policy: str, limit: int, bound: int, can_split: bool) -> None:
+    """Raise InfeasibleBudgetError for a budget under the layer-wise bound, with the way out."""
+    if can_split:
+        way_out = (", or pass allow_sub_batches=True (CLI: --allow-sub-batches) or "
+                   "policy='modnn' to split the batch into sub-batches, which changes what "
+                   "BatchNorm computes.")
+    else:
+        way_out = " or shrink the batch."
+    raise InfeasibleBudgetError(
+        policy, limit, bound,
+        f"That is the layer-wise lower bound (parameters, inputs and the largest single op's "
+        f"tensors); no policy goes below it at this batch. Raise the budget to at least "
+        f"{format_bytes(bound)}{', shrink the batch' if can_split else ''}{way_out}")
+
+
+def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
+    """What splitting into ``parts`` sub-batches changes, for this graph."""
+    coupled = batch_coupled_ops(graph)
+    if coupled:
+        shown = ", ".join(coupled[:3]) + (f" and {len(coupled) - 3} more" if len(coupled) > 3
+                                          else "")
+        return (f"the batch is split into {parts} sub-batches (opted in): {len(coupled)} "
+                f"batch-coupled ops ({shown}) compute their statistics per sub-batch and "
+                f"update running statistics {parts} times per step, so gradients and "
+                "BatchNorm buffers differ from eager PyTorch's")
+    return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
+            "batch-coupled layers, so gradients equal the full batch's up to summation order "
+            "when the loss is a mean over samples (a sum-reduced loss is scaled by 1/"
+            f"{parts})")
+
+
+def announce_split(graph: Graph, parts: int) -> str:
+    """Warn and log that the batch is split; returns the note."""
+    text = note(graph, parts)
+    announce(text, SubBatchWarning, stacklevel=4)
+    return text

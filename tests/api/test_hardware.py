@@ -1,0 +1,54 @@
+"""Issue 18 point 4: the default profile on device="cuda" is the GPU that is there, and a
+bfloat16 step does not fail with ProfileError under the default profile."""
+
+import pytest
+import torch
+
+import outcore
+from outcore import hardware
+
+
+@pytest.mark.parametrize("name,memory,profile", [
+    ("NVIDIA H100 80GB HBM3", 80 * 2**30, "h100"),
+    ("NVIDIA H100 PCIe", 80 * 2**30, "h100"),
+    ("NVIDIA H200", 141 * 2**30, "h200"),
+    ("NVIDIA A100-SXM4-40GB", 40 * 2**30, "a100-40gb"),
+    ("NVIDIA A100-SXM4-80GB", 80 * 2**30, "a100-80gb"),
+    ("NVIDIA A100 PCIe", 80 * 2**30, "a100-80gb"),
+    ("Tesla V100-SXM2-16GB", 16 * 2**30, "v100-nvlink"),
+    ("Tesla V100-PCIE-16GB", 16 * 2**30, "v100-pcie"),
+    ("NVIDIA TITAN Xp", 12 * 2**30, "titan-xp"),
+    ("GeForce GTX TITAN X", 12 * 2**30, "titan-x-maxwell"),
+    ("Tesla K40c", 12 * 2**30, "k40c"),
+    ("NVIDIA GeForce RTX 4090", 24 * 2**30, None),
+])
+def test_device_names_map_to_profiles(name, memory, profile):
+    assert hardware.profile_for_device_name(name, memory) == profile
+
+
+def test_cuda_default_is_the_gpu_that_is_there(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    props = type("P", (), {"total_memory": 80 * 2**30})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+    assert hardware.default_gpu(None, "cuda") == "h100"
+    assert hardware.default_gpu(None, "cpu") == hardware.DEFAULT_GPU
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Some Future GPU")
+    assert hardware.default_gpu(None, "cuda") == hardware.DEFAULT_GPU
+
+
+def test_bfloat16_plans_and_trains_under_the_default_profile():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2)).to(torch.bfloat16)
+    batch = (torch.randn(4, 8, dtype=torch.bfloat16), torch.tensor([0, 1, 1, 0]))
+    graph = outcore.capture(model, torch.nn.functional.cross_entropy, batch)
+    planned = outcore.plan(graph, "1MB")  # v100-pcie knows no bfloat16 peak
+    assert "a100-40gb" in planned.simulation.cost_model
+    assert hardware.default_gpu(graph) == "a100-40gb"
+    trainer = outcore.compile(model, torch.nn.functional.cross_entropy, batch, budget="1MB",
+                              device="cpu-emulated")
+    try:
+        assert torch.isfinite(trainer.step(*batch).float())
+    finally:
+        trainer.close()

@@ -1,0 +1,138 @@
+"""Issue 18 point 2: splitting the batch is an explicit opt-in, announced (warnings, the
+"outcore" logger) and shown in explain() and trainer.stats; without it a budget under the
+layer-wise bound is refused with the bound and the way out."""
+
+import copy
+import logging
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import outcore
+from outcore.errors import InfeasibleBudgetError, SubBatchWarning
+from outcore.graph.bounds import reference_peaks
+
+
+def bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+
+
+def plain_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+
+
+BATCH = (torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,)))
+LOSS = nn.functional.cross_entropy
+
+
+def under_bound(model: nn.Module) -> int:
+    graph = outcore.capture(model, LOSS, BATCH)
+    return int(reference_peaks(graph).layer_lower_bound * 0.7)
+
+
+def test_without_opt_in_a_budget_under_the_bound_is_refused_silently_changing_nothing():
+    model = bn_net()
+    budget = under_bound(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing announced: nothing was split
+        with pytest.raises(InfeasibleBudgetError) as info:
+            outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu", policy="auto")
+    text = str(info.value)
+    assert "layer-wise lower bound" in text and "allow_sub_batches=True" in text
+    assert info.value.required > budget
+    assert int(model[1].num_batches_tracked) == 0
+
+
+@pytest.mark.parametrize("how", [{"allow_sub_batches": True, "policy": "auto"},
+                                 {"policy": "modnn"}])
+def test_opted_in_split_is_announced_and_shown(how, caplog):
+    model = bn_net()
+    budget = under_bound(model)
+    with caplog.at_level(logging.WARNING, logger="outcore"), \
+            pytest.warns(SubBatchWarning, match="batch-coupled"):
+        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu", **how)
+    assert trainer.stats.sub_batches > 1
+    assert any("sub-batches" in r.getMessage() for r in caplog.records if r.name == "outcore")
+    assert trainer.stats.notes and "BatchNorm" in trainer.stats.notes[0]
+    assert trainer.explain().notes == trainer.stats.notes
+    assert "sub-batches (opted in)" in str(trainer.stats)
+    trainer.step(*BATCH)
+    assert int(model[1].num_batches_tracked) == trainer.stats.sub_batches
+
+
+def test_without_batch_coupled_layers_the_split_matches_eager_up_to_summation_order():
+    model = plain_net()
+    reference = copy.deepcopy(model)
+    budget = under_bound(model)
+    with pytest.warns(SubBatchWarning, match="no batch-coupled layers"):
+        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu",
+                                  allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    trainer.step(*BATCH)
+    LOSS(reference(BATCH[0]), BATCH[1]).backward()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_plan_hands_policies_no_recapture_without_opt_in(monkeypatch):
+    from outcore.policies import registry
+
+    seen = []
+    real = registry.get
+
+    def get(name):
+        info = real(name)
+
+        def fn(graph, ctx):
+            seen.append(ctx.recapture)
+            return info.fn(graph, ctx)
+
+        return type(info)(info.name, fn, info.description, info.paper)
+
+    import outcore.api
+
+    monkeypatch.setattr(outcore.api, "get", get)
+    model = bn_net()
+    graph = outcore.capture(model, LOSS, BATCH)
+    outcore.plan(graph, None, recapture=lambda k: graph)
+    outcore.plan(graph, None, recapture=lambda k: graph, allow_sub_batches=True)
+    assert seen[0] is None and seen[1] is not None
+
+
+def test_invalid_arguments_fail_before_the_capture(monkeypatch):
+    import outcore.api
+
+    monkeypatch.setattr(outcore.api, "capture", lambda *a, **k: pytest.fail("captured"))
+    for kwargs, error in (({"budget": "1e400"}, outcore.errors.NonFiniteBudgetError),
+                          ({"budget": -1}, outcore.errors.NonPositiveBudgetError),
+                          ({"budget": 0}, outcore.errors.NonPositiveBudgetError),
+                          ({"budget": float("nan")}, outcore.errors.NonFiniteBudgetError),
+                          ({"policy": "nope"}, outcore.errors.UnknownPolicyError),
+                          ({"gpu": "h9000"}, outcore.errors.UnknownGPUError),
+                          ({"device": "tpu"}, outcore.errors.UnknownDeviceError)):
+        with pytest.raises(error) as info:
+            outcore.compile(bn_net(), LOSS, BATCH, **{"device": "cpu", **kwargs})
+        assert isinstance(info.value, ValueError)
+        assert repr(next(iter(kwargs.values())))[:5] in str(info.value) \
+            or str(next(iter(kwargs.values()))) in str(info.value)
+
+
+def test_step_refuses_a_batch_unlike_the_captured_one():
+    model = plain_net()
+    trainer = outcore.compile(model, LOSS, BATCH, budget=None, device="cpu")
+    x, y = BATCH
+    for bad, words in (((x.double(), y), "float64"), ((x[:8], y[:8]), "(8, 3, 16, 16)"),
+                       ((x, y.int()), "int32")):
+        with pytest.raises(outcore.errors.BatchMismatchError, match="captured") as info:
+            trainer.step(*bad)
+        assert words in str(info.value) and isinstance(info.value, ValueError)
+    assert all(p.grad is None for p in model.parameters())  # nothing ran
+    trainer.step(x, y)

@@ -207,7 +207,7 @@ class Trainer:
 
 def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
             budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
-            policy: str = "auto", **options: Any) -> Trainer:
+            policy: str = "auto", distributed: Any = False, **options: Any) -> Trainer:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Args:
@@ -217,11 +217,23 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
             budget as its capacity and a copy engine per direction) or "cpu".
         gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth.
         policy: a name from ``outcore.policies()``; "auto" = outcore-auto.
+        distributed: data parallel (``outcore.distributed``): True (the default process
+            group, initialised from torchrun's environment if needed) or a
+            ``torch.distributed`` ProcessGroup. ``example_batch`` is then this rank's share;
+            gradients are averaged over the ranks. Extra options: ``bucket_cap`` (bytes),
+            ``timeout`` (a timedelta), ``host`` (a multi-GPU host profile).
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` trains one step.
     """
     from outcore.runtime.devices import make_device
+
+    if distributed is not False and distributed is not None:
+        from outcore.distributed import compile_data_parallel
+
+        return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
+                                     budget=budget, device=device, gpu=gpu, policy=policy,
+                                     **options)
 
     limit = None if budget is None else parse_bytes(budget)
     graph = capture(model, loss_fn, example_batch)

@@ -1,0 +1,218 @@
+"""Helpers of the data-parallel tests: start ranks, and what each rank does.
+
+``launch(fn, world, args)`` starts ``world`` processes (spawn) that find each other through
+torchrun's environment variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``), so
+``outcore.compile(..., distributed=True)`` takes the same path as under torchrun. Each rank
+returns a picklable value (written to a file), or the exception it raised as
+``("error", type name, message)``; ``launch`` returns them by rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str,
+           args: tuple[Any, ...]) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    try:
+        result: Any = fn(rank, world, *args)
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which asserts on it
+        result = ("error", type(exc).__name__, f"{exc}\n{traceback.format_exc()}")
+    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    import torch.distributed as dist
+
+    failed = isinstance(result, tuple) and result[:1] == ("error",)
+    if dist.is_initialized() and not failed:
+        dist.destroy_process_group()
+
+
+def launch(fn: Callable[..., Any], world: int, *args: Any, deadline: float = 300.0) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; their results by rank.
+
+    Raises TimeoutError (after killing the ranks) when they have not all ended within
+    ``deadline`` seconds: a hang is a failure, not a stuck test run."""
+    with tempfile.TemporaryDirectory() as out:
+        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args),
+                                 nprocs=world, start_method="spawn", join=False)
+        end = time.monotonic() + deadline
+        while not ctx.join(timeout=max(0.1, min(5.0, end - time.monotonic()))):
+            if time.monotonic() > end:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"the {world} ranks did not end within {deadline} s")
+        return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+def fail_one_rank(rank: int, world: int, how: str, timeout_s: float) -> Any:
+    """Every rank builds a trainer; rank 1 then fails in its step (``how``: "oom": its
+    device is too small; "exception": its batch has the wrong width, so its forward raises).
+    Returns "no error" or raises (``_entry`` records the exception)."""
+    import outcore
+
+    model, loss_fn, full = workload("mlp", 8)
+    mine = _shard(full, rank, world)
+    trainer = outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
+                              policy="keep-all", distributed=True,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    if rank == 1 and how == "oom":
+        trainer.executor.capacity = 1024  # far below the step's peak: DeviceOutOfMemory
+    if rank == 1 and how == "exception":
+        mine = (mine[0][:, :-1], mine[1])
+    if rank == 1 and how == "hang":
+        # A rank that stops without failing (stuck in the user's own code): it reports
+        # nothing and keeps its connections open, so only the group's timeout ends rank 0.
+        time.sleep(3 * timeout_s)
+        return "hung"
+    trainer.step(*mine)
+    return "no error"
+
+
+# -- what the ranks do ---------------------------------------------------------------------
+def _shard(batch: tuple[torch.Tensor, ...], rank: int, world: int) -> tuple[Any, ...]:
+    return tuple(t.chunk(world)[rank] for t in batch)
+
+
+def _eager_grads(model: torch.nn.Module, loss_fn: Any, batch: Any) -> dict[str, torch.Tensor]:
+    m = copy.deepcopy(model)
+    m.zero_grad(set_to_none=True)
+    loss_fn(m(batch[0]), batch[1]).backward()
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |a - b| relative to the largest |b| of the same parameter."""
+    worst = 0.0
+    for name, ref in b.items():
+        scale = max(ref.abs().max().item(), 1e-12)
+        worst = max(worst, (a[name] - ref).abs().max().item() / scale)
+    return worst
+
+
+#: Small zoo networks for the gradient tests: no dropout (its masks would differ from the
+#: eager reference's), DenseNet with short blocks (same topology, faster capture).
+OPTIONS: dict[str, dict[str, Any]] = {"transformer": {"dropout": 0.0},
+                                      "densenet121": {"blocks": (2, 2, 2, 2)}}
+
+
+def workload(name: str, batch: int) -> tuple[torch.nn.Module, Any, tuple[Any, ...]]:
+    """A small zoo network (same seed on every rank: identical models and global batch)."""
+    from outcore.zoo import registry
+
+    w = registry.get(name, batch, small=True, seed=0, **OPTIONS.get(name, {}))
+    return w.model, w.loss_fn, tuple(w.batch)
+
+
+def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: list[str],
+                       budget_fraction: float | None,
+                       bucket_cap: int = 1 << 14) -> dict[str, Any]:
+    """Per policy: this rank's averaged gradients against (1) the mean of the per-shard
+    eager gradients (what DDP computes) and (2) the whole batch's eager gradients; plus
+    the predicted and measured peak of the step."""
+    import outcore
+
+    model, loss_fn, full = workload(name, batch)
+    mine = _shard(full, rank, world)
+    shards = [_eager_grads(model, loss_fn, _shard(full, r, world)) for r in range(world)]
+    ddp = {n: sum(s[n] for s in shards) / world for n in shards[0]}
+    whole = _eager_grads(model, loss_fn, full)
+    graph = outcore.capture(model, loss_fn, mine)
+    budget = None
+    if budget_fraction is not None:
+        budget = int(outcore.plan(graph, None, policy="liveness", simulate=False)
+                     .predicted_peak * budget_fraction)
+    if policies == ["*"]:
+        policies = outcore.policies()
+    rows: dict[str, Any] = {}
+    timeout = datetime.timedelta(seconds=60)
+    for i, policy in enumerate(policies):
+        model.zero_grad(set_to_none=True)
+        trainer, bounded = _trainer(i == 0, model, loss_fn, mine, graph, policy, budget,
+                                    timeout, bucket_cap)
+        single = [_single_device_grads(trainer.planned, _shard(full, r, world))
+                  for r in range(world)]
+        same_plan = {n: sum(s[n] for s in single) / world for n in single[0]}
+        try:
+            trainer.step(*mine)
+        finally:
+            trainer.close()
+        got = {n: p.grad for n, p in model.named_parameters(remove_duplicate=False)
+               if p.grad is not None}  # tied weights: under every name (one .grad)
+        counts = trainer.planned.counts()
+        rows[policy] = {"plan": _max_err(got, same_plan), "ddp": _max_err(got, ddp),
+                        "whole": _max_err(got, whole), "missing": sorted(set(ddp) - set(got)),
+                        "predicted": trainer.stats.predicted_peak,
+                        "measured": trainer.stats.measured_peak, "bounded": bounded,
+                        "budget": trainer.budget,
+                        "moved": counts.get("offload", 0) + counts.get("recompute", 0),
+                        "variants": len(trainer.planned.schedule.variants),
+                        "buckets": len(trainer.buckets),
+                        "sub_batches": trainer.planned.plan.sub_batches,
+                        "checksum": [float(g.double().sum()) for g in got.values()]}
+    return rows
+
+
+def _single_device_grads(planned: Any, batch: Any) -> dict[str, torch.Tensor]:
+    """The gradients of ``planned`` run on one plain CPU device, nothing distributed (the
+    mean over its sub-batches when it has several)."""
+    from outcore.runtime.executor import Executor
+    from outcore.runtime.subbatch import split_batch
+
+    executor = Executor(planned.graph, planned.schedule)
+    k = planned.plan.sub_batches
+    parts = [executor.run(sub, apply=False).grads for sub in split_batch(batch, k)]
+    params = {n.removeprefix("model."): p for n, p in
+              executor.step.step_module.named_parameters(remove_duplicate=False)}
+    by_param: dict[int, torch.Tensor] = {}  # tied weights: one gradient per use, summed
+    for part in parts:
+        for name, grad in part.items():
+            key = id(params[name])
+            by_param[key] = by_param[key] + grad / k if key in by_param else grad / k
+    return {n: by_param[id(p)] for n, p in params.items() if id(p) in by_param}
+
+
+def _trainer(first: bool, model: Any, loss_fn: Any, mine: Any, graph: Any, policy: str,
+             budget: int | None, timeout: datetime.timedelta,
+             bucket_cap: int) -> tuple[Any, bool]:
+    """This rank's trainer: through ``outcore.compile`` for the first policy (the API path),
+    then from the captured graph; under ``budget`` when the policy meets it, else unbounded
+    (policies that ignore budgets)."""
+    import outcore
+    from outcore.distributed import data_parallel_trainer, rank_context
+
+    for limit in (budget, None):
+        try:
+            if first:
+                return outcore.compile(model, loss_fn, mine, budget=limit, policy=policy,
+                                       device="cpu-emulated", distributed=True,
+                                       timeout=timeout, bucket_cap=bucket_cap), limit is not None
+            ctx = rank_context(True, "cpu-emulated")
+            return data_parallel_trainer(model, graph, ctx, budget=limit, policy=policy,
+                                         device="cpu-emulated",
+                                         bucket_cap=bucket_cap), limit is not None
+        except outcore.InfeasibleBudgetError:
+            if limit is None:
+                raise
+    raise AssertionError("unreachable")

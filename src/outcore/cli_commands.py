@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from outcore.cli import UsageError, emit
+from outcore.errors import OutcoreError
 from outcore.units import format_bytes, parse_bytes
 
 
@@ -76,6 +77,10 @@ def _summary(planned: Any, label: str) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    if args.gpus > 1:
+        from outcore.distributed.cli import cmd_plan_gpus
+
+        return cmd_plan_gpus(args)
     planned, label = _planned(args)
     result = _summary(planned, label)
 
@@ -127,6 +132,10 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
     from outcore.errors import InfeasibleBudgetError
     from outcore.policies import names
 
+    if args.gpus > 1:
+        from outcore.distributed.cli import cmd_compare_gpus
+
+        return cmd_compare_gpus(args)
     graph, label = _capture(args, fake=not getattr(args, "real", False))
     budget = _budget(args)
     rows = []
@@ -183,12 +192,22 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from outcore.api import compile as compile_step
+    from outcore.distributed.cli import launch_nproc, rank_share
 
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    model, loss_fn, batch, label = load_workload(args, fake=False)
+    if args.nproc > 1:
+        argv = [a for i, a in enumerate(args.argv) if not a.startswith("--nproc")
+                and (i == 0 or args.argv[i - 1] != "--nproc")]
+        code = launch_nproc(argv, args.nproc)
+        if code:
+            raise OutcoreError(f"a rank of `outcore run --nproc {args.nproc}` failed "
+                               f"(exit code {code}); its error is printed above")
+        return {"nproc": args.nproc, "exit_code": code}
+    model, loss_fn, full, label = load_workload(args, fake=False)
+    batch, distributed = rank_share(full)
     trainer = compile_step(model, loss_fn, batch, budget=_budget(args), device="cpu-emulated",
-                           gpu=args.gpu, policy=args.policy)
+                           gpu=args.gpu, policy=args.policy, distributed=distributed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses: list[float] = []
     from rich.progress import Progress

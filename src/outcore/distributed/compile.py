@@ -120,28 +120,37 @@ def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:
     return rank_cost_model(base.profile, machine, world_size, variants=base.variants)
 
 
+#: Re-plans ``plan_rank`` tries before it gives up fitting the buckets beside a plan.
+REPLANS = 6
+
+
 def plan_rank(graph: Graph, limit: int | None, policy: str, cost: Any,
               recapture: Callable[[int], Graph] | None, bucket_cap: int, world_size: int,
               options: dict[str, Any]) -> tuple[PlannedStep, list[GradBucket]]:
-    """Plan one rank; its predicted peak includes its gradient buckets (module doc)."""
-    planned = plan(graph, limit, policy=policy, cost=cost, recapture=recapture,
-                   simulate=False, **options)
-    buckets = _buckets(planned, bucket_cap, world_size)
-    peak = peak_with_buckets(planned.graph, planned.schedule, buckets)
-    if limit is not None and peak > limit:
-        reserve = total_bucket_bytes(buckets)
-        if reserve >= limit:
-            raise InfeasibleBudgetError(policy, limit, reserve, "The gradient buckets alone "
-                                        "need that much; raise the budget.")
-        planned = plan(graph, limit - reserve, policy=policy, cost=cost, recapture=recapture,
+    """Plan one rank; its predicted peak includes its gradient buckets.
+
+    The buckets are allocated during backward, so they add to the peak only where it falls
+    after them: the rank is planned at the budget, and while the peak with its buckets is
+    over, re-planned at a budget lowered by the excess (at most ``REPLANS`` times)."""
+    target = limit
+    buckets: list[GradBucket] = []
+    for _ in range(REPLANS):
+        planned = plan(graph, target, policy=policy, cost=cost, recapture=recapture,
                        simulate=False, **options)
         buckets = _buckets(planned, bucket_cap, world_size)
         peak = peak_with_buckets(planned.graph, planned.schedule, buckets)
-        if peak > limit:
-            raise InfeasibleBudgetError(policy, limit, peak, "Its gradient buckets do not "
-                                        "fit beside the plan; raise the budget.")
-    planned.predicted_peak = peak
-    return planned, buckets
+        if limit is None or target is None or peak <= limit:
+            planned.predicted_peak = peak
+            return planned, buckets
+        target -= peak - limit
+        if target <= 0:
+            break
+    assert limit is not None  # an unbounded plan returns in the loop
+    raise InfeasibleBudgetError(policy, limit, limit + total_bucket_bytes(buckets),
+                                "The plan and its gradient buckets "
+                                f"({total_bucket_bytes(buckets)} bytes, all held at the end of "
+                                "backward) do not fit together; raise the budget or lower "
+                                "bucket_cap.")
 
 
 def _buckets(planned: PlannedStep, cap: int, world_size: int) -> list[GradBucket]:

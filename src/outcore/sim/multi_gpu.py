@@ -119,16 +119,15 @@ def simulate_data_parallel(graph: Graph, schedule: Schedule, cost_model: CostMod
     k = schedule.sub_batches
     last_pass = (k - 1) * sim.pass_time
     compute_end = last_pass + max(sim.end, default=0.0)
-    if k == 1:
-        ready = [sim.end[b.ready_at] for b in buckets]
-    else:
-        ready = [compute_end for _ in buckets]
+    # one pass: when backward made the bucket; sub-batches: after the last pass's compute
+    ready = [sim.end[b.ready_at] if k == 1 else compute_end for b in buckets]
     comm_end, busy = allreduce_stream(buckets, ready, n_gpus, host)
     step = max(sim.step_time, comm_end)
     profile = getattr(cost_model, "profile", None)
     bandwidth = ((profile.d2h_bandwidth, profile.h2d_bandwidth) if profile is not None
                  else (0.0, 0.0))
-    peak = peak_with_buckets(graph, schedule, buckets)  # the executor's rule (variants' ws)
+    # the executor's rule; with sub-batches .grad is reduced in place, no bucket buffers
+    peak = peak_with_buckets(graph, schedule, buckets if k == 1 else [])
     return DataParallelResult(
         n_gpus=n_gpus, host=host.name, rank=sim, buckets=buckets, step_time=step,
         comm_time=busy, exposed_comm_time=step - sim.step_time,

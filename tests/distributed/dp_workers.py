@@ -113,7 +113,7 @@ def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 #: Small zoo networks for the gradient tests: no dropout (its masks would differ from the
 #: eager reference's), DenseNet with short blocks (same topology, faster capture).
-OPTIONS: dict[str, dict[str, Any]] = {"transformer": {"dropout": 0.0},
+OPTIONS: dict[str, dict[str, Any]] = {"transformer": {"dropout": 0.0}, "vgg16": {"dropout": 0.0},
                                       "densenet121": {"blocks": (2, 2, 2, 2)}}
 
 
@@ -246,3 +246,39 @@ def _trainer(first: bool, model: Any, loss_fn: Any, mine: Any, graph: Any, polic
             if limit is None:
                 raise
     raise AssertionError("unreachable")
+
+
+def fsdp2_with_outcore_block(rank: int, world: int) -> dict[str, Any]:
+    """An FSDP2 (``fully_shard``) model whose first block is compiled by outcore's backend
+    (offload-all): its step's gradients (gathered from the shards) against the mean over
+    the ranks' halves of eager PyTorch's, and the block's plan and measured peak."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import outcore
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 32), torch.nn.Tanh())
+    model = torch.nn.Sequential(block, torch.nn.Linear(32, 2))
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
+    loss_fn = torch.nn.functional.cross_entropy
+    ddp = {}
+    for r in range(world):
+        for name, grad in _eager_grads(reference, loss_fn, _shard((x, y), r, world)).items():
+            ddp[name] = ddp.get(name, 0) + grad / world
+    be = outcore.backend(budget=None, device="cpu-emulated", policy="offload-all")
+    model[0] = torch.compile(model[0], backend=be)
+    fully_shard(model)  # parameters sharded over the ranks, gathered for the step
+    sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
+    mine = _shard((x, y), rank, world)
+    loss_fn(model(mine[0]), mine[1]).backward()
+    got = {n.replace("_orig_mod.", ""): p.grad.full_tensor()
+           for n, p in model.named_parameters()}
+    planned = be.graphs[0].planned
+    be.close()
+    return {"sharded": sharded, "err": _max_err(got, ddp), "names": sorted(got),
+            "expected": sorted(ddp), "offloads": planned.counts().get("offload", 0),
+            "measured": be.stats.measured_peak, "predicted": be.stats.predicted_peak}

@@ -100,6 +100,9 @@ def rank_context(distributed: Any, device: str,
     if not dist.is_available():
         raise OutcoreError("this torch was built without torch.distributed; data parallel "
                            "needs it")
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        # torchrun: one GPU per local rank, chosen before nccl makes its communicator
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if distributed is True:
         if not dist.is_initialized():
             missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -120,8 +123,6 @@ def rank_context(distributed: Any, device: str,
                         f"{type(distributed).__name__}")
     rank = dist.get_rank(group)
     local = int(os.environ.get("LOCAL_RANK", rank))
-    if device == "cuda":
-        torch.cuda.set_device(local)
     return RankContext(group, rank, dist.get_world_size(group), local, store)
 
 

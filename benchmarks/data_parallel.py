@@ -37,18 +37,18 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
 
-from repro_modnn import Net, cudnn_time, ideal_time  # noqa: E402
+from repro_modnn import Net, cudnn_time, ideal_time
 
-from outcore import zoo  # noqa: E402
-from outcore.api import cost_model_for  # noqa: E402
-from outcore.capture import capture  # noqa: E402
-from outcore.cost.interconnects import get_host  # noqa: E402
-from outcore.cost.model import AnalyticCostModel  # noqa: E402
-from outcore.cost.profiles import get_profile  # noqa: E402
-from outcore.distributed.compile import plan_rank  # noqa: E402
-from outcore.errors import InfeasibleBudgetError  # noqa: E402
-from outcore.policies._modnn_algos import ConvAlgorithmCost  # noqa: E402
-from outcore.sim.multi_gpu import rank_profile, simulate_data_parallel  # noqa: E402
+from outcore import zoo
+from outcore.api import cost_model_for
+from outcore.capture import capture
+from outcore.cost.interconnects import get_host
+from outcore.cost.model import AnalyticCostModel
+from outcore.cost.profiles import get_profile
+from outcore.distributed.compile import plan_rank
+from outcore.errors import InfeasibleBudgetError
+from outcore.policies._modnn_algos import ConvAlgorithmCost
+from outcore.sim.multi_gpu import rank_profile, simulate_data_parallel
 
 GiB = 2**30
 CAP = 25 << 20  # bucket bytes (DDP's default)
@@ -165,8 +165,8 @@ def link_sharing(name: str, label: str, batch: int, budget: float, gpus: list[in
                 planned, _ = plan_rank(graph, int(budget * GiB), "outcore-auto", planning, None,
                                        CAP, n, {})
                 r = simulate_data_parallel(planned.graph, planned.schedule, shared, host, n)
-                cells.append((r, f"{r.step_time * 1e3:.0f} "
-                                 f"({r.rank.exposed_transfer_time * 1e3:.0f})"))
+                shown = f"{r.step_time * 1e3:.0f} ({r.rank.exposed_transfer_time * 1e3:.0f})"
+                cells.append((r, shown))
             moved = cells[1][0].rank.bytes_d2h / GiB
             t.add_row(host_name, str(n), f"{cells[1][0].copy_bandwidth[0] / 1e9:.1f}",
                       f"{moved:.1f}", cells[0][1], cells[1][1])

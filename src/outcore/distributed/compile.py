@@ -47,8 +47,8 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
     link the plan assumes; default the host of ``gpu``.
     """
-    ctx = rank_context(distributed, device, timeout)
     refuse_sync_batchnorm(model)
+    ctx = rank_context(distributed, device, timeout)
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:
@@ -96,15 +96,15 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
 
 
 def refuse_sync_batchnorm(model: nn.Module) -> None:
-    """SyncBatchNorm's forward issues collectives, which capture cannot trace; refuse."""
+    """SyncBatchNorm's forward issues collectives inside an autograd Function, which capture
+    cannot trace (and torch runs it on GPU/XPU only, so it cannot run on the CPU at all)."""
     found = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
     if found:
         raise OutcoreError(
             f"the model uses torch.nn.SyncBatchNorm ({found[:3]}); outcore's data parallel "
             "captures each rank's step on its own and cannot trace SyncBatchNorm's "
-            "collectives. Use BatchNorm (per-rank statistics, as DDP without SyncBatchNorm: "
-            "torch.nn.SyncBatchNorm has no revert helper, so build the model with "
-            "BatchNorm), or train that model with torch's DDP.")
+            "collectives. Build the model with BatchNorm (per-rank statistics, as DDP "
+            "without SyncBatchNorm), or train that model with torch's DDP.")
 
 
 def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:

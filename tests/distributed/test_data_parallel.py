@@ -13,7 +13,8 @@ gradient against:
 * ``ddp``: eager PyTorch on each half, averaged, which is what DDP computes. Same
   tolerance for plans with the framework's kernels; plans that choose other operator
   algorithms (vDNN, moDNN, SuperNeurons pick im2col/FFT convolutions) are not bit-exact
-  even on one device, and are held to ``plan`` only;
+  even on one device, and plans that split a BatchNorm model into sub-batches normalise per
+  sub-batch (as on one device): both are held to ``plan`` only;
 * ``whole``: eager PyTorch on the whole batch on one process. Tolerance
   ``WHOLE_RTOL = 1e-5``: float32 sums of the batch re-associated into two halves differ by
   a few ulps of the largest term per parameter (seen: 5e-7). Only for models without
@@ -65,7 +66,8 @@ def check_rows(results: list[Any], name: str) -> None:
         assert "error" not in row, f"{where}: {row.get('error')}"
         assert not row["missing"], f"{where}: no gradient for {row['missing']}"
         assert row["plan"] <= PLAN_RTOL, f"{where}: {row['plan']:.2g} off the same plan"
-        if row["variants"] == 0:
+        per_sub_batch_bn = name in BATCHNORM and row["sub_batches"] > 1
+        if row["variants"] == 0 and not per_sub_batch_bn:
             assert row["ddp"] <= PLAN_RTOL, f"{where}: {row['ddp']:.2g} off DDP's gradients"
         if name in BATCHNORM:
             assert row["whole"] > 1e-3, f"{where}: BatchNorm statistics must be per rank"

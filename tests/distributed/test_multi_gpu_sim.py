@@ -121,3 +121,15 @@ def test_sub_batches_reduce_after_the_last_pass():
     assert result.rank.step_time == 12.0
     assert result.step_time == pytest.approx(12.0 + allreduce_time(3 * 10**9, 2, host))
     assert result.peak_bytes == result.rank.peak_bytes  # .grad reduced in place
+
+
+def test_the_planning_pieces_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import outcore.plan.grad_buckets, outcore.sim.multi_gpu, outcore.cost.interconnects\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr

@@ -32,11 +32,9 @@ from outcore.plan.grad_buckets import GradBucket
 class BucketReducer:
     """The GradHook of one data-parallel rank (module doc)."""
 
-    def __init__(self, graph: Graph, buckets: list[GradBucket], ctx: RankContext,
-                 device: torch.device | None = None) -> None:
+    def __init__(self, graph: Graph, buckets: list[GradBucket], ctx: RankContext) -> None:
         self.ctx = ctx
         self.buckets = buckets
-        self.device = device
         self.tensors = frozenset(t for b in buckets for t in b.tensors)
         self._bucket_of = {t: b.index for b in buckets for t in b.tensors}
         self._shapes = {t: graph.tensors[t].shape for t in self.tensors}

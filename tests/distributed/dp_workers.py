@@ -44,7 +44,11 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str,
     import torch.distributed as dist
 
     failed = isinstance(result, tuple) and result[:1] == ("error",)
-    if dist.is_initialized() and not failed:
+    if failed:
+        # A group whose peer is gone can abort (SIGABRT) in gloo's teardown at exit; the
+        # result is written, so leave without running the group's destructors.
+        os._exit(0)
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -57,12 +61,18 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, deadline: float = 300
         ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args),
                                  nprocs=world, start_method="spawn", join=False)
         end = time.monotonic() + deadline
-        while not ctx.join(timeout=max(0.1, min(5.0, end - time.monotonic()))):
-            if time.monotonic() > end:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                raise TimeoutError(f"the {world} ranks did not end within {deadline} s")
+        try:
+            while not ctx.join(timeout=max(0.1, min(5.0, end - time.monotonic()))):
+                if time.monotonic() > end:
+                    raise TimeoutError(f"the {world} ranks did not end within {deadline} s")
+        except mp.ProcessExitedException as exc:
+            missing = [r for r in range(world) if not Path(out, f"rank{r}.pkl").exists()]
+            if missing:  # a rank died before it could report: that is the failure
+                raise RuntimeError(f"ranks {missing} died without a result: {exc}") from exc
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
         return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
 
 

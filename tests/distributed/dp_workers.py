@@ -94,7 +94,7 @@ def fail_one_rank(rank: int, world: int, how: str, timeout_s: float) -> Any:
     if rank == 1 and how == "hang":
         # A rank that stops without failing (stuck in the user's own code): it reports
         # nothing and keeps its connections open, so only the group's timeout ends rank 0.
-        time.sleep(3 * timeout_s)
+        time.sleep(4 * timeout_s)
         return "hung"
     trainer.step(*mine)
     return "no error"
@@ -161,8 +161,11 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
         model.zero_grad(set_to_none=True)
         trainer, bounded = _trainer(i == 0, model, loss_fn, mine, graph, policy, budget,
                                     timeout, bucket_cap)
-        runs = [_single_device_grads(trainer.planned, _shard(full, r, world))
-                for r in range(world)]
+        from outcore.runtime.executor import Executor
+
+        one = Executor(trainer.planned.graph, trainer.planned.schedule)  # plain CPU device
+        runs = [_single_device_grads(one, trainer.planned.plan.sub_batches,
+                                     _shard(full, r, world)) for r in range(world)]
         same_plan = {n: sum(s[n] for s, _ in runs) / world for n in runs[0][0]}
         # What the same plan measures beyond its prediction on ONE device (0 but for plans
         # whose single-device accounting is off, a bug outside data parallel): the rank
@@ -212,14 +215,12 @@ def _budget(graph: Any, fraction: float, bucket_cap: int) -> int:
     return int(low + fraction * (high - low))
 
 
-def _single_device_grads(planned: Any, batch: Any) -> tuple[dict[str, torch.Tensor], int]:
-    """The gradients of ``planned`` run on one plain CPU device, nothing distributed (the
-    mean over its sub-batches when it has several), and the peak it measured."""
-    from outcore.runtime.executor import Executor
+def _single_device_grads(executor: Any, k: int,
+                         batch: Any) -> tuple[dict[str, torch.Tensor], int]:
+    """The gradients of ``executor``'s plan run on its (one, plain) device, nothing
+    distributed (the mean over its ``k`` sub-batches), and the peak it measured."""
     from outcore.runtime.subbatch import split_batch
 
-    executor = Executor(planned.graph, planned.schedule)
-    k = planned.plan.sub_batches
     results = [executor.run(sub, apply=False) for sub in split_batch(batch, k)]
     parts = [r.grads for r in results]
     params = {n.removeprefix("model."): p for n, p in

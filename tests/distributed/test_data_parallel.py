@@ -38,10 +38,12 @@ ALL = "*"
 #: One policy of every family (the slow test and the benchmark run every registered one).
 FAMILIES = ["keep-all", "offload-all", "recompute-cheap", "vdnn-dyn", "superneurons",
             "modnn", "pooch", "dymem", "outcore-auto"]
+#: A cheaper subset for the two other networks: exact kernels, variants, sub-batches, auto.
+SOME = ["keep-all", "offload-all", "recompute-cheap", "vdnn-dyn", "modnn", "outcore-auto"]
 CASES: list[tuple[str, int, list[str]]] = [
     ("resnet18", 16, FAMILIES),  # the zoo's ResNet (BatchNorm)
-    ("densenet121", 8, FAMILIES),  # DenseNet-style (BatchNorm, concatenations)
-    ("transformer", 8, FAMILIES),  # GPT-style, no BatchNorm, tied embedding/head
+    ("densenet121", 8, SOME),  # DenseNet-style (BatchNorm, concatenations)
+    ("transformer", 8, SOME),  # GPT-style, no BatchNorm, tied embedding/head
 ]
 BATCHNORM = {"resnet18", "densenet121"}
 
@@ -60,7 +62,7 @@ def check_rows(results: list[Any], name: str) -> None:
     for rank, result in enumerate(results):
         assert not isinstance(result, tuple), f"rank {rank} failed: {result}"
     rows = results[0][name]
-    assert len(rows) >= 9
+    assert len(rows) >= 6
     for policy, row in rows.items():
         where = f"{name}/{policy}"
         assert "error" not in row, f"{where}: {row.get('error')}"

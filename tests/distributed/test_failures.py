@@ -22,7 +22,7 @@ def test_failing_rank_is_named_by_the_others(how: str, error: str) -> None:
 
 
 def test_silent_rank_ends_the_others_by_the_timeout() -> None:
-    rank0, rank1 = dp_workers.launch(dp_workers.fail_one_rank, 2, "hang", 2.0, deadline=120)
+    rank0, rank1 = dp_workers.launch(dp_workers.fail_one_rank, 2, "hang", 1.0, deadline=120)
     assert rank1 == "hung"
     assert rank0[0] == "error" and rank0[1] == "DistributedError", rank0
     assert "no rank reported a failure" in rank0[2], rank0[2]

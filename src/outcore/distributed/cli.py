@@ -77,7 +77,9 @@ def cmd_plan_gpus(args: argparse.Namespace) -> dict[str, Any]:
         table.add_row("host link per rank (d2h/h2d)",
                       f"{row['d2h_gbs']:.1f} / {row['h2d_gbs']:.1f} GB/s")
         table.add_row("rank step", f"{row['rank_step_time'] * 1e3:.2f} ms")
-        table.add_row(f"all-reduce ({row['buckets']} buckets)", f"{row['comm_time'] * 1e3:.2f} ms")
+        n = row["buckets"]
+        table.add_row(f"all-reduce ({n} bucket{'' if n == 1 else 's'})",
+                      f"{row['comm_time'] * 1e3:.2f} ms")
         table.add_row("all-reduce not hidden by backward",
                       f"{row['exposed_comm_time'] * 1e3:.2f} ms")
         table.add_row("data-parallel step", f"{row['step_time'] * 1e3:.2f} ms")

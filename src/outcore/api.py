@@ -336,7 +336,7 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
             budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
             policy: str = "auto", allow_sub_batches: bool | None = None,
             cache: bool | None = None, host_budget: int | str | None = MACHINE,
-            **options: Any) -> Trainer:
+            distributed: Any = False, **options: Any) -> Trainer:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Args:
@@ -355,6 +355,11 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
         cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
 
     Every argument is checked before the capture (InvalidArgumentError subclasses).
+        distributed: data parallel (``outcore.distributed``): True (the default process
+            group, initialised from torchrun's environment if needed) or a
+            ``torch.distributed`` ProcessGroup. ``example_batch`` is then this rank's share;
+            gradients are averaged over the ranks. Extra options: ``bucket_cap`` (bytes),
+            ``timeout`` (a timedelta), ``host`` (a multi-GPU host profile).
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` trains one step.
@@ -368,6 +373,12 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
     check_device(device)
     check_policy(policy, options)
     gpu = check_gpu(gpu)
+    if distributed is not False and distributed is not None:
+        from outcore.distributed import compile_data_parallel
+
+        return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
+                                     budget=budget, device=device, gpu=gpu, policy=policy,
+                                     **options)
     with progress.task(f"capturing {type(model).__name__}"):
         graph = capture(model, loss_fn, example_batch)
 

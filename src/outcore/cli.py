@@ -136,6 +136,13 @@ def _global_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
 
 
+def _gpus_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=1, help="data parallel: simulate N GPUs, each "
+                   "with its share of --batch (budget per GPU)")
+    p.add_argument("--host", default=None, help="multi-GPU host profile for --gpus (default "
+                   "the GPU's; e.g. v100-pcie-x8, dgx1-v100, k40m-x2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from outcore import __version__
 
@@ -157,6 +164,7 @@ def _add_planning_commands(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a model under a budget: decisions, peak, time")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _gpus_arguments(p)
 
     p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot, trace, HTML")
     _model_arguments(p, default_fake=True)
@@ -169,10 +177,13 @@ def _add_planning_commands(sub: Any) -> None:
     _planning_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="training steps to run")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine "
+                   "(started under torchrun, gloo, each with its share of --batch)")
 
     p = sub.add_parser("compare", help="every policy side by side at one budget")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _gpus_arguments(p)
 
     p = sub.add_parser("explain", help="per tensor: what was decided and why")
     _model_arguments(p, default_fake=True)
@@ -222,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
     from outcore import cli_commands, progress
 
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # run --nproc re-launches
     progress.configure(not args.json)
     handler = cli_commands.handler(args)
     with _cli_logging(args):

@@ -13,6 +13,7 @@ from typing import Any
 
 from outcore import cli_workload as work
 from outcore.cli import emit
+from outcore.errors import OutcoreError
 from outcore.units import format_bytes
 
 LISTS = {"list_models": "models", "list_gpus": "gpus", "list_policies": "policies"}
@@ -49,6 +50,11 @@ def _print_notes(console: Any, notes: list[str]) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    if args.gpus > 1:
+        from outcore.distributed.cli import cmd_plan_gpus
+
+        work.check(args)
+        return cmd_plan_gpus(args)
     planned, label = work.planned(args)
     result = summary(planned, label)
 
@@ -107,6 +113,10 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
     from outcore.policies import names
 
     work.check(args)
+    if args.gpus > 1:
+        from outcore.distributed.cli import cmd_compare_gpus
+
+        return cmd_compare_gpus(args)
     graph, label = work.capture(args, fake=not getattr(args, "real", False))
     budget = work.budget(args)
     rows = []
@@ -174,15 +184,26 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from outcore.api import compile as compile_step
+    from outcore.distributed.cli import launch_nproc, rank_share
     from outcore.validation import check_positive_int
 
     work.check(args)
     check_positive_int(args.steps, "--steps")
-    model, loss_fn, batch, label = work.load_workload(args, fake=False)
+    if args.nproc > 1:
+        argv = [a for i, a in enumerate(args.argv) if not a.startswith("--nproc")
+                and (i == 0 or args.argv[i - 1] != "--nproc")]
+        code = launch_nproc(argv, args.nproc)
+        if code:
+            raise OutcoreError(f"a rank of `outcore run --nproc {args.nproc}` failed "
+                               f"(exit code {code}); its error is printed above")
+        return {"nproc": args.nproc, "exit_code": code}
+    model, loss_fn, full, label = work.load_workload(args, fake=False)
+    batch, distributed = rank_share(full)
     trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
                            device="cpu-emulated", gpu=args.gpu, policy=args.policy,
                            allow_sub_batches=work.allow_sub_batches(args),
-                           cache=False if args.no_cache else None, **work.options(args))
+                           cache=False if args.no_cache else None, distributed=distributed,
+                           **work.options(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     losses: list[float] = []
     from rich.progress import Progress

@@ -281,3 +281,18 @@ def profiles(*, include_measured: bool = False) -> dict[str, HardwareProfile]:
 def profile_names() -> list[str]:
     """Names ``get_profile`` accepts (without aliases), "this-cpu" last; measures nothing."""
     return [*sorted(_catalogue()), THIS_CPU]
+
+
+# -- multi-GPU hosts and interconnects (data parallel; defined in outcore.cost.interconnects) --
+from outcore.cost.interconnects import (  # noqa: E402 - needs the names above
+    HOSTS,
+    INTERCONNECTS,
+    HostProfile,
+    Interconnect,
+    get_host,
+    get_interconnect,
+)
+
+__all__ = ["HOSTS", "INTERCONNECTS", "HardwareProfile", "HostProfile", "Interconnect",
+           "get_host", "get_interconnect", "get_profile", "load_profiles", "profile_names",
+           "profiles"]

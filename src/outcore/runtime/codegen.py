@@ -114,14 +114,16 @@ class EmitState:
         self.storage_count[s] = self.storage_count.get(s, 0) + delta
         return self.storage_count[s]
 
-    def emit(self, em: Emitter, ins: Instruction) -> None:
-        """Append the code of one instruction to ``em.lines``."""
+    def emit(self, em: Emitter, ins: Instruction, notify: frozenset[int] = frozenset()) -> None:
+        """Append the code of one instruction to ``em.lines``; after a Compute that makes a
+        tensor of ``notify`` resident, ``rt.grad_ready(tid, v{tid})`` (data parallel)."""
         graph = self.graph
         if isinstance(ins, Compute):
             new = [t for t in graph.ops[ins.op].outputs if t not in self.resident]
             em.compute(ins.op, self.resident, ins.recompute)
             for t in new:
                 self._count(t, +1)
+            em.lines += [f"rt.grad_ready({t}, v{t})" for t in new if t in notify]
         elif isinstance(ins, Free):
             last = self._count(ins.tensor, -1) == 0
             em.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
@@ -140,11 +142,14 @@ class EmitState:
 
 
 def generate(graph: Graph, schedule: Schedule,
-             impls: dict[int, Callable[..., Any]] | None = None) -> GeneratedStep:
+             impls: dict[int, Callable[..., Any]] | None = None,
+             notify: frozenset[int] = frozenset()) -> GeneratedStep:
     """Compile ``schedule`` into a Python function ``step(rt, inputs) -> {tid: tensor}``.
 
     ``inputs`` maps every static tensor id to its value; the result maps each tensor in
     ``schedule.keep_at_end`` to its value. ``impls`` overrides an op's callable (variants).
+    ``notify``: tensor ids (parameter gradients) for which the code calls
+    ``rt.grad_ready(tid, value)`` right after the Compute that makes them (data parallel).
     """
     step = graph.source
     if not isinstance(step, CapturedStep):
@@ -155,7 +160,7 @@ def generate(graph: Graph, schedule: Schedule,
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
     state = EmitState(graph, static)
     for ins in schedule.instructions:
-        state.emit(em, ins)
+        state.emit(em, ins, notify)
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
     source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
     namespace = dict(em.globals)

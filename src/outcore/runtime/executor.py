@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -55,11 +55,35 @@ class StepResult:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class GradHook(Protocol):
+    """Told when each parameter gradient is final (data parallel: ``outcore.distributed``).
+
+    ``tensors``: the gradient ids it wants. Per step: ``begin()``; ``ready(tid, value)``
+    right after the Compute that makes ``tid`` (inside the measured step: what it allocates
+    is counted); ``finish(outputs)`` once the schedule has run, which may replace gradient
+    values in ``outputs`` before they are applied; ``abort()`` when the step failed.
+    """
+
+    tensors: frozenset[int]
+
+    def begin(self) -> None: ...
+
+    def ready(self, tid: int, value: torch.Tensor) -> None: ...
+
+    def finish(self, outputs: dict[int, torch.Tensor]) -> None: ...
+
+    def abort(self, error: BaseException) -> None: ...
+
+
 class Runtime:
     """The object generated code calls: device copies, tensor naming, RNG save/replay."""
 
-    def __init__(self, device: Device, tracker: MemoryTracker, timed: bool) -> None:
+    def __init__(self, device: Device, tracker: MemoryTracker, timed: bool,
+                 grad_hook: GradHook | None = None) -> None:
         self.device = device
+        #: Data parallel: called after a gradient's Compute (no timing mark: not an
+        #: instruction of the schedule).
+        self.grad_ready = grad_hook.ready if grad_hook is not None else None
         self.tracker = tracker
         self.rng: dict[int, RngState] = {}
         self.timed = timed
@@ -144,10 +168,12 @@ class Executor:
         schedule: a Schedule for it; verified here unless ``check=False``.
         device: where to run (default: the plain CPU, synchronous copies, no capacity).
         impls: op id -> callable replacing the op's ATen kernel (operator variants).
+        grad_hook: told when each parameter gradient is final (``GradHook``; data parallel).
     """
 
     def __init__(self, graph: Graph, schedule: Schedule, device: Device | None = None, *,
-                 impls: dict[int, Callable[..., Any]] | None = None, check: bool = True) -> None:
+                 impls: dict[int, Callable[..., Any]] | None = None, check: bool = True,
+                 grad_hook: GradHook | None = None) -> None:
         step = graph.source
         if not isinstance(step, CapturedStep):
             raise OutcoreError("this graph has no captured step: capture it with "
@@ -163,7 +189,9 @@ class Executor:
         self.step = step
         self.device: Device = device if device is not None else SyncCPUDevice()
         chosen = {**variant_impls(graph, schedule), **(impls or {})}
-        self.generated: GeneratedStep = generate(graph, schedule, chosen)
+        self.grad_hook = grad_hook
+        notify = grad_hook.tensors if grad_hook is not None else frozenset()
+        self.generated: GeneratedStep = generate(graph, schedule, chosen, notify)
         self.capacity: int | None = getattr(self.device, "capacity", None)
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
@@ -186,17 +214,24 @@ class Executor:
         values = self.step.static_values(self.graph, batch)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
-        rt = Runtime(self.device, tracker, timed=timed)
+        hook = self.grad_hook
+        rt = Runtime(self.device, tracker, timed=timed, grad_hook=hook)
         stats = getattr(self.device, "stats", None)
         before = stats() if callable(stats) else None
         start = time.perf_counter()
         try:
+            if hook is not None:
+                hook.begin()
             with torch.no_grad(), (tracker if measure else contextlib.nullcontext()):
                 if measure:
                     tracker.track(values.values(), "step inputs")
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
+            if hook is not None:
+                hook.finish(outputs)
         except BaseException as exc:  # failure safety: no copy in flight, no bytes held
+            if hook is not None:
+                hook.abort(exc)
             values.clear()
             rt.rng.clear()
             abandon_step(self.device, exc)

@@ -1,0 +1,180 @@
+"""``compile_data_parallel``: capture and plan this rank's share, on the shared host link.
+
+Called by ``outcore.compile(..., distributed=...)``. Each rank captures its own share of
+the mini-batch (``example_batch`` is this rank's, as with DDP and a DistributedSampler),
+plans it with a cost model whose host link is shared by the ranks
+(``outcore.sim.multi_gpu.rank_cost_model``), and adds its gradient buckets to the memory
+rule (``outcore.plan.grad_buckets``): the predicted peak (``trainer.stats.predicted_peak``)
+includes the bucket buffers, and must stay within the budget. When the plan at the full
+budget leaves no room for the buckets it is re-planned with the budget less the buckets'
+bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.api import PlannedStep, cost_model_for, plan
+from outcore.capture import capture
+from outcore.distributed.group import RankContext, rank_context
+from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
+from outcore.errors import InfeasibleBudgetError, OutcoreError
+from outcore.graph.ir import Graph
+from outcore.plan.grad_buckets import (
+    DEFAULT_BUCKET_CAP,
+    GradBucket,
+    assign_buckets,
+    peak_with_buckets,
+    total_bucket_bytes,
+)
+from outcore.units import parse_bytes
+
+
+def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor],
+                          example_batch: Any, *, distributed: Any = True,
+                          budget: int | str | None = "6GiB", device: str = "cuda",
+                          gpu: str | None = None, policy: str = "auto",
+                          bucket_cap: int = DEFAULT_BUCKET_CAP,
+                          timeout: datetime.timedelta | None = None,
+                          host: str | None = None, **options: Any) -> DataParallelTrainer:
+    """Capture, plan and prepare this rank's share (module doc); see ``outcore.compile``.
+
+    ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
+    link the plan assumes; default the host of ``gpu``.
+    """
+    refuse_sync_batchnorm(model)
+    ctx = rank_context(distributed, device, timeout)
+    _guard(ctx, "the broadcast of rank 0's parameters and buffers",
+           lambda: broadcast_state(model, ctx))
+    try:
+        graph = capture(model, loss_fn, example_batch)
+    except BaseException as exc:
+        ctx.report_failure(exc)
+        raise
+
+    def recapture(parts: int) -> Graph:
+        from outcore.runtime.subbatch import split_batch
+
+        return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
+
+    return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
+                                 policy=policy, bucket_cap=bucket_cap, host=host,
+                                 recapture=recapture, **options)
+
+
+def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
+                          budget: int | str | None = "6GiB", device: str = "cuda",
+                          gpu: str | None = None, policy: str = "auto",
+                          bucket_cap: int = DEFAULT_BUCKET_CAP, host: str | None = None,
+                          recapture: Callable[[int], Graph] | None = None,
+                          **options: Any) -> DataParallelTrainer:
+    """Plan ``graph`` (this rank's captured share of ``model``'s step) and build the
+    rank's trainer; the parameters must already equal rank 0's (``broadcast_state``)."""
+    limit = None if budget is None else parse_bytes(budget)
+    try:
+        cost = rank_cost(gpu, host, ctx.world_size)
+        planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
+                                     ctx.world_size, options)
+        dev = rank_device(device, limit, gpu, host, ctx.world_size)
+    except BaseException as exc:
+        ctx.report_failure(exc)
+        raise
+    ctx.clear_failure()
+    return DataParallelTrainer(model, planned, dev, limit, ctx, buckets)
+
+
+def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except RuntimeError as exc:
+        raise ctx.error(what, exc) from exc
+
+
+def refuse_sync_batchnorm(model: nn.Module) -> None:
+    """SyncBatchNorm's forward issues collectives inside an autograd Function, which capture
+    cannot trace (and torch runs it on GPU/XPU only, so it cannot run on the CPU at all)."""
+    found = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    if found:
+        raise OutcoreError(
+            f"the model uses torch.nn.SyncBatchNorm ({found[:3]}); outcore's data parallel "
+            "captures each rank's step on its own and cannot trace SyncBatchNorm's "
+            "collectives. Build the model with BatchNorm (per-rank statistics, as DDP "
+            "without SyncBatchNorm), or train that model with torch's DDP.")
+
+
+def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:
+    """The analytic cost model of one rank: ``gpu``'s, on the host link shared by
+    ``world_size`` ranks (a measured "this-cpu" model is returned as it is)."""
+    base = cost_model_for(gpu)
+    if gpu == "this-cpu" or world_size == 1:
+        return base
+    from outcore.cost.interconnects import default_host, get_host
+    from outcore.sim.multi_gpu import rank_cost_model
+
+    machine = get_host(host) if host else default_host(base.profile.name)
+    return rank_cost_model(base.profile, machine, world_size, variants=base.variants)
+
+
+#: Re-plans ``plan_rank`` tries before it gives up fitting the buckets beside a plan.
+REPLANS = 6
+
+
+def plan_rank(graph: Graph, limit: int | None, policy: str, cost: Any,
+              recapture: Callable[[int], Graph] | None, bucket_cap: int, world_size: int,
+              options: dict[str, Any]) -> tuple[PlannedStep, list[GradBucket]]:
+    """Plan one rank; its predicted peak includes its gradient buckets.
+
+    The buckets are allocated during backward, so they add to the peak only where it falls
+    after them: the rank is planned at the budget, and while the peak with its buckets is
+    over, re-planned at a budget lowered by the excess (at most ``REPLANS`` times)."""
+    target = limit
+    buckets: list[GradBucket] = []
+    for _ in range(REPLANS):
+        planned = plan(graph, target, policy=policy, cost=cost, recapture=recapture,
+                       simulate=False, **options)
+        buckets = _buckets(planned, bucket_cap, world_size)
+        peak = peak_with_buckets(planned.graph, planned.schedule, buckets)
+        if limit is None or target is None or peak <= limit:
+            planned.predicted_peak = peak
+            return planned, buckets
+        target -= peak - limit
+        if target <= 0:
+            break
+    assert limit is not None  # an unbounded plan returns in the loop
+    raise InfeasibleBudgetError(policy, limit, limit + total_bucket_bytes(buckets),
+                                "The plan and its gradient buckets "
+                                f"({total_bucket_bytes(buckets)} bytes, all held at the end of "
+                                "backward) do not fit together; raise the budget or lower "
+                                "bucket_cap.")
+
+
+def _buckets(planned: PlannedStep, cap: int, world_size: int) -> list[GradBucket]:
+    if world_size == 1 or planned.plan.sub_batches > 1:
+        return []  # one rank: nothing to reduce; sub-batches: .grad is reduced after them
+    return assign_buckets(planned.graph, planned.schedule, cap)
+
+
+def rank_device(device: str, limit: int | None, gpu: str | None, host: str | None,
+                world_size: int) -> Any:
+    """This rank's device; a CPU-emulated one gets the shared link's bandwidth."""
+    from outcore.runtime.devices import make_device
+
+    if device != "cpu-emulated":
+        return make_device(device, capacity=limit)
+    if world_size == 1 or gpu == "this-cpu":
+        return make_device(device, capacity=limit, gpu=gpu)
+    from outcore.cost.interconnects import default_host, get_host
+    from outcore.cost.profiles import get_profile
+    from outcore.runtime.devices.bandwidth import bandwidth_for_gpu
+
+    profile = get_profile(gpu or "v100-pcie")
+    machine = get_host(host) if host else default_host(profile.name)
+    d2h, h2d = bandwidth_for_gpu(profile.name)
+    share_d2h = machine.copy_bandwidth(profile.d2h_bandwidth, world_size) / profile.d2h_bandwidth
+    share_h2d = machine.copy_bandwidth(profile.h2d_bandwidth, world_size) / profile.h2d_bandwidth
+    return make_device(device, capacity=limit, bandwidth=(d2h * share_d2h, h2d * share_h2d))

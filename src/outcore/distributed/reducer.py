@@ -1,0 +1,101 @@
+"""All-reduce of gradient buckets from inside the executor, as backward makes them final.
+
+``BucketReducer`` is the executor's ``GradHook`` on a data-parallel rank. The buckets come
+from ``outcore.plan.grad_buckets.assign_buckets`` (same graph and plan on every rank, so
+every rank issues the same collectives in the same order). During the step:
+
+* ``ready(tid, value)``: the generated code calls it right after the Compute that makes
+  gradient ``tid``. When a bucket's last gradient arrives, a flat buffer of the bucket's
+  bytes is allocated (inside the measured step: it is counted, and the memory rule counts
+  it too), the gradients are copied in, divided by the world size (division by a power of
+  two is exact), and an asynchronous ``all_reduce`` (sum) is started. The rest of backward
+  runs while it is in flight (gloo runs it on its own threads; nccl on its stream);
+* ``finish(outputs)``: after the schedule, waits for every bucket in order and hands the
+  averaged gradients out as views of the buffers (``outputs[tid]``), which the executor
+  then accumulates into ``.grad`` as for one device;
+* a failed collective raises ``DistributedError`` naming the rank that failed (if it said
+  so, see ``group.RankContext``); a failed step (``abort``) reports itself to the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from outcore.distributed.group import RankContext
+from outcore.graph.ir import Graph
+from outcore.plan.grad_buckets import GradBucket
+
+
+class BucketReducer:
+    """The GradHook of one data-parallel rank (module doc)."""
+
+    def __init__(self, graph: Graph, buckets: list[GradBucket], ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.buckets = buckets
+        self.tensors = frozenset(t for b in buckets for t in b.tensors)
+        self._bucket_of = {t: b.index for b in buckets for t in b.tensors}
+        self._shapes = {t: graph.tensors[t].shape for t in self.tensors}
+        self._values: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
+        self._flat: list[torch.Tensor | None] = [None] * len(buckets)
+        self._works: list[Any] = [None] * len(buckets)
+
+    def begin(self) -> None:
+        for values in self._values:
+            values.clear()
+        self._flat = [None] * len(self.buckets)
+        self._works = [None] * len(self.buckets)
+
+    def ready(self, tid: int, value: torch.Tensor) -> None:
+        b = self._bucket_of[tid]
+        values = self._values[b]
+        values[tid] = value
+        if len(values) == len(self.buckets[b].tensors):
+            self._launch(self.buckets[b], values)
+
+    def _launch(self, bucket: GradBucket, values: dict[int, torch.Tensor]) -> None:
+        first = values[bucket.tensors[0]]
+        flat = torch.empty(bucket.numel, dtype=first.dtype, device=first.device)
+        for tid, offset in zip(bucket.tensors, bucket.offsets, strict=True):
+            value = values[tid]
+            flat[offset:offset + value.numel()].view(value.shape).copy_(value)
+        values.clear()  # the buffer holds them now; the step's own references remain
+        if self.ctx.world_size > 1:
+            flat.div_(self.ctx.world_size)
+            try:
+                work = dist.all_reduce(flat, group=self.ctx.group, async_op=True)
+            except RuntimeError as exc:
+                raise self.ctx.error(f"the all-reduce of gradient bucket {bucket.index}",
+                                     exc) from exc
+            self._works[bucket.index] = work
+        self._flat[bucket.index] = flat
+
+    def finish(self, outputs: dict[int, torch.Tensor]) -> None:
+        for bucket in self.buckets:
+            flat = self._flat[bucket.index]
+            if flat is None:
+                raise RuntimeError(f"gradient bucket {bucket.index} never became ready: the "
+                                   "schedule did not make all its gradients")
+            work = self._works[bucket.index]
+            if work is not None:
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise self.ctx.error(f"the all-reduce of gradient bucket {bucket.index}",
+                                         exc) from exc
+            for tid, offset in zip(bucket.tensors, bucket.offsets, strict=True):
+                shape = self._shapes[tid]
+                n = outputs[tid].numel()
+                outputs[tid] = flat[offset:offset + n].view(shape)
+        self._flat = [None] * len(self.buckets)
+        self._works = [None] * len(self.buckets)
+
+    def abort(self, error: BaseException) -> None:
+        from outcore.distributed.group import DistributedError
+
+        if not isinstance(error, DistributedError):
+            self.ctx.report_failure(error)
+        self._flat = [None] * len(self.buckets)
+        self._works = [None] * len(self.buckets)

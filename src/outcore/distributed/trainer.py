@@ -1,0 +1,99 @@
+"""``DataParallelTrainer``: a Trainer whose step averages gradients over the ranks.
+
+As with PyTorch's DistributedDataParallel:
+
+* parameters and buffers are broadcast from rank 0 when the trainer is built, and buffers
+  (e.g. BatchNorm running statistics) again before every step, so every rank starts each
+  step from rank 0's; BatchNorm normalises with each rank's own batch statistics (as DDP
+  without SyncBatchNorm);
+* after ``step`` every rank's ``.grad`` holds the average over the ranks of their
+  gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
+  stays the user's;
+* with one pass (``plan.sub_batches == 1``) the executor's ``BucketReducer`` all-reduces
+  each bucket as backward makes it final (overlapped with the rest of backward); with
+  sub-batches the gradients are final only after the last pass, so ``.grad`` is
+  all-reduced then (moDNN's "gradient accumulation" at the end of the iteration);
+* a step that raises on one rank is reported to the others (``RankContext``), whose next
+  collective raises ``DistributedError`` naming that rank, at the latest after the group's
+  timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from outcore.api import PlannedStep, Trainer
+from outcore.distributed.group import DistributedError, RankContext
+from outcore.distributed.reducer import BucketReducer
+from outcore.plan.grad_buckets import GradBucket
+
+
+class DataParallelTrainer(Trainer):
+    """A Trainer on one rank of a data-parallel group (module doc); built by
+    ``outcore.compile(..., distributed=True)``."""
+
+    def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
+                 budget: int | None, ctx: RankContext, buckets: list[GradBucket]) -> None:
+        super().__init__(model, planned, device, budget)
+        self.ctx = ctx
+        self.buckets = buckets
+        self.reducer: BucketReducer | None = None
+        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
+            from outcore.runtime.executor import Executor
+
+            self.reducer = BucketReducer(planned.graph, buckets, ctx)
+            self.executor = Executor(planned.graph, planned.schedule, device,
+                                     grad_hook=self.reducer)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    def step(self, x: Any, y: Any) -> torch.Tensor:
+        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
+        try:
+            self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
+            loss = super().step(x, y)
+            if self.reducer is None and self.ctx.world_size > 1:
+                self._collective("the all-reduce of the accumulated gradients",
+                                 self._allreduce_grads)
+        except DistributedError:
+            raise
+        except BaseException as exc:
+            self.ctx.report_failure(exc)
+            raise
+        return loss
+
+    def _collective(self, what: str, fn: Any) -> None:
+        try:
+            fn()
+        except RuntimeError as exc:
+            raise self.ctx.error(what, exc) from exc
+
+    def _sync_buffers(self) -> None:
+        broadcast_state(self.model, self.ctx, parameters=False)
+
+    def _allreduce_grads(self) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.ctx.world_size)
+                    dist.all_reduce(p.grad, group=self.ctx.group)
+
+
+def broadcast_state(model: nn.Module, ctx: RankContext, *, parameters: bool = True) -> None:
+    """Copy rank 0's parameters (if ``parameters``) and buffers to every rank, in place."""
+    if ctx.world_size == 1:
+        return
+    tensors = [*(model.parameters() if parameters else ()), *model.buffers()]
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t.data, group=ctx.group, group_src=0)

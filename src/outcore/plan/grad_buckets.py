@@ -1,0 +1,165 @@
+"""Gradient buckets of a data-parallel step, and their memory: an ADDITIVE term to the rule.
+
+Plain Python (no torch). The memory rule of a Schedule (``outcore.plan.residency``) is left
+as it is; a data-parallel step adds, on top of it, one flat buffer per gradient bucket:
+
+* the parameter gradients (tensors whose ``source`` starts with ``"grad:"``) are taken in
+  the order the schedule makes them (the instruction that first makes each one resident:
+  that is when it is *final*, since gradients are outputs of the step and never freed or
+  recomputed), and grouped, in that order, into buckets of one dtype of at most
+  ``cap_bytes`` each (a gradient larger than the cap gets a bucket of its own);
+* a bucket is *ready* after the instruction that makes its last gradient; the runtime then
+  allocates its flat buffer (the bucket's bytes: its gradients' elements times their item
+  size), copies the gradients in and starts the all-reduce. The buffer lives until the step
+  ends (the averaged gradients are handed out as views of it), so it is never released
+  inside the step.
+
+So after instruction ``i`` the device holds the rule's bytes plus the bytes of the buckets
+ready at or before ``i``; during instruction ``i`` (its transients included) the buckets
+ready *before* ``i``. ``peak_with_buckets`` is the max of both, exactly what the executor's
+tracker measures on a rank (tested in ``tests/distributed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from outcore.graph.ir import Graph
+from outcore.plan.residency import residency_steps
+from outcore.plan.schedule import Compute, Prefetch, Schedule
+
+#: DDP's default bucket size (25 MiB).
+DEFAULT_BUCKET_CAP = 25 * 1024 * 1024
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+             "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
+             "float8_e5m2": 1, "complex64": 8, "complex128": 16}
+
+
+@dataclass(frozen=True)
+class GradBucket:
+    """One bucket: its gradient tensor ids (in the order they become final), the element
+    offset of each in the flat buffer, the buffer's bytes, dtype, and ``ready_at``: the
+    instruction after which all of them are final."""
+
+    index: int
+    tensors: tuple[int, ...]
+    offsets: tuple[int, ...]
+    numel: int
+    nbytes: int
+    dtype: str
+    ready_at: int
+
+
+def gradient_tensors(graph: Graph) -> list[int]:
+    """Ids of the parameter gradients the step outputs (``source`` ``"grad:<param>"``)."""
+    return [t.id for t in graph.tensors if t.source.startswith("grad:")]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    key = dtype.removeprefix("torch.")
+    if key not in _ITEMSIZE:
+        raise ValueError(f"gradient dtype {dtype!r} has no known item size; known: "
+                         f"{sorted(_ITEMSIZE)}")
+    return _ITEMSIZE[key]
+
+
+def final_at(graph: Graph, schedule: Schedule) -> dict[int, int]:
+    """Gradient id -> index of the instruction that first makes it resident (its final
+    value: a gradient is never freed, offloaded or recomputed inside a valid step)."""
+    wanted = set(gradient_tensors(graph))
+    out: dict[int, int] = {}
+    for i, ins in enumerate(schedule.instructions):
+        if isinstance(ins, Compute):
+            made = graph.ops[ins.op].outputs
+        elif isinstance(ins, Prefetch):
+            made = [ins.tensor]
+        else:
+            continue
+        for tid in made:
+            if tid in wanted and tid not in out:
+                out[tid] = i
+    missing = wanted - set(out)
+    if missing:
+        names = sorted(graph.tensors[t].name for t in missing)
+        raise ValueError(f"gradients {names} are never made by the schedule; a data-parallel "
+                         "step needs every parameter gradient as an output of the step")
+    return out
+
+
+def assign_buckets(graph: Graph, schedule: Schedule,
+                   cap_bytes: int = DEFAULT_BUCKET_CAP) -> list[GradBucket]:
+    """Group the gradients into buckets (module doc); deterministic for a graph+schedule, so
+    every rank running the same plan issues the same collectives in the same order."""
+    if cap_bytes <= 0:
+        raise ValueError(f"bucket cap must be > 0 bytes, got {cap_bytes}")
+    ready = final_at(graph, schedule)
+    order = sorted(ready, key=lambda t: (ready[t], t))
+    buckets: list[GradBucket] = []
+    members: list[int] = []
+
+    def close() -> None:
+        if not members:
+            return
+        dtype = graph.tensors[members[0]].dtype.removeprefix("torch.")
+        offsets, numel = [], 0
+        for tid in members:
+            offsets.append(numel)
+            numel += _numel(graph.tensors[tid].shape)
+        buckets.append(GradBucket(len(buckets), tuple(members), tuple(offsets), numel,
+                                  numel * _itemsize(dtype), dtype,
+                                  max(ready[t] for t in members)))
+        members.clear()
+
+    size = 0
+    for tid in order:
+        t = graph.tensors[tid]
+        nbytes = _numel(t.shape) * _itemsize(t.dtype)
+        same = not members or graph.tensors[members[0]].dtype == t.dtype
+        if members and (not same or size + nbytes > cap_bytes):
+            close()
+            size = 0
+        members.append(tid)
+        size += nbytes
+    close()
+    return buckets
+
+
+def bucket_bytes_after(buckets: Sequence[GradBucket], n_instructions: int) -> list[int]:
+    """Bucket bytes held after each instruction (cumulative: buffers live to the end)."""
+    extra = [0] * n_instructions
+    for b in buckets:
+        extra[b.ready_at] += b.nbytes
+    acc = 0
+    for i in range(n_instructions):
+        acc += extra[i]
+        extra[i] = acc
+    return extra
+
+
+def peak_with_buckets(graph: Graph, schedule: Schedule, buckets: Sequence[GradBucket],
+                      workspace: Callable[[int], int] | None = None) -> int:
+    """Peak device bytes of ``schedule`` on one data-parallel rank: the rule's curve plus
+    the bucket buffers (module doc)."""
+    after = bucket_bytes_after(buckets, len(schedule.instructions))
+    steps = residency_steps(graph, schedule, workspace)
+    peak = next(steps).device
+    before = 0
+    for step in steps:
+        i = step.at
+        peak = max(peak, step.device + before, step.device - step.transient + after[i])
+        before = after[i]
+    return peak
+
+
+def total_bucket_bytes(buckets: Sequence[GradBucket]) -> int:
+    """Bytes of every bucket buffer (what a rank holds at the end of its step)."""
+    return sum(b.nbytes for b in buckets)

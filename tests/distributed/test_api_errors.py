@@ -1,0 +1,36 @@
+"""What ``compile(..., distributed=...)`` refuses, with errors that say what to do (no
+process group is started here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import outcore
+from outcore.errors import OutcoreError
+
+
+def small():
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+    return net, (lambda out, y: out.pow(2).mean()), (torch.randn(4, 8), torch.zeros(4))
+
+
+def test_distributed_without_a_group_or_torchrun_says_how_to_start(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    net, loss_fn, batch = small()
+    with pytest.raises(OutcoreError, match="torchrun --nproc-per-node"):
+        outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
+
+
+def test_sync_batchnorm_is_refused_naming_the_module():
+    net, loss_fn, batch = small()
+    net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    with pytest.raises(OutcoreError, match=r"SyncBatchNorm \(\['1'\]\).*BatchNorm"):
+        outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
+
+
+def test_distributed_must_be_true_or_a_process_group():
+    net, loss_fn, batch = small()
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed="gloo")

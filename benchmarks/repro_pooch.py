@@ -41,8 +41,7 @@ from outcore.graph.ir import Graph, OpCategory
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision
 from outcore.policies import PolicyContext, baseline, get, names
-from outcore.policies._pooch_classify import classify, just_in_time
-from outcore.policies._pooch_timeline import (
+from outcore.policies.common import (
     KEEP,
     RECOMPUTE,
     SWAP,
@@ -50,7 +49,7 @@ from outcore.policies._pooch_timeline import (
     Profile,
     evaluate,
 )
-from outcore.policies.pooch import plan_pooch
+from outcore.policies.pooch import classify, just_in_time, plan_pooch
 from outcore.sim import simulate
 
 GiB = 2**30

@@ -19,9 +19,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import PolicyContext, get
-from outcore.policies._modnn_batch import footprint
-from outcore.policies._modnn_memory import SegmentList
-from outcore.policies.modnn import minimum_memory, plan_modnn, sub_batch
+from outcore.policies.modnn import SegmentList, footprint, minimum_memory, plan_modnn, sub_batch
 from outcore.runtime.executor import Executor
 from outcore.runtime.subbatch import run_sub_batches, split_batch
 from outcore.sim import simulate
@@ -351,7 +349,7 @@ def test_executor_runs_the_algorithms_eq5_chose():
     """With convolution algorithms priced, eq. (5) picks some; the executor runs them and its
     measured peak (workspace included) is the predicted one."""
     from outcore.cost import AnalyticCostModel, get_profile
-    from outcore.policies._modnn_algos import ConvAlgorithmCost
+    from outcore.policies.modnn import ConvAlgorithmCost
 
     model, loss_fn, batch = make("inception")
     _, expected = eager_grads(model, loss_fn, batch)

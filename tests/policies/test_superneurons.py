@@ -18,10 +18,8 @@ from outcore.plan.plan import Decision
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import registry
-from outcore.policies._superneurons_segments import checkpoint_tensor, segment
-from outcore.policies._superneurons_utp import LruCache
 from outcore.policies.registry import PolicyContext
-from outcore.policies.superneurons import plan_superneurons
+from outcore.policies.superneurons import LruCache, checkpoint_tensor, plan_superneurons, segment
 from outcore.runtime.devices.factory import make_device
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate

@@ -111,7 +111,7 @@ def _load_builtin() -> None:
 
 #: Modules whose import registers policies. Each policy lives in its own module.
 BUILTIN_MODULES = [
-    "outcore.policies.baseline_registry",
+    "outcore.policies.baseline",
     "outcore.policies.vdnn",
     "outcore.policies.superneurons",
     "outcore.policies.modnn",

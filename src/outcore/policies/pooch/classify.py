@@ -1,6 +1,6 @@
 """PoocH's classification of feature maps into keep / swap / recompute (§4.4).
 
-Every candidate classification is scored by the timeline simulation of ``_pooch_timeline``
+Every candidate classification is scored by the timeline simulation of ``common.timeline``
 (time, and whether memory ever exceeds the budget). The steps, as in the paper:
 
 0. **Profiling**: simulate the safest classification, every map swapped (§4.2). If even it
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from outcore.errors import InfeasibleBudgetError
-from outcore.policies._pooch_timeline import (
+from outcore.policies.common.timeline import (
     KEEP,
     RECOMPUTE,
     SWAP,

@@ -37,7 +37,7 @@ from outcore.plan.schedule import (
     Schedule,
     Wait,
 )
-from outcore.policies._pooch_timeline import RECOMPUTE, SWAP, producer
+from outcore.policies.common.timeline import RECOMPUTE, SWAP, producer
 
 
 class _Sequence:

@@ -1,7 +1,7 @@
 """SuperNeurons' unified tensor pool: offload and prefetch with an LRU tensor cache (plain Python).
 
 The second pass of a SuperNeurons schedule. It walks the Compute/Free sequence of
-``_superneurons_sequence`` (where every checkpoint tensor stays on the device) and decides,
+``superneurons.sequence`` (where every checkpoint tensor stays on the device) and decides,
 against the budget, when the offloadable checkpoint tensors leave and come back:
 
 * **Tensor cache** (Sec. 3.3.2, Alg. 2). Offloadable tensors on the device sit in an LRU

@@ -6,14 +6,14 @@ keep, swap or recompute to minimise the step time under the budget:
 1. **Profiling** (§4.2): op times and transfer times come from the cost model (an analytic
    GPU profile, or a ``MeasuredProfile`` of real iterations); sizes and the malloc/free
    order from the graph. A "profiling iteration" is the timeline simulation of the all-swap
-   classification (``outcore.policies._pooch_timeline``).
-2. **Classification** (§4.4, ``outcore.policies._pooch_classify``): LO / LI from the
+   classification (``outcore.policies.common.timeline``).
+2. **Classification** (§4.4, ``outcore.policies.pooch.classify``): LO / LI from the
    profiling timeline, swap at once for maps in neither; exhaustive search over LI with the
    greedy keep-from-the-output scan of LO \\ LI at each leaf; then recompute by r(X).
 3. **Swap-in scheduling** (§4.3): a copy-in is issued as early as memory allows (the
    earliest point from which the map fits until its use), in the order of use; swap-outs
    start right after their producer and the map is released when its copy has ended,
-   forward never waiting for it (``outcore.policies._pooch_schedule`` writes the Schedule).
+   forward never waiting for it (``outcore.policies.pooch.schedule`` writes the Schedule).
 
 Because everything is decided from the cost model, a PCIe profile and an NVLink profile
 give different classifications (Table 3: slow links recompute more).
@@ -39,9 +39,9 @@ from outcore.graph.ir import Graph
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
-from outcore.policies._pooch_classify import Classification, classify
-from outcore.policies._pooch_schedule import build_schedule
-from outcore.policies._pooch_timeline import KEEP, RECOMPUTE, SWAP, Profile
+from outcore.policies.common.timeline import KEEP, RECOMPUTE, SWAP, Profile
+from outcore.policies.pooch.classify import Classification, classify
+from outcore.policies.pooch.schedule import build_schedule
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 from outcore.units import format_bytes
 

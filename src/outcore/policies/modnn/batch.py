@@ -32,7 +32,7 @@ from typing import Any
 
 from outcore.errors import CaptureError, InfeasibleBudgetError
 from outcore.graph.ir import STATIC_KINDS, Graph, TensorKind
-from outcore.policies._modnn_algos import candidates
+from outcore.policies.modnn.algos import candidates
 from outcore.units import format_bytes
 
 

@@ -153,7 +153,7 @@ class ConvAlgorithmCost:
     Args:
         base: the cost model of every op's default kernel, of transfers and copy engines.
         relative_time: ``(target, variant, arg_meta) -> time over the framework kernel's``
-            (default ``default_relative_time``; ``outcore.policies._vdnn_cudnn.relative_time``
+            (default ``default_relative_time``; ``outcore.policies.vdnn.cudnn.relative_time``
             is the vDNN reproduction's cuDNN-era table).
         normalise: when True, ``base`` times are those of the *fastest* supported variant (an
             analytic model calibrated on cuDNN's fastest algorithms) and the others are

@@ -1,7 +1,7 @@
 """SuperNeurons' compute sequence: liveness analysis plus cost-aware recomputation (plain Python).
 
 The first of two passes that build a SuperNeurons schedule (the second, the unified tensor
-pool, is ``_superneurons_utp``). It produces Compute and Free instructions only, as if every
+pool, is ``superneurons.utp``). It produces Compute and Free instructions only, as if every
 checkpoint tensor stayed on the device:
 
 1. the forward ops in route order;
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from outcore.graph.ir import STATIC_KINDS, Graph, Phase
 from outcore.plan.schedule import Compute, Free, Instruction
-from outcore.policies._superneurons_segments import Segmentation
+from outcore.policies.superneurons.segments import Segmentation
 
 
 def _available_after_forward(graph: Graph, seg: Segmentation) -> set[int]:

@@ -7,15 +7,15 @@ Registered as ``"modnn"``. Given a Graph, a cost model (the "profiling") and a b
    gradients, the batch, the loss) always stays on the device. Mmin = SW + max_t Mmin(t, 1)
    (eq. 2) on the graph re-captured at sub-batch size 1; a budget below it is refused with
    ``InfeasibleBudgetError`` naming Mmin, its parts and the task that sets it
-   (``outcore.policies._modnn_batch``). Every budget >= Mmin is scheduled.
+   (``outcore.policies.modnn.batch``). Every budget >= Mmin is scheduled.
 2. **Sub-batch size** by eq. (3), iterated with re-capture ("profiling") at each size; the
    batch is split into ``k = B / b`` equal sub-batches and the executor accumulates their
    gradients (``outcore.runtime.subbatch.run_sub_batches``). ``ctx.recapture(k)`` gives the
    graph at B / k; when it is None the policy refuses to sub-batch and says so.
-3. **Algorithm 1** (``outcore.policies._modnn_schedule``): offload when an allocation fails,
+3. **Algorithm 1** (``outcore.policies.modnn.schedule``): offload when an allocation fails,
    choosing the scheme over the pool's linked list with the least delay, defragmenting
    when no scheme exists; prefetch when eq. (4) says waiting would delay the task; pick each
-   convolution's algorithm by the gain of eq. (5) (``outcore.policies._modnn_algos``).
+   convolution's algorithm by the gain of eq. (5) (``outcore.policies.modnn.algos``).
 
 Gradients with sub-batches: for a loss that is a mean over samples and a model without
 batch statistics, the accumulated gradient equals the full-batch gradient up to float
@@ -46,8 +46,9 @@ from outcore.graph.ir import Graph
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.verify import verify
-from outcore.policies._modnn_algos import bound, candidates
-from outcore.policies._modnn_batch import (
+from outcore.policies.baseline import movable_activations
+from outcore.policies.modnn.algos import bound, candidates
+from outcore.policies.modnn.batch import (
     Footprint,
     Recaptures,
     SubBatchChoice,
@@ -55,9 +56,8 @@ from outcore.policies._modnn_batch import (
     lower_bound,
     select_sub_batch,
 )
-from outcore.policies._modnn_schedule import ModnnScheduler
-from outcore.policies._modnn_state import ModnnStats
-from outcore.policies.baseline import movable_activations
+from outcore.policies.modnn.schedule import ModnnScheduler
+from outcore.policies.modnn.state import ModnnStats
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 from outcore.units import format_bytes
 

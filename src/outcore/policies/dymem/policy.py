@@ -6,7 +6,7 @@ Registered as ``"dymem"``:
    runs to its join before the next starts (``outcore.graph.order.execution_order(graph,
    "dfs")``), forward then backward.
 2. **Offload without per-layer barriers** (§3.2.1): every offload candidate
-   (``outcore.policies._dymem_prefetch``) is copied out as soon as its producer ends; the
+   (``outcore.policies.dymem.prefetch``) is copied out as soon as its producer ends; the
    next layer starts at once, and the map is released when its copy has ended and its
    forward readers are done. Forward is blocked only when memory would overflow; at the
    end of forward all copies are waited for (the paper's synchronisation of both streams).
@@ -42,10 +42,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.verify import verify
-from outcore.policies._dymem_prefetch import alg2_rule, offload_candidates
-from outcore.policies._pooch_classify import just_in_time
-from outcore.policies._pooch_schedule import build_schedule
-from outcore.policies._pooch_timeline import (
+from outcore.policies.common.timeline import (
     KEEP,
     SWAP,
     Evaluation,
@@ -53,7 +50,8 @@ from outcore.policies._pooch_timeline import (
     evaluate,
     producer,
 )
-from outcore.policies.pooch import cost_of
+from outcore.policies.dymem.prefetch import alg2_rule, offload_candidates
+from outcore.policies.pooch import build_schedule, cost_of, just_in_time
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 from outcore.pool import Placement, blocks_from_schedule, gtbm_placement
 from outcore.pool import place as place_blocks

@@ -2,7 +2,7 @@
 
 "We use a linked list to represent the memory spatial distribution, where each node
 corresponds to an occupied or free segment in the GPU memory, and an occupied segment
-represents a data block in the TDFG." The scheduler (``_modnn_schedule``) performs its
+represents a data block in the TDFG." The scheduler (``modnn.schedule``) performs its
 virtual allocations and frees here while it simulates the execution.
 
 Choices the paper leaves open (written down here):

@@ -7,7 +7,7 @@ table of supported variants into those choices' inputs (plain Python, no torch).
 
 Where candidates come from. ``ctx.options["variants"]`` maps an op id to the names of the
 variants that can run it (for example ``CudnnAlgorithms.supported()`` from
-``outcore.policies._vdnn_cudnn``, or a table built with ``outcore.variants.registry``).
+``outcore.policies.vdnn.cudnn``, or a table built with ``outcore.variants.registry``).
 Each candidate is priced by the context's cost model on a copy of the op with ``variant`` set:
 ``time_s = cost.op_time(op)``, ``workspace_bytes = cost.workspace(op)``. "framework" (the
 framework's own kernel, zero workspace: the memory-optimal algorithm) is always a candidate.

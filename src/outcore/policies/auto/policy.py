@@ -52,7 +52,7 @@ class Choice:
     why: str
 
 
-def _resident_spans(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
+def resident_spans(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
     """Base tensor -> [(first index resident, index of its Free or len(schedule))] per
     residency of that tensor, in schedule order, from the memory rule's replay
     (``outcore.plan.residency``). Static tensors' initial residency is left out. A span ends
@@ -143,7 +143,7 @@ def plan_auto(graph: Graph, budget: int | None, cost: CostModel | None,
         if trace.peak <= budget:
             return plan, schedule
         at = trace.device.index(trace.peak)
-        spans = _resident_spans(graph, schedule)
+        spans = resident_spans(graph, schedule)
         candidates = [t for t in movable if t not in plan.decisions
                       and any(s <= at < e for s, e in spans.get(t, []))]
         if not candidates:

@@ -48,9 +48,9 @@ from typing import Any
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
-from outcore.policies._modnn_batch import reserved_storages
-from outcore.policies._modnn_memory import SegmentList
-from outcore.policies._modnn_state import (
+from outcore.policies.modnn.batch import reserved_storages
+from outcore.policies.modnn.memory import SegmentList
+from outcore.policies.modnn.state import (
     DEAD,
     DEV,
     HOST,

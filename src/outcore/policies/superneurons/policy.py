@@ -4,17 +4,17 @@ The runtime's techniques, in the order the paper stacks them (Sec. 3), and where
 
 * **Execution route** (Alg. 1): ``outcore.graph.order.execution_order(graph, "superneurons")``.
 * **Liveness analysis** (Sec. 3.2): every tensor is freed right after its last reader
-  (``_superneurons_sequence``).
+  (``superneurons.sequence``).
 * **Cost-aware recomputation** (Sec. 3.4): forward results of non-checkpoint layers are
   dropped and recomputed in backward from the checkpoints (CONV, FC), speed-centric or
-  memory-centric per segment against ``l_peak = max_i l_i`` (``_superneurons_segments``).
+  memory-centric per segment against ``l_peak = max_i l_i`` (``superneurons.segments``).
 * **Unified tensor pool** (Sec. 3.3): CONV checkpoint tensors are offloaded to host memory and
   prefetched back, through an LRU tensor cache that moves data only when device memory is
-  insufficient (Alg. 2), or eagerly without the cache (``_superneurons_utp``).
+  insufficient (Alg. 2), or eagerly without the cache (``superneurons.utp``).
 * **Convolution workspace** (Sec. 3.5): once the schedule is fixed, each op with variant
   candidates gets the fastest one whose workspace fits the bytes free at its step
   (``outcore.variants.select.superneurons_fastest_fit``; candidates as in
-  ``_vdnn_variants``). Without a budget every op gets its fastest variant.
+  ``common.variants``). Without a budget every op gets its fastest variant.
 
 The memory pool with 1 KB blocks (Sec. 3.2.1) is a placement concern, outside a policy.
 
@@ -24,7 +24,7 @@ Options (``ctx.options``):
 * ``offload``: offload CONV checkpoints through the tensor pool (default True);
 * ``cache``: use the LRU tensor cache (default True); False offloads every checkpoint as soon
   as it is made, as Fig. 10b and Table 3's "without Tensor Cache" measure;
-* ``variants``: op id -> supported variant names (see ``_vdnn_variants``).
+* ``variants``: op id -> supported variant names (see ``common.variants``).
 
 A budget the runtime cannot meet (a step that does not fit even after offloading every
 unlocked tensor) raises ``InfeasibleBudgetError`` at planning time, naming the least budget
@@ -44,10 +44,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Offload, Schedule
 from outcore.plan.verify import verify
-from outcore.policies._superneurons_segments import STRATEGIES, Segmentation, segment
-from outcore.policies._superneurons_sequence import compute_sequence
-from outcore.policies._superneurons_utp import NoRoom, UtpStats, apply_pool
-from outcore.policies._vdnn_variants import (
+from outcore.policies.common.variants import (
     candidates,
     choice_by_op,
     peak_with,
@@ -56,6 +53,9 @@ from outcore.policies._vdnn_variants import (
     with_variants,
 )
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
+from outcore.policies.superneurons.segments import STRATEGIES, Segmentation, segment
+from outcore.policies.superneurons.sequence import compute_sequence
+from outcore.policies.superneurons.utp import NoRoom, UtpStats, apply_pool
 from outcore.units import format_bytes
 from outcore.variants import select
 

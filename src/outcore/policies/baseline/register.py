@@ -1,6 +1,6 @@
 """Registers the baseline policies of ``outcore.policies.baseline``."""
 
-from outcore.policies import baseline
+from outcore.policies.baseline import plans as baseline
 from outcore.policies.registry import from_plan, register
 
 register("keep-all", "network-wide allocation: nothing freed during the step")(

@@ -24,7 +24,7 @@ import bisect
 import numpy as np
 
 from outcore.graph.ir import OpCategory
-from outcore.policies._pooch_timeline import Profile, SwapInRule, earliest_fit, producer
+from outcore.policies.common.timeline import Profile, SwapInRule, earliest_fit, producer
 
 RECLAIMED = frozenset({OpCategory.MATMUL, OpCategory.LOSS, OpCategory.DROPOUT})
 

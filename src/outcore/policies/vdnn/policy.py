@@ -25,11 +25,11 @@ What the paper does, and how it maps onto outcore's ATen-level graph:
   the X is released. The lowering starts each offload right after the producer (the same
   point for a chain; earlier for a fork) and puts ``Wait(d2h)`` + ``Free`` after the last
   forward reader.
-* **Prefetch** (Fig. 10): ``outcore.policies._vdnn_prefetch`` (the window reaches up to the
+* **Prefetch** (Fig. 10): ``outcore.policies.vdnn.prefetch`` (the window reaches up to the
   next CONV layer; one prefetch per layer; the stream synchronises before the next layer).
 * **Algorithms** ("(m)" / "(p)", Sec. III-C): memory-optimal = every op on its least-workspace
   variant (the framework kernel, implicit GEMM's role), performance-optimal = every op on its
-  fastest variant; see ``outcore.policies._vdnn_variants``. The static policies read
+  fastest variant; see ``outcore.policies.common.variants``. The static policies read
   ``ctx.options["algo"]`` ("m" or "p", default "p": the fastest algorithms, what a framework
   runs by default and what the paper's baseline and power study use); ``vdnn-all-m`` etc.
   fix it in the name.
@@ -41,7 +41,7 @@ What the paper does, and how it maps onto outcore's ATen-level graph:
   (``outcore.variants.select.vdnn_dyn``). Without a budget the first fastest pass fits.
 * **Baseline** (Sec. IV-A): Torch's network-wide allocation: every forward feature map stays
   allocated for the whole step, gradient maps are reused (freed after their last use); a conv
-  output that only feeds an in-place activation is one buffer with it (``_vdnn_layers``).
+  output that only feeds an in-place activation is one buffer with it (``common.layers``).
   Registered as ``vdnn-base``; its time with the fastest algorithms and no capacity limit is
   the paper's oracular baseline.
 
@@ -62,9 +62,8 @@ from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Free, Schedule
-from outcore.policies._vdnn_layers import fuses_into_activation
-from outcore.policies._vdnn_prefetch import prefetch_points, sync_waits
-from outcore.policies._vdnn_variants import (
+from outcore.policies.common.layers import fuses_into_activation
+from outcore.policies.common.variants import (
     Variants,
     candidates,
     choice_by_op,
@@ -73,6 +72,7 @@ from outcore.policies._vdnn_variants import (
     with_variants,
 )
 from outcore.policies.registry import PolicyContext, PolicyFn, PolicyOutput, register
+from outcore.policies.vdnn.prefetch import prefetch_points, sync_waits
 from outcore.units import format_bytes
 from outcore.variants import select
 
@@ -253,7 +253,7 @@ def _algo(ctx: PolicyContext) -> str:
 
 def _variant_table(graph: Graph, ctx: PolicyContext) -> Any:
     """``ctx.options["variants"]``, or the variants capture recorded on each op."""
-    from outcore.policies._vdnn_variants import recorded_table
+    from outcore.policies.common.variants import recorded_table
 
     table = ctx.options.get("variants")
     return recorded_table(graph) if table is None else table

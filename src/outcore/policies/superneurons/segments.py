@@ -7,7 +7,7 @@ Paper (PPoPP'18 Sec. 3.3-3.4) and how it maps onto outcore's ATen-level graph:
   result is dropped and recomputed in backward. Here a checkpoint op is a forward op of
   category CONV, MATMUL or ATTENTION. Its *checkpoint tensor* is its output, or, when that
   output's only reader is an activation Caffe and Torch run in place (ReLU, sigmoid, tanh,
-  ...; see ``_vdnn_layers``), that activation's output: in the paper the two share one
+  ...; see ``common.layers``), that activation's output: in the paper the two share one
   buffer, here the conv output is a transient the activation consumes at once.
 * **Offloaded tensors** (UTP): the checkpoint tensors of CONV ops ("we only offload the
   tensors from CONV layers"), plus the anchors below.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from outcore.graph.bounds import layer_bytes
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
-from outcore.policies._vdnn_layers import through_activations
+from outcore.policies.common.layers import through_activations
 
 CHECKPOINT_CATEGORIES = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 

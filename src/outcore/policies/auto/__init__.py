@@ -1,0 +1,8 @@
+"""outcore-auto: outcore's own planner and the portfolio of the paper policies.
+
+Policy registered: ``outcore-auto``.
+"""
+
+from outcore.policies.auto.policy import PORTFOLIO, Choice, plan_auto, resident_spans
+
+__all__ = ["PORTFOLIO", "Choice", "plan_auto", "resident_spans"]

@@ -1,0 +1,26 @@
+"""SuperNeurons (Wang et al., PPoPP 2018): liveness, cost-aware recomputation between
+checkpoint layers, and the Unified Tensor Pool (offload with an LRU tensor cache).
+
+Policy registered: ``superneurons``.
+"""
+
+from outcore.policies.superneurons.policy import (
+    NAME,
+    PAPER,
+    SuperNeuronsResult,
+    least_budget,
+    plan_superneurons,
+)
+from outcore.policies.superneurons.segments import (
+    STRATEGIES,
+    Segment,
+    Segmentation,
+    checkpoint_tensor,
+    segment,
+)
+from outcore.policies.superneurons.utp import LruCache, UtpStats
+
+__all__ = [
+    "NAME", "PAPER", "STRATEGIES", "LruCache", "Segment", "Segmentation", "SuperNeuronsResult",
+    "UtpStats", "checkpoint_tensor", "least_budget", "plan_superneurons", "segment",
+]

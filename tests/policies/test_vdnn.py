@@ -57,6 +57,9 @@ class VariantCost:
     def op_time(self, op: Op) -> float:
         return self.TIME.get(op.variant, 1.0) if op.category.value == "conv" else 1.0
 
+    def bind(self, graph):  # needs nothing from the graph
+        return self
+
     def workspace(self, op: Op) -> int:
         return self.WORKSPACE.get(op.variant, 0) if op.category.value == "conv" else 0
 

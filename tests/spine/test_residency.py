@@ -13,10 +13,16 @@ from outcore.cost.profiles import get_profile
 from outcore.graph.ir import STATIC_KINDS, Graph, Op, OpCategory, Phase, Tensor, TensorKind
 from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
-from outcore.plan.residency import NONE, TRANSIENT, Allocation, Step, residency_steps
+from outcore.plan.residency import (
+    NONE,
+    TRANSIENT,
+    Allocation,
+    Step,
+    residency_steps,
+    resident_spans,
+)
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.policies import baseline
-from outcore.policies.auto import resident_spans
 from outcore.pool import blocks_from_schedule, live_curve
 from outcore.sim import Lifetime, simulate
 

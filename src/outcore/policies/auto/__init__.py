@@ -3,6 +3,6 @@
 Policy registered: ``outcore-auto``.
 """
 
-from outcore.policies.auto.policy import PORTFOLIO, Choice, plan_auto, resident_spans
+from outcore.policies.auto.policy import PORTFOLIO, Choice, plan_auto
 
-__all__ = ["PORTFOLIO", "Choice", "plan_auto", "resident_spans"]
+__all__ = ["PORTFOLIO", "Choice", "plan_auto"]

@@ -33,7 +33,7 @@ from outcore.graph.ir import Graph, OpCategory, Phase
 from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
-from outcore.plan.residency import no_workspace, residency_steps
+from outcore.plan.residency import resident_spans
 from outcore.plan.schedule import Schedule
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
@@ -50,28 +50,6 @@ class Choice:
     seconds: float
     nbytes: int
     why: str
-
-
-def resident_spans(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
-    """Base tensor -> [(first index resident, index of its Free or len(schedule))] per
-    residency of that tensor, in schedule order, from the memory rule's replay
-    (``outcore.plan.residency``). Static tensors' initial residency is left out. A span ends
-    at the base's own Free, even when a view of it keeps the storage resident longer."""
-    tensors = graph.tensors
-    spans: dict[int, list[tuple[int, int]]] = {}
-    open_at: dict[int, int] = {}
-    for step in residency_steps(graph, schedule, no_workspace):
-        if step.at < 0:
-            continue
-        for tid in step.made_resident:
-            if not tensors[tid].is_view:
-                open_at[tid] = step.at
-        if step.dropped in open_at:
-            spans.setdefault(step.dropped, []).append((open_at.pop(step.dropped), step.at))
-    end = len(schedule)
-    for tid, start in open_at.items():
-        spans.setdefault(tid, []).append((start, end))
-    return spans
 
 
 class _Pricer:

@@ -2,6 +2,7 @@
 #   make demo   trains a ResNet on the emulated device under a third of its in-core peak
 #   make test   lints (ruff), type-checks src/ (mypy) and runs the test suite (the default, fast
 #               set; slow tests are covered by benchmarks)
+#   make bench  the paper reproductions, quick versions (benchmarks/repro_*.py --quick)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -26,7 +27,7 @@ test: setup
 	$(PY) -m pytest
 
 bench: setup
-	$(PY) benchmarks/run_all.py
+	for f in benchmarks/repro_*.py; do $(PY) $$f --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -30,6 +30,7 @@ from outcore.planned import (
     plan,
     policies,
 )
+from outcore.policies.registry import config_for
 from outcore.units import format_bytes, parse_bytes
 
 __all__ = ["DEFAULT_GPU", "DEFAULT_POLICY", "PlannedStep", "Trainer", "TrainerStats", "compile",
@@ -121,6 +122,7 @@ def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
     from outcore.runtime.devices import make_device
 
     limit = None if budget is None else parse_bytes(budget)
+    config_for(policy, options)  # an unknown policy or option fails before any capture
     graph = capture(model, loss_fn, example_batch)
 
     def recapture(parts: int) -> Graph:

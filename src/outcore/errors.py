@@ -30,6 +30,7 @@ class InfeasibleBudgetError(OutcoreError):
         self.policy = policy
         self.budget = budget
         self.required = required
+        self.hint = hint
         msg = (
             f"policy {policy!r} cannot fit a budget of {format_bytes(budget)}: "
             f"it needs at least {format_bytes(required)} ({required} bytes)."

@@ -7,7 +7,7 @@ Torch-free (a graph loaded from JSON plans without torch); ``outcore.plan`` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from outcore.errors import InfeasibleBudgetError
@@ -16,7 +16,7 @@ from outcore.graph.ir import Graph
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
-from outcore.policies.registry import PolicyContext, get
+from outcore.policies.registry import PolicyContext, config_for, get
 from outcore.units import parse_bytes
 
 DEFAULT_GPU = "v100-pcie"
@@ -54,6 +54,8 @@ class PlannedStep:
         predicted_peak: device bytes at the schedule's peak (what the executor will measure).
         budget: the budget planned for, in bytes (None = unbounded).
         simulation: the simulated step on the cost model's GPU (a ``SimResult``), if any.
+        notes: the policy's own lines of explanation (e.g. which outcore-auto candidate won
+            and by how much).
     """
 
     graph: Graph
@@ -62,6 +64,7 @@ class PlannedStep:
     predicted_peak: int
     budget: int | None
     simulation: Any = None
+    notes: list[str] = field(default_factory=list)
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation: name, bytes, producer, decision and why (one dict per tensor)."""
@@ -101,11 +104,13 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     Raises:
         InfeasibleBudgetError: the budget is below what the policy can reach, or below the
             layer-wise lower bound (the message names the bound and what to change).
-        ValueError: unknown policy, or an unreadable budget.
+        ValueError: unknown policy, an option the policy does not have (the message lists
+            its options), or an unreadable budget.
     """
     limit = None if budget is None else parse_bytes(budget)
     name = _policy_name(policy)
     info = get(name)
+    config = config_for(name, options)
     if limit is not None:
         bound = reference_peaks(graph).layer_lower_bound
         if limit < bound and recapture is None:
@@ -115,13 +120,17 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                 "op's tensors); no policy goes below it at this batch. Shrink the batch, let a "
                 "sub-batching policy (modnn) split it, or raise the budget.")
     model = cost if cost is not None else cost_model_for(gpu)
-    ctx = PolicyContext(budget=limit, cost=model, recapture=recapture, options=options)
+    ctx = PolicyContext(budget=limit, cost=model, recapture=recapture, options=options,
+                        config=config)
     out = info.fn(graph, ctx)
     peak = predicted_peak(out.graph, out.schedule)
+    if out.predicted_peak is not None and out.predicted_peak != peak:
+        raise AssertionError(f"policy {name!r} predicted a peak of {out.predicted_peak} bytes, "
+                             f"the memory rule gives {peak}")
     if limit is not None and peak > limit:
         raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or cannot "
                                     "move enough; try policy='auto'.")
-    result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit)
+    result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit, notes=list(out.notes))
     if simulate:
         from outcore.sim import simulate as run_simulation
 

@@ -19,7 +19,14 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import PolicyContext, get
-from outcore.policies.modnn import SegmentList, footprint, minimum_memory, plan_modnn, sub_batch
+from outcore.policies.modnn import (
+    ModnnConfig,
+    SegmentList,
+    footprint,
+    minimum_memory,
+    plan_modnn,
+    sub_batch,
+)
 from outcore.runtime.executor import Executor
 from outcore.runtime.subbatch import run_sub_batches, split_batch
 from outcore.sim import simulate
@@ -140,7 +147,7 @@ def test_batchnorm1d_bound_is_taken_at_the_smallest_capturable_size():
 
     ctx = PolicyContext(budget=0, cost=TableCost(), recapture=rec)
     mmin = minimum_memory(graph, ctx)
-    assert mmin == footprint(rec(4), ctx.cost, {})  # batch 8 / 4 sub-batches = size 2
+    assert mmin == footprint(rec(4), ctx.cost, ModnnConfig())  # batch 8 / 4 sub-batches = size 2
     with pytest.raises(InfeasibleBudgetError, match=r"sub-batch size 2 \(the smallest size"):
         get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum - 1))
     out = get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum))

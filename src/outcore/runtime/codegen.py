@@ -26,7 +26,7 @@ from torch import fx
 
 from outcore.capture.step import CapturedStep
 from outcore.graph.ir import Graph
-from outcore.plan.residency import NONE, Step, checked_steps, no_workspace
+from outcore.plan.residency import NONE, Step, no_workspace, residency_steps
 from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
 
 
@@ -118,14 +118,14 @@ def generate(graph: Graph, schedule: Schedule,
 
     ``inputs`` maps every static tensor id to its value; the result maps each tensor in
     ``schedule.keep_at_end`` to its value. ``impls`` overrides an op's callable (variants).
-    Raises ScheduleError (from the replay) on a schedule that breaks a rule.
+    The schedule is not checked here (the executor verifies it unless told not to).
     """
     step = graph.source
     if not isinstance(step, CapturedStep):
         raise TypeError("this graph has no captured step to run; capture it with "
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
-    steps = checked_steps(graph, schedule, no_workspace)
+    steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
     static = list(next(steps).made_resident)
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
     for ins, at in zip(schedule.instructions, steps, strict=True):

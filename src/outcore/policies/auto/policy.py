@@ -23,7 +23,6 @@ the executor measures), so the predicted peak of the result is what the device w
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +34,8 @@ from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.residency import resident_spans
 from outcore.plan.schedule import Schedule
+from outcore.policies.auto.config import AutoConfig
+from outcore.policies.auto.portfolio import CANDIDATES, crowned, run_portfolio
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -203,67 +204,22 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
     return changed
 
 
-#: Policies whose plans outcore-auto also simulates, keeping the fastest that fits.
-PORTFOLIO = ("vdnn-dyn", "superneurons", "modnn", "pooch", "dymem", "offload-all")
-
-
-def _simulated(graph: Graph, schedule: Schedule, cost: CostModel) -> float:
-    from outcore.sim import simulate
-
-    return simulate(graph, schedule, cost, verify=False).step_time
-
-
-def _portfolio(graph: Graph, ctx: PolicyContext, best: PolicyOutput | None) -> PolicyOutput | None:
-    """Simulate the seed policies' plans beside our own and keep the fastest that fits."""
-    from outcore.errors import OutcoreError
-    from outcore.policies.registry import get
-
-    scored: list[tuple[float, str, PolicyOutput]] = []
-    if best is not None:
-        scored.append((_simulated(best.graph, best.schedule, ctx.cost), "outcore-auto", best))
-    for name in PORTFOLIO:
-        try:
-            out = get(name).fn(graph, ctx)
-        except (OutcoreError, ValueError):
-            continue  # that policy cannot meet this budget (or is not installed)
-        if out.schedule.variants and not ctx.options.get("allow_variants", False):
-            # framework kernels only, so gradients stay bit-equal to eager; dropping a
-            # variant removes its workspace, so the peak can only go down
-            out.schedule = dataclasses.replace(out.schedule, variants={})
-            out.plan.variants = {}
-        if ctx.budget is not None and memory_curve(out.graph, out.schedule).peak > ctx.budget:
-            continue
-        scored.append((_simulated(out.graph, out.schedule, ctx.cost), name, out))
-    if not scored:
-        return None
-    _, name, chosen = min(scored, key=lambda item: item[0])
-    if name != "outcore-auto":
-        ranked = sorted(scored, key=lambda i: i[0])
-        others = ", ".join(f"{n} {t * 1e3:.2f} ms" for t, n, _ in ranked)
-        for tid in list(chosen.plan.reasons) or list(chosen.plan.decisions):
-            chosen.plan.reasons[tid] = (f"{chosen.plan.reasons.get(tid, 'decided')} [outcore-auto "
-                                        f"took {name}'s plan: fastest that fits ({others})]")
-        chosen.plan.policy = f"outcore-auto ({name})"
-    return chosen
+def greedy_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
+    """outcore's own greedy planner (``plan_auto``) as a portfolio candidate."""
+    plan, schedule = plan_auto(graph, ctx.budget, ctx.cost)
+    return PolicyOutput(plan, schedule, graph)
 
 
 @register("outcore-auto", "outcore's hybrid: keep, offload or recompute each activation at the "
           "peak by its cost per byte, until the predicted peak fits the budget; then the "
-          "fastest (simulated) of that plan and the seed policies' plans (framework kernels "
-          "unless options allow_variants=True)")
+          "fastest (simulated) of that plan and the portfolio's candidates' plans (framework "
+          "kernels unless options allow_variants=True)", config=AutoConfig)
 def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    own: PolicyOutput | None = None
-    error: InfeasibleBudgetError | None = None
-    try:
-        plan, schedule = plan_auto(graph, ctx.budget, ctx.cost)
-        own = PolicyOutput(plan, schedule, graph)
-    except InfeasibleBudgetError as exc:
-        error = exc
-    if ctx.cost is None or ctx.budget is None or not ctx.options.get("portfolio", True):
-        if own is None:
-            raise error  # type: ignore[misc]
-        return own
-    chosen = _portfolio(graph, ctx, own)
-    if chosen is None:
-        raise error  # type: ignore[misc]
-    return chosen
+    """The portfolio (``outcore.policies.auto.portfolio``) when there is a budget and a cost
+    model to simulate with, else the greedy planner alone."""
+    config = ctx.config_as(AutoConfig)
+    if ctx.cost is None or ctx.budget is None or not config.portfolio:
+        return greedy_policy(graph, ctx)
+    result = run_portfolio(graph, ctx, CANDIDATES, {"outcore-auto": greedy_policy},
+                           allow_variants=config.allow_variants)
+    return crowned(result, ctx.budget)

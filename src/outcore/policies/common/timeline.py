@@ -34,8 +34,9 @@ PoocH's LO / LI sets are read from. Position p's memory is the sample after op p
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,16 @@ from outcore.errors import GraphError
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
 from outcore.graph.liveness import memory_per_step
 
-KEEP, SWAP, RECOMPUTE = "keep", "swap", "recompute"
+
+class FeatureClass(StrEnum):
+    """PoocH's three classes of a feature map (Dymem uses KEEP and SWAP)."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+KEEP, SWAP, RECOMPUTE = FeatureClass.KEEP, FeatureClass.SWAP, FeatureClass.RECOMPUTE
 
 
 def producer(graph: Graph, tid: int) -> int:
@@ -74,7 +84,7 @@ class Profile:
     """Classification-independent data of one graph, order and cost model."""
 
     def __init__(self, graph: Graph, order: list[int], cost: Any,
-                 features: list[int] | None = None) -> None:
+                 features: Sequence[int] | None = None) -> None:
         bind = getattr(cost, "bind", None)
         self.cost = bind(graph) if callable(bind) else cost
         self.graph = graph
@@ -184,7 +194,7 @@ class Evaluation:
     peak: float
     feasible: bool
     forward_end: float
-    classes: dict[int, str]
+    classes: dict[int, FeatureClass]
     copy_out_end: dict[int, float] = field(default_factory=dict)
     copy_in_stall: dict[int, float] = field(default_factory=dict)
     forward_stall: dict[int, float] = field(default_factory=dict)
@@ -209,7 +219,7 @@ def earliest_fit(profile: Profile, x: int, lo: int, need: int, memory: np.ndarra
     return lo + int(fits[0]) if fits.size and fits[-1] == len(window) - 1 else need
 
 
-def evaluate(p: Profile, classes: Mapping[int, str], budget: float, *,
+def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
              swap_in_at: SwapInRule = earliest_fit, sync_forward: bool | None = False,
              strict: bool = True) -> Evaluation:
     """Replay ``classes`` (feature map -> keep / swap / recompute; absent = swap).
@@ -248,7 +258,7 @@ def evaluate(p: Profile, classes: Mapping[int, str], budget: float, *,
     return ev
 
 
-def _forward(p: Profile, cls: dict[int, str], budget: float, ev: Evaluation,
+def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evaluation,
              strict: bool) -> tuple[float, float]:
     """Forward timeline; fills copy-out ends, release positions and memory stalls."""
     t, d2h, ext = 0.0, 0.0, 0.0
@@ -289,7 +299,7 @@ def _forward(p: Profile, cls: dict[int, str], budget: float, ev: Evaluation,
     return t, d2h
 
 
-def _release_after_forward(p: Profile, cls: dict[int, str], ev: Evaluation, t: float,
+def _release_after_forward(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: float,
                            sync_forward: bool) -> None:
     """Release positions of maps whose copy-out outlived forward: the first backward op
     predicted to start after the copy ended (or the first backward op, with a sync)."""
@@ -305,7 +315,7 @@ def _release_after_forward(p: Profile, cls: dict[int, str], ev: Evaluation, t: f
             ev.free_at[x] = p.nf + k
 
 
-def _backward_memory(p: Profile, cls: dict[int, str], ev: Evaluation, budget: float,
+def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, budget: float,
                      swap_in_at: SwapInRule, strict: bool) -> np.ndarray:
     """The memory profile with every map's residency; chooses copy-in positions."""
     memory = p.base.copy()
@@ -348,7 +358,8 @@ def _backward_memory(p: Profile, cls: dict[int, str], ev: Evaluation, budget: fl
     return memory
 
 
-def _remake_peak(p: Profile, cls: dict[int, str], ev: Evaluation, memory: np.ndarray) -> float:
+def _remake_peak(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation,
+                 memory: np.ndarray) -> float:
     """The memory while recomputes run before their op: what is resident before the op
     (its own outputs not made yet) plus the chain's intermediates."""
     peak = 0.0
@@ -374,7 +385,7 @@ def _release_when_short(p: Profile, ev: Evaluation, memory: np.ndarray, budget: 
             ev.release_wait[k] = max(ev.release_wait.get(k, 0.0), ev.copy_out_end[x])
 
 
-def _backward_time(p: Profile, cls: dict[int, str], ev: Evaluation, t: float,
+def _backward_time(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: float,
                    h2d: float) -> tuple[float, float]:
     """Backward timeline: copy-ins in issue order, waits, recomputes, ops."""
     issued: dict[int, list[int]] = {}

@@ -5,7 +5,8 @@ Both papers choose a convolution algorithm per layer under the memory left at th
 fastest algorithm that fits in the free bytes). This module turns a Graph, a cost model and a
 table of supported variants into those choices' inputs (plain Python, no torch).
 
-Where candidates come from. ``ctx.options["variants"]`` maps an op id to the names of the
+Where candidates come from. The ``variants`` option (of a policy config) maps an op id to the
+names of the
 variants that can run it (for example ``CudnnAlgorithms.supported()`` from
 ``outcore.policies.vdnn.cudnn``, or a table built with ``outcore.variants.registry``).
 Each candidate is priced by the context's cost model on a copy of the op with ``variant`` set:
@@ -32,9 +33,8 @@ from typing import Any
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve, predicted_peak
 from outcore.plan.schedule import Compute, Schedule
+from outcore.variants.registry import FRAMEWORK  # the one spelling of the framework's kernel
 from outcore.variants.select import Candidate, Step, memory_optimal, performance_optimal
-
-FRAMEWORK = "framework"
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,6 @@ def recorded_table(graph: Graph) -> dict[int, list[str]]:
     """Op id -> the variants capture recorded as able to run it (``Op.variant_options``)."""
     return {op.id: [n for n, o in op.variant_options.items() if "refused" not in o]
             for op in graph.ops if op.variant_options}
-
-
-def context_variants(graph: Graph, ctx: Any) -> Variants:
-    """``candidates`` from a PolicyContext: ``ctx.cost`` and ``ctx.options["variants"]``,
-    or, when that is absent, the variants capture recorded on each op."""
-    table = ctx.options.get("variants")
-    return candidates(graph, ctx.cost, recorded_table(graph) if table is None else table)
 
 
 def steps(graph: Graph, schedule: Schedule, variants: Variants) -> list[Step]:

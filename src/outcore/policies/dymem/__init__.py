@@ -4,6 +4,7 @@ prefetch points for nonlinear networks, and a GTBM placement of the device pool.
 Policy registered: ``dymem``.
 """
 
+from outcore.policies.dymem.config import DymemConfig
 from outcore.policies.dymem.policy import (
     DEFAULT_BETA,
     PAPER,
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_BETA",
     "PAPER",
     "RECLAIMED",
+    "DymemConfig",
     "DymemResult",
     "alg2_position",
     "all_swap_minimum_for",

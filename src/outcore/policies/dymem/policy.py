@@ -22,7 +22,7 @@ what the executor measures); the GTBM pool size is reported by ``place`` (Dymem'
 allocated GPU memory", Fig. 12) and is at least that. A budget the offload-everything
 schedule cannot meet even with every prefetch just in time raises ``InfeasibleBudgetError``.
 
-Options: ``options["features"]`` overrides the feature-map list (default: activations at
+Options (``DymemConfig``): ``features`` overrides the feature-map list (default: activations at
 least 1/1024 of the largest, as for PoocH). Without a budget nothing bounds the device bytes.
 
 Choices: convolution algorithms are left to the framework kernel (the paper's Dymem(m),
@@ -46,10 +46,12 @@ from outcore.policies.common.timeline import (
     KEEP,
     SWAP,
     Evaluation,
+    FeatureClass,
     Profile,
     evaluate,
     producer,
 )
+from outcore.policies.dymem.config import DymemConfig
 from outcore.policies.dymem.prefetch import alg2_rule, offload_candidates
 from outcore.policies.pooch import build_schedule, cost_of, just_in_time
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
@@ -76,7 +78,7 @@ def plan_dymem(graph: Graph, ctx: PolicyContext) -> DymemResult:
     """Run Dymem (see the module docstring)."""
     cost = cost_of(ctx, "Dymem")
     order = execution_order(graph, "dfs")
-    profile = Profile(graph, order, cost, ctx.options.get("features"))
+    profile = Profile(graph, order, cost, ctx.config_as(DymemConfig).features)
     moved = set(offload_candidates(profile))
     classes = {x: (SWAP if x in moved else KEEP) for x in profile.features}
     budget = float("inf") if ctx.budget is None else float(ctx.budget)
@@ -99,7 +101,7 @@ def plan_dymem(graph: Graph, ctx: PolicyContext) -> DymemResult:
                        ev, profile)
 
 
-def all_swap_minimum_for(profile: Profile, classes: dict[int, str]) -> float:
+def all_swap_minimum_for(profile: Profile, classes: dict[int, FeatureClass]) -> float:
     """The least peak of ``classes`` (copy-outs waited at once, prefetches just in time)."""
     return evaluate(profile, classes, 0.0, swap_in_at=just_in_time, strict=False).peak
 
@@ -131,7 +133,7 @@ def place(graph: Graph, schedule: Schedule, beta: int = DEFAULT_BETA,
 
 
 @register("dymem", "Dymem: DFS order, offload/prefetch without per-layer barriers, prefetch "
-          "candidate search (Alg. 2); GTBM pool placement via dymem.place", paper=PAPER)
+          "candidate search (Alg. 2); GTBM pool placement via dymem.place", PAPER, DymemConfig)
 def dymem(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """Dymem (see the module docstring)."""
     return plan_dymem(graph, ctx).output

@@ -11,12 +11,25 @@ from outcore.policies.modnn.algos import (
     default_relative_time,
 )
 from outcore.policies.modnn.batch import Footprint, SubBatchChoice, footprint
+from outcore.policies.modnn.config import ModnnConfig
 from outcore.policies.modnn.memory import SegmentList
 from outcore.policies.modnn.policy import PAPER, ModnnResult, minimum_memory, plan_modnn, sub_batch
 from outcore.policies.modnn.state import ModnnStats
 
 __all__ = [
-    "PAPER", "ConvAlgorithmCost", "Footprint", "ModnnResult", "ModnnStats", "SegmentList",
-    "SubBatchChoice", "bound", "conv_arg_meta", "default_relative_time", "footprint",
-    "minimum_memory", "plan_modnn", "sub_batch",
+    "PAPER",
+    "ConvAlgorithmCost",
+    "Footprint",
+    "ModnnConfig",
+    "ModnnResult",
+    "ModnnStats",
+    "SegmentList",
+    "SubBatchChoice",
+    "bound",
+    "conv_arg_meta",
+    "default_relative_time",
+    "footprint",
+    "minimum_memory",
+    "plan_modnn",
+    "sub_batch",
 ]

@@ -31,11 +31,12 @@ Dilation is assumed 1; grouped convolutions keep the framework kernel only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from outcore.cost.gpu_variants import KNOWN_VARIANTS, conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
+from outcore.policies.modnn.config import ModnnConfig
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD
 from outcore.variants.select import Candidate
@@ -51,9 +52,9 @@ def bound(graph: Graph, cost: Any) -> Any:
     return bind(graph) if callable(bind) else cost
 
 
-def variant_table(graph: Graph, options: Mapping[str, Any]) -> dict[int, list[str]]:
+def variant_table(graph: Graph, config: ModnnConfig) -> dict[int, list[str]]:
     """Op id -> variant names to consider (see the module docstring)."""
-    spec = options.get("variants")
+    spec = config.variants
     if callable(spec):
         spec = spec(graph)
     if spec is None:
@@ -64,22 +65,22 @@ def variant_table(graph: Graph, options: Mapping[str, Any]) -> dict[int, list[st
                 table[op.id] = names
         return table
     table = {}
-    for op_id, names in dict(spec).items():
+    for op_id, listed in dict(spec).items():
         if not 0 <= op_id < len(graph.ops):
             raise ValueError(f"options['variants'] names op {op_id}, but graph {graph.name!r} has "
                              f"{len(graph.ops)} ops; pass a callable graph -> table instead")
-        table[op_id] = list(names)
+        table[op_id] = list(listed)
     return table
 
 
 def candidates(graph: Graph, cost: Any,
-               options: Mapping[str, Any]) -> dict[int, tuple[Candidate, ...]]:
+               config: ModnnConfig) -> dict[int, tuple[Candidate, ...]]:
     """Op id -> priced candidates, framework first, for every op with a real choice."""
     if cost is None:
         return {}
     model = bound(graph, cost)
     result: dict[int, tuple[Candidate, ...]] = {}
-    for op_id, names in variant_table(graph, options).items():
+    for op_id, names in variant_table(graph, config).items():
         ordered = list(dict.fromkeys([FRAMEWORK, *names]))
         if len(ordered) < 2:
             continue

@@ -26,13 +26,14 @@ next smaller divisor is tried, down to 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from outcore.errors import CaptureError, InfeasibleBudgetError
 from outcore.graph.ir import STATIC_KINDS, Graph, TensorKind
 from outcore.policies.modnn.algos import candidates
+from outcore.policies.modnn.config import ModnnConfig
 from outcore.units import format_bytes
 
 
@@ -72,11 +73,11 @@ def reserved_storages(graph: Graph) -> set[int]:
     return reserved
 
 
-def footprint(graph: Graph, cost: Any, options: Mapping[str, Any]) -> Footprint:
+def footprint(graph: Graph, cost: Any, config: ModnnConfig) -> Footprint:
     """SW and eq. (1) for every task of ``graph``."""
     reserved = reserved_storages(graph)
     sw = sum(graph.tensors[s].nbytes for s in reserved)
-    cands = candidates(graph, cost, options)
+    cands = candidates(graph, cost, config)
     task, fastest = [], []
     for op in graph.ops:
         storages = {graph.tensors[t].storage for t in op.inputs + op.outputs} - reserved
@@ -87,13 +88,17 @@ def footprint(graph: Graph, cost: Any, options: Mapping[str, Any]) -> Footprint:
     return Footprint(sw, tuple(task), tuple(fastest))
 
 
-def batch_size(graph: Graph, options: Mapping[str, Any]) -> int:
-    """The mini-batch size: ``options["batch_size"]``, else the first dimension shared by
-    every input tensor (ValueError when they disagree or there is none)."""
-    if "batch_size" in options:
-        return int(options["batch_size"])
+def batch_size(graph: Graph, config: ModnnConfig, *, split: bool = True) -> int:
+    """The mini-batch size: ``config.batch_size``, else the first dimension shared by
+    every input tensor (ValueError when they disagree or there is none). When the batch
+    will not be split (``split=False``: no recapture) and cannot be told, 1: the graph is
+    then planned as it is, one sub-batch."""
+    if config.batch_size is not None:
+        return int(config.batch_size)
     dims = {t.shape[0] for t in graph.tensors if t.kind is TensorKind.INPUT and t.shape}
     if len(dims) != 1:
+        if not split:
+            return 1
         raise ValueError(f"cannot tell the batch size of {graph.name!r} from its inputs "
                          f"(first dimensions {sorted(dims)}); pass options['batch_size']")
     return int(next(iter(dims)))
@@ -160,10 +165,10 @@ def smallest_size(graphs: Recaptures) -> int:
     return next(b for b in divisors(graphs.batch) if graphs.available(b))
 
 
-def lower_bound(graphs: Recaptures, cost: Any, options: Mapping[str, Any]) -> Footprint:
+def lower_bound(graphs: Recaptures, cost: Any, config: ModnnConfig) -> Footprint:
     """Eq. (2): the footprint at sub-batch size 1 (``.minimum`` is Mmin), or at the smallest
     size the model can be captured at."""
-    return footprint(graphs.at(smallest_size(graphs)), cost, options)
+    return footprint(graphs.at(smallest_size(graphs)), cost, config)
 
 
 def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> InfeasibleBudgetError:
@@ -180,7 +185,7 @@ def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1) -> Inf
 
 
 def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
-                     options: Mapping[str, Any]) -> SubBatchChoice:
+                     config: ModnnConfig) -> SubBatchChoice:
     """Eq. (3), iterated with re-capture (see the module docstring)."""
     sizes = divisors(graphs.batch)
     allowed = list(sizes) if graphs.recapture is not None else [graphs.batch]
@@ -192,7 +197,7 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
             allowed = [d for d in allowed if d != b]
             b = min(d for d in allowed if d > b)
             continue
-        fp = footprint(graphs.at(b), cost, options)
+        fp = footprint(graphs.at(b), cost, config)
         need = fp.largest_task_fastest
         proposal = b * (budget - fp.sw) / need if need > 0 else float(graphs.batch)
         trace.append((b, proposal))
@@ -208,7 +213,7 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
     for size in reversed([d for d in allowed if d <= b]):
         if not graphs.available(size):
             continue
-        fp = footprint(graphs.at(size), cost, options)
+        fp = footprint(graphs.at(size), cost, config)
         if fp.minimum <= budget:
             return SubBatchChoice(size, graphs.batch // size, graphs.at(size), fp, tuple(trace))
         tried = (size, fp)

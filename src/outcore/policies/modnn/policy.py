@@ -26,7 +26,7 @@ with the module's momentum), exactly as ``run_sub_batches`` does. moDNN's paper 
 discuss batch statistics; use a budget that keeps k = 1 (>= the full-batch minimum) or
 GroupNorm/LayerNorm when exact full-batch BatchNorm semantics matter.
 
-Options (``ctx.options``): ``batch_size`` (else read from the inputs' first dimension),
+Options (``ModnnConfig``): ``batch_size`` (else read from the inputs' first dimension),
 ``variants`` (op id -> variant names, or a callable graph -> that table; default: every
 variant outcore has for the op). Without a budget the cost model's device memory is used.
 A model that cannot run at sub-batch size 1 (BatchNorm needs two samples per channel) gets
@@ -56,6 +56,7 @@ from outcore.policies.modnn.batch import (
     lower_bound,
     select_sub_batch,
 )
+from outcore.policies.modnn.config import ModnnConfig
 from outcore.policies.modnn.schedule import ModnnScheduler
 from outcore.policies.modnn.state import ModnnStats
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
@@ -85,7 +86,9 @@ def budget_of(ctx: PolicyContext) -> int:
 
 
 def graphs_of(graph: Graph, ctx: PolicyContext) -> Recaptures:
-    return Recaptures(graph, batch_size(graph, ctx.options), ctx.recapture)
+    split = ctx.recapture is not None
+    return Recaptures(graph, batch_size(graph, ctx.config_as(ModnnConfig), split=split),
+                      ctx.recapture)
 
 
 def minimum_memory(graph: Graph, ctx: PolicyContext) -> Footprint:
@@ -97,12 +100,13 @@ def minimum_memory(graph: Graph, ctx: PolicyContext) -> Footprint:
     if graphs.batch != 1 and ctx.recapture is None:
         raise ValueError("Mmin is defined at sub-batch size 1, which needs ctx.recapture to "
                          "capture the graph at batch 1")
-    return lower_bound(graphs, _cost(ctx), ctx.options)
+    return lower_bound(graphs, _cost(ctx), ctx.config_as(ModnnConfig))
 
 
 def sub_batch(graph: Graph, ctx: PolicyContext) -> SubBatchChoice:
     """moDNN's sub-batch size for ``ctx.budget`` (eq. 3), reusable by other policies (vDNN+)."""
-    return select_sub_batch(graphs_of(graph, ctx), budget_of(ctx), _cost(ctx), ctx.options)
+    return select_sub_batch(graphs_of(graph, ctx), budget_of(ctx), _cost(ctx),
+                            ctx.config_as(ModnnConfig))
 
 
 def _cost(ctx: PolicyContext) -> Any:
@@ -116,10 +120,11 @@ def plan_modnn(graph: Graph, ctx: PolicyContext) -> ModnnResult:
     """Run moDNN and return its PolicyOutput with the sub-batch choice and statistics."""
     budget = budget_of(ctx)
     cost = _cost(ctx)
-    choice = select_sub_batch(graphs_of(graph, ctx), budget, cost, ctx.options)
+    config = ctx.config_as(ModnnConfig)
+    choice = select_sub_batch(graphs_of(graph, ctx), budget, cost, config)
     g = choice.graph
     scheduler = ModnnScheduler(g, bound(g, cost), budget - choice.footprint.sw,
-                               candidates(g, cost, ctx.options), reserved=choice.footprint.sw)
+                               candidates(g, cost, config), reserved=choice.footprint.sw)
     stats = scheduler.run()
     schedule = Schedule(instructions=scheduler.slots.instructions(), keep_at_end=list(g.outputs),
                         variants=dict(sorted(scheduler.variants.items())),
@@ -147,7 +152,7 @@ def _plan(graph: Graph, scheduler: ModnnScheduler, choice: SubBatchChoice, budge
 
 
 @register("modnn", "moDNN: sub-batches by eq. 3, offload on allocation failure, prefetch by "
-          "eq. 4, convolution algorithms by gain (eq. 5)", paper=PAPER)
+          "eq. 4, convolution algorithms by gain (eq. 5)", PAPER, ModnnConfig)
 def modnn(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """moDNN for ``ctx.budget`` (see the module docstring)."""
     return plan_modnn(graph, ctx).output

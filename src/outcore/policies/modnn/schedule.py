@@ -62,6 +62,7 @@ from outcore.policies.modnn.state import (
     Slots,
 )
 from outcore.units import format_bytes
+from outcore.variants.registry import FRAMEWORK
 from outcore.variants.select import Candidate
 
 SEARCH_AHEAD = 64
@@ -266,7 +267,7 @@ class ModnnScheduler:
         if ws > 0:
             placed = self.mem.allocate(-1 - oid, ws)
             assert placed is not None, "the scheme was chosen to hold the workspace"
-        if chosen.variant != "framework":
+        if chosen.variant != FRAMEWORK:
             self.variants[oid] = chosen.variant
         return chosen.time_s
 

@@ -17,10 +17,24 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from outcore.plan.schedule import Compute, Instruction
 
-NONE, DEV, INFLIGHT, HOST, DEAD = "none", "dev", "inflight", "host", "dead"
+
+class BlockState(StrEnum):
+    """Where a data block is: not made yet, on the device, being copied, on the host only,
+    or dead (no use left)."""
+
+    NONE = "none"
+    DEV = "dev"
+    INFLIGHT = "inflight"
+    HOST = "host"
+    DEAD = "dead"
+
+
+NONE, DEV, INFLIGHT, HOST, DEAD = (BlockState.NONE, BlockState.DEV, BlockState.INFLIGHT,
+                                   BlockState.HOST, BlockState.DEAD)
 NEVER = 1 << 62
 
 
@@ -33,7 +47,7 @@ class Block:
     uses: list[int]
     last: int  # position of its last use (its producer's if nobody reads it)
     pinned: bool  # a view of it is made by a non-view op: never moved, freed at last use
-    where: str = NONE
+    where: BlockState = NONE
     host: bool = False  # the host holds a valid copy
     host_end: float = 0.0  # when that copy lands
     ready: float = 0.0  # when an in-flight prefetch lands

@@ -5,10 +5,19 @@ Policy registered: ``pooch``.
 """
 
 from outcore.policies.pooch.classify import Classification, all_swap_minimum, classify, just_in_time
+from outcore.policies.pooch.config import PoochConfig
 from outcore.policies.pooch.policy import PAPER, PoochResult, cost_of, plan_pooch
 from outcore.policies.pooch.schedule import build_schedule
 
 __all__ = [
-    "PAPER", "Classification", "PoochResult", "all_swap_minimum", "build_schedule", "classify",
-    "cost_of", "just_in_time", "plan_pooch",
+    "PAPER",
+    "Classification",
+    "PoochConfig",
+    "PoochResult",
+    "all_swap_minimum",
+    "build_schedule",
+    "classify",
+    "cost_of",
+    "just_in_time",
+    "plan_pooch",
 ]

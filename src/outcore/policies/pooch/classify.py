@@ -39,6 +39,7 @@ from outcore.policies.common.timeline import (
     RECOMPUTE,
     SWAP,
     Evaluation,
+    FeatureClass,
     Profile,
     SwapInRule,
     earliest_fit,
@@ -64,7 +65,7 @@ def all_swap_minimum(p: Profile) -> float:
 class Classification:
     """The result of the search, with what it saw on the way."""
 
-    classes: dict[int, str]
+    classes: dict[int, FeatureClass]
     evaluation: Evaluation
     profiling: Evaluation
     lo: list[int]
@@ -73,7 +74,7 @@ class Classification:
     step1_evaluations: int = 0
     step2_evaluations: int = 0
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[FeatureClass, int]:
         c = {KEEP: 0, SWAP: 0, RECOMPUTE: 0}
         for v in self.classes.values():
             c[v] += 1
@@ -85,7 +86,7 @@ class _Search:
         self.p, self.budget, self.rule = p, budget, rule
         self.evaluations = 0
 
-    def run(self, classes: Mapping[int, str], strict: bool = True) -> Evaluation:
+    def run(self, classes: Mapping[int, FeatureClass], strict: bool = True) -> Evaluation:
         self.evaluations += 1
         return evaluate(self.p, classes, self.budget, swap_in_at=self.rule, strict=strict,
                         sync_forward=None)
@@ -114,8 +115,9 @@ def classify(p: Profile, budget: float, *, step1_evaluations: int = 400,
                           search.evaluations - step1)
 
 
-def _keep_or_swap(search: _Search, classes: dict[int, str], start: Evaluation, lo: list[int],
-                  li: list[int], limit: int) -> tuple[dict[int, str], Evaluation]:
+def _keep_or_swap(search: _Search, classes: dict[int, FeatureClass], start: Evaluation,
+                  lo: list[int], li: list[int],
+                  limit: int) -> tuple[dict[int, FeatureClass], Evaluation]:
     """Step 1: exhaustive over LI (bounded), greedy over LO \\ LI at each leaf."""
     prod = search.p.prod
     tree = sorted(li, key=lambda x: -prod[x])
@@ -123,7 +125,7 @@ def _keep_or_swap(search: _Search, classes: dict[int, str], start: Evaluation, l
     best: list = [start.time, dict(classes), start]
     leaves = [0]
 
-    def leaf(cls: dict[int, str], cur: Evaluation) -> None:
+    def leaf(cls: dict[int, FeatureClass], cur: Evaluation) -> None:
         for x in scan:
             trial = {**cls, x: KEEP}
             ev = search.run(trial)
@@ -133,7 +135,7 @@ def _keep_or_swap(search: _Search, classes: dict[int, str], start: Evaluation, l
         if cur.time < best[0] - EPS:
             best[:] = [cur.time, cls, cur]
 
-    def dfs(level: int, cls: dict[int, str], cur: Evaluation) -> None:
+    def dfs(level: int, cls: dict[int, FeatureClass], cur: Evaluation) -> None:
         if leaves[0] and search.evaluations >= limit:
             return
         if level == len(tree):
@@ -149,8 +151,8 @@ def _keep_or_swap(search: _Search, classes: dict[int, str], start: Evaluation, l
     return best[1], best[2]
 
 
-def _recompute(search: _Search, classes: dict[int, str], current: Evaluation,
-               limit: int) -> tuple[dict[int, str], Evaluation, dict[int, float]]:
+def _recompute(search: _Search, classes: dict[int, FeatureClass], current: Evaluation,
+               limit: int) -> tuple[dict[int, FeatureClass], Evaluation, dict[int, float]]:
     """Step 2: move swapped maps to recompute by r(X), smallest first."""
     start = search.evaluations
     pool = [x for x in search.p.features if current.classes.get(x) == SWAP]

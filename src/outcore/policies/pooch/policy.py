@@ -24,9 +24,9 @@ without a budget the cost model's device memory is the budget. The classificatio
 re-checked on the built Schedule with ``outcore.plan.memory`` (the executor's rule); if the
 built schedule's peak exceeds the budget (the timeline is a model of it, not the schedule
 itself) the search is re-run against a budget lowered by the excess, up to
-``options["retries"]`` (default 3) times.
-Search limits: ``options["step1_evaluations"]`` (400) and ``options["step2_evaluations"]``
-(3000) timeline simulations; ``options["features"]`` overrides the feature-map list.
+the ``retries`` option (``PoochConfig``, default 3) times.
+Search limits: the ``step1_evaluations`` (400) and ``step2_evaluations`` (3000) options
+(timeline simulations); ``features`` overrides the feature-map list.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
 from outcore.policies.common.timeline import KEEP, RECOMPUTE, SWAP, Profile
 from outcore.policies.pooch.classify import Classification, classify
+from outcore.policies.pooch.config import PoochConfig
 from outcore.policies.pooch.schedule import build_schedule
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 from outcore.units import format_bytes
@@ -78,13 +79,13 @@ def cost_of(ctx: PolicyContext, name: str) -> Any:
 
 def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
     """Run PoocH and return the output with its classification."""
+    config = ctx.config_as(PoochConfig)
     budget = budget_of(ctx, "PoocH")
     profile = Profile(graph, [op.id for op in graph.ops], cost_of(ctx, "PoocH"),
-                      ctx.options.get("features"))
-    step1 = int(ctx.options.get("step1_evaluations", 400))
-    step2 = int(ctx.options.get("step2_evaluations", 3000))
+                      config.features)
+    step1, step2 = config.step1_evaluations, config.step2_evaluations
     target = float(budget)
-    for _ in range(int(ctx.options.get("retries", 3)) + 1):
+    for _ in range(config.retries + 1):
         result = classify(profile, target, step1_evaluations=step1, step2_evaluations=step2)
         ev = result.evaluation
         schedule = build_schedule(graph, profile.order, ev.classes, ev.free_at, ev.issue_at,
@@ -98,8 +99,8 @@ def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
     raise InfeasibleBudgetError(
         "pooch", budget, peak,
         f"The classification's schedule peaks at {format_bytes(peak)} after "
-        f"{ctx.options.get('retries', 3)} re-searches against a lowered budget. Raise the "
-        "budget or raise options['retries'].")
+        f"{config.retries} re-searches against a lowered budget. Raise the budget or raise "
+        "options['retries'].")
 
 
 def _plan(graph: Graph, profile: Profile, result: Classification, budget: int) -> Plan:
@@ -128,7 +129,7 @@ def _plan(graph: Graph, profile: Profile, result: Classification, budget: int) -
 
 
 @register("pooch", "PoocH: keep / swap / recompute per feature map by timeline simulation "
-          "(LO/LI search, then r(X)); swap-ins as early as memory allows", paper=PAPER)
+          "(LO/LI search, then r(X)); swap-ins as early as memory allows", PAPER, PoochConfig)
 def pooch(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """PoocH for ``ctx.budget`` (see the module docstring)."""
     return plan_pooch(graph, ctx).output

@@ -37,13 +37,13 @@ from outcore.plan.schedule import (
     Schedule,
     Wait,
 )
-from outcore.policies.common.timeline import RECOMPUTE, SWAP, producer
+from outcore.policies.common.timeline import RECOMPUTE, SWAP, FeatureClass, producer
 
 
 class _Sequence:
     """Pass 1: instructions without frees, each tensor's definitions, position groups."""
 
-    def __init__(self, graph: Graph, order: list[int], classes: Mapping[int, str]) -> None:
+    def __init__(self, graph: Graph, order: list[int], classes: Mapping[int, FeatureClass]) -> None:
         self.graph = graph
         self.order = order
         self.swapped = {x for x, c in classes.items() if c == SWAP}
@@ -130,7 +130,7 @@ class _Sequence:
                 self.transient.add(out)
 
 
-def build_schedule(graph: Graph, order: list[int], classes: Mapping[int, str],
+def build_schedule(graph: Graph, order: list[int], classes: Mapping[int, FeatureClass],
                    free_at: Mapping[int, int], issue_at: Mapping[int, int],
                    need_at: Mapping[int, int] | None = None, policy: str = "") -> Schedule:
     """The Schedule of ``classes`` (feature map -> keep / swap / recompute; others kept):

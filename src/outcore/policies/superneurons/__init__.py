@@ -4,6 +4,7 @@ checkpoint layers, and the Unified Tensor Pool (offload with an LRU tensor cache
 Policy registered: ``superneurons``.
 """
 
+from outcore.policies.superneurons.config import Recompute, SuperNeuronsConfig
 from outcore.policies.superneurons.policy import (
     NAME,
     PAPER,
@@ -21,6 +22,18 @@ from outcore.policies.superneurons.segments import (
 from outcore.policies.superneurons.utp import LruCache, UtpStats
 
 __all__ = [
-    "NAME", "PAPER", "STRATEGIES", "LruCache", "Segment", "Segmentation", "SuperNeuronsResult",
-    "UtpStats", "checkpoint_tensor", "least_budget", "plan_superneurons", "segment",
+    "NAME",
+    "PAPER",
+    "STRATEGIES",
+    "LruCache",
+    "Recompute",
+    "Segment",
+    "Segmentation",
+    "SuperNeuronsConfig",
+    "SuperNeuronsResult",
+    "UtpStats",
+    "checkpoint_tensor",
+    "least_budget",
+    "plan_superneurons",
+    "segment",
 ]

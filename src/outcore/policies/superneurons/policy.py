@@ -18,7 +18,7 @@ The runtime's techniques, in the order the paper stacks them (Sec. 3), and where
 
 The memory pool with 1 KB blocks (Sec. 3.2.1) is a placement concern, outside a policy.
 
-Options (``ctx.options``):
+Options (``SuperNeuronsConfig``):
 
 * ``recompute``: "cost-aware" (default), "speed", "memory" or "none";
 * ``offload``: offload CONV checkpoints through the tensor pool (default True);
@@ -53,7 +53,8 @@ from outcore.policies.common.variants import (
     with_variants,
 )
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
-from outcore.policies.superneurons.segments import STRATEGIES, Segmentation, segment
+from outcore.policies.superneurons.config import SuperNeuronsConfig
+from outcore.policies.superneurons.segments import Segmentation, segment
 from outcore.policies.superneurons.sequence import compute_sequence
 from outcore.policies.superneurons.utp import NoRoom, UtpStats, apply_pool
 from outcore.units import format_bytes
@@ -199,21 +200,11 @@ def _explain(graph: Graph, seg: Segmentation, schedule: Schedule, name: str, off
     return plan
 
 
-def _options(ctx: PolicyContext) -> dict[str, Any]:
-    opts = ctx.options
-    recompute = opts.get("recompute", "cost-aware")
-    if recompute not in STRATEGIES:
-        raise ValueError(f"options['recompute'] must be one of {STRATEGIES}, got {recompute!r}")
-    for key in ("offload", "cache"):
-        if not isinstance(opts.get(key, True), bool):
-            raise TypeError(f"options[{key!r}] must be True or False, got {opts[key]!r}")
-    return {"recompute": recompute, "offload": opts.get("offload", True),
-            "cache": opts.get("cache", True), "variants": opts.get("variants")}
-
-
 @register(NAME, "SuperNeurons: execution route, liveness, cost-aware recomputation, CONV "
           "offload through an LRU tensor cache, per-step convolution workspace; options "
-          "recompute=cost-aware|speed|memory|none, offload, cache", PAPER)
+          "recompute=cost-aware|speed|memory|none, offload, cache", PAPER, SuperNeuronsConfig)
 def superneurons_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    r = plan_superneurons(graph, budget=ctx.budget, cost=ctx.cost, **_options(ctx))
+    config = ctx.config_as(SuperNeuronsConfig)
+    r = plan_superneurons(graph, budget=ctx.budget, cost=ctx.cost, recompute=config.recompute,
+                          offload=config.offload, cache=config.cache, variants=config.variants)
     return PolicyOutput(r.plan, r.schedule, graph)

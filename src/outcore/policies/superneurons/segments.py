@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from outcore.graph.bounds import layer_bytes
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
 from outcore.policies.common.layers import through_activations
+from outcore.policies.superneurons.config import Recompute
 
 CHECKPOINT_CATEGORIES = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 
-STRATEGIES = ("cost-aware", "speed", "memory", "none")
+STRATEGIES = tuple(Recompute)  # "cost-aware", "speed", "memory", "none"
 
 
 @dataclass

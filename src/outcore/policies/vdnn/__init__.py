@@ -5,6 +5,7 @@ Policies registered: ``vdnn-base``, ``vdnn-all``, ``vdnn-conv`` (static, per alg
 ``vdnn-dyn`` (the paper's dynamic search).
 """
 
+from outcore.policies.vdnn.config import VdnnAlgo, VdnnConfig, VdnnMode, VdnnStaticConfig
 from outcore.policies.vdnn.cudnn import TARGETS, CudnnAlgorithms, relative_time
 from outcore.policies.vdnn.policy import (
     ALGOS,
@@ -20,7 +21,23 @@ from outcore.policies.vdnn.policy import (
 from outcore.policies.vdnn.prefetch import PrefetchPoints, prefetch_points, sync_waits
 
 __all__ = [
-    "ALGOS", "MODES", "PAPER", "TARGETS", "CudnnAlgorithms", "PrefetchPoints", "VdnnResult",
-    "baseline_schedule", "offload_set", "plan_dyn", "plan_static", "prefetch_points",
-    "relative_time", "release_schedule", "sync_waits",
+    "ALGOS",
+    "MODES",
+    "PAPER",
+    "TARGETS",
+    "CudnnAlgorithms",
+    "PrefetchPoints",
+    "VdnnAlgo",
+    "VdnnConfig",
+    "VdnnMode",
+    "VdnnResult",
+    "VdnnStaticConfig",
+    "baseline_schedule",
+    "offload_set",
+    "plan_dyn",
+    "plan_static",
+    "prefetch_points",
+    "relative_time",
+    "release_schedule",
+    "sync_waits",
 ]

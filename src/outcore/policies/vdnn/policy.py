@@ -29,10 +29,10 @@ What the paper does, and how it maps onto outcore's ATen-level graph:
   next CONV layer; one prefetch per layer; the stream synchronises before the next layer).
 * **Algorithms** ("(m)" / "(p)", Sec. III-C): memory-optimal = every op on its least-workspace
   variant (the framework kernel, implicit GEMM's role), performance-optimal = every op on its
-  fastest variant; see ``outcore.policies.common.variants``. The static policies read
-  ``ctx.options["algo"]`` ("m" or "p", default "p": the fastest algorithms, what a framework
-  runs by default and what the paper's baseline and power study use); ``vdnn-all-m`` etc.
-  fix it in the name.
+  fastest variant; see ``outcore.policies.common.variants``. The static policies read the
+  ``algo`` option (``VdnnStaticConfig``: "m" or "p", default "p": the fastest algorithms,
+  what a framework runs by default and what the paper's baseline and power study use);
+  ``vdnn-all-m`` etc. fix it in the name.
 * **vDNN-dyn** (Sec. III-C): the profiling passes in the paper's order, run against the
   predicted memory of each configuration (a "training pass" passes when every step fits the
   budget): vDNN-all(m) must pass, else the network is untrainable; then no offloading with
@@ -68,17 +68,19 @@ from outcore.policies.common.variants import (
     candidates,
     choice_by_op,
     peak_with,
+    recorded_table,
     steps,
     with_variants,
 )
 from outcore.policies.registry import PolicyContext, PolicyFn, PolicyOutput, register
+from outcore.policies.vdnn.config import VdnnAlgo, VdnnConfig, VdnnMode, VdnnStaticConfig
 from outcore.policies.vdnn.prefetch import prefetch_points, sync_waits
 from outcore.units import format_bytes
 from outcore.variants import select
 
 PAPER = "vDNN (Rhu et al., MICRO 2016)"
-ALGOS = ("m", "p")
-MODES = ("none", "conv", "all")
+ALGOS = tuple(VdnnAlgo)  # "m", "p"
+MODES = tuple(VdnnMode)  # "none", "conv", "all"
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,7 @@ def plan_dyn(graph: Graph, *, budget: int | None = None, cost: Any = None,
     """vDNN-dyn's profiling passes (module docstring); raises InfeasibleBudgetError when even
     vDNN-all with memory-optimal algorithms overflows ``budget``."""
     table: Variants = candidates(graph, cost, variants)
-    built = {mode: release_schedule(graph, mode, policy=name) for mode in MODES}
+    built = {str(mode): release_schedule(graph, mode, policy=name) for mode in MODES}
     configs = {mode: steps(graph, schedule, table) for mode, (_, schedule) in built.items()}
     limit = budget if budget is not None else max(
         s.live_bytes + max((c.workspace_bytes for c in s.candidates), default=0)
@@ -244,25 +246,21 @@ def plan_dyn(graph: Graph, *, budget: int | None = None, cost: Any = None,
 
 # ---- registration ---------------------------------------------------------------------------
 
-def _algo(ctx: PolicyContext) -> str:
-    algo = ctx.options.get("algo", "p")
-    if algo not in ALGOS:
-        raise ValueError(f"options['algo'] must be 'm' or 'p', got {algo!r}")
-    return algo
-
-
-def _variant_table(graph: Graph, ctx: PolicyContext) -> Any:
-    """``ctx.options["variants"]``, or the variants capture recorded on each op."""
-    from outcore.policies.common.variants import recorded_table
-
-    table = ctx.options.get("variants")
-    return recorded_table(graph) if table is None else table
+def _variant_table(graph: Graph, config: VdnnConfig) -> Any:
+    """The configured variants, or the variants capture recorded on each op."""
+    return recorded_table(graph) if config.variants is None else config.variants
 
 
 def _static_policy(name: str, mode: str, algo: str | None) -> PolicyFn:
     def policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-        r = plan_static(graph, mode, algo or _algo(ctx), budget=ctx.budget, cost=ctx.cost,
-                        variants=_variant_table(graph, ctx), name=name)
+        config: VdnnConfig
+        if algo is None:
+            static = ctx.config_as(VdnnStaticConfig)
+            config, chosen = static, str(static.algo)
+        else:
+            config, chosen = ctx.config_as(VdnnConfig), algo
+        r = plan_static(graph, mode, chosen, budget=ctx.budget, cost=ctx.cost,
+                        variants=_variant_table(graph, config), name=name)
         return PolicyOutput(r.plan, r.schedule, graph)
 
     policy.__name__ = name.replace("-", "_")
@@ -276,15 +274,16 @@ _WHAT = {
 }
 for _mode in ("all", "conv", "base"):
     register(f"vdnn-{_mode}", f"vDNN {_WHAT[_mode]}; options algo='m'|'p' (default 'p')",
-             PAPER)(_static_policy(f"vdnn-{_mode}", _mode, None))
+             PAPER, VdnnStaticConfig)(_static_policy(f"vdnn-{_mode}", _mode, None))
 for _mode in ("all", "conv"):
     for _a, _label in (("m", "memory-optimal"), ("p", "performance-optimal")):
         register(f"vdnn-{_mode}-{_a}", f"vDNN {_WHAT[_mode]}, {_label} algorithms",
-                 PAPER)(_static_policy(f"vdnn-{_mode}-{_a}", _mode, _a))
+                 PAPER, VdnnConfig)(_static_policy(f"vdnn-{_mode}-{_a}", _mode, _a))
 
 
 @register("vdnn-dyn", "vDNN-dyn: profiling passes choose the offloaded layers (none, conv, all) "
-          "and per-layer algorithms, with a greedy downgrade", PAPER)
+          "and per-layer algorithms, with a greedy downgrade", PAPER, VdnnConfig)
 def vdnn_dyn_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    r = plan_dyn(graph, budget=ctx.budget, cost=ctx.cost, variants=_variant_table(graph, ctx))
+    config = ctx.config_as(VdnnConfig)
+    r = plan_dyn(graph, budget=ctx.budget, cost=ctx.cost, variants=_variant_table(graph, config))
     return PolicyOutput(r.plan, r.schedule, graph)

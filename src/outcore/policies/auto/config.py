@@ -1,0 +1,21 @@
+"""outcore-auto's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outcore.policies.config import PolicyConfig, check_bool
+
+
+@dataclass(frozen=True)
+class AutoConfig(PolicyConfig):
+    """``portfolio``: also run the portfolio's candidates and keep the fastest that fits
+    (default True); ``allow_variants``: let a candidate keep operator variants other than
+    the framework's kernel (default False: gradients stay bit-equal to eager)."""
+
+    doc = "outcore.policies.auto"
+    allow_variants: bool = False
+    portfolio: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool(self, "allow_variants", "portfolio")

@@ -61,8 +61,9 @@ class PolicyOutput:
     sub-batch graph when ``plan.sub_batches > 1``. ``predicted_peak`` (device bytes under
     the memory rule), ``step_time`` (simulated seconds) and ``bound`` (a lower bound on the
     peak or on the step time a policy proves, e.g. an optimal planner's) are filled where
-    known; ``outcore.plan`` fills the first two for every policy. ``notes`` are lines for
-    ``explain`` (e.g. which portfolio candidate won).
+    known (``outcore.plan`` computes the peak and the simulation for every policy on its
+    ``PlannedStep``, and checks a filled ``predicted_peak`` against the memory rule).
+    ``notes`` are lines for ``explain`` (e.g. which portfolio candidate won).
     """
 
     plan: Plan

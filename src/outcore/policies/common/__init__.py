@@ -1,6 +1,7 @@
 """What the paper policies share: layer structure, operator-variant pricing, and the profiled
 timeline (PoocH's, which Dymem borrows)."""
 
+from outcore.policies.common.costs import bound
 from outcore.policies.common.layers import (
     INPLACE_ACTIVATIONS,
     fuses_into_activation,
@@ -21,6 +22,6 @@ from outcore.policies.common.variants import FRAMEWORK, Variants, candidates
 
 __all__ = [
     "FRAMEWORK", "INPLACE_ACTIVATIONS", "KEEP", "RECOMPUTE", "SWAP", "Evaluation", "Profile",
-    "SwapInRule", "Variants", "candidates", "earliest_fit", "evaluate", "fuses_into_activation",
-    "producer", "through_activations",
+    "SwapInRule", "Variants", "bound", "candidates", "earliest_fit", "evaluate",
+    "fuses_into_activation", "producer", "through_activations",
 ]

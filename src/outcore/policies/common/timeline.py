@@ -85,8 +85,7 @@ class Profile:
 
     def __init__(self, graph: Graph, order: list[int], cost: Any,
                  features: Sequence[int] | None = None) -> None:
-        bind = getattr(cost, "bind", None)
-        self.cost = bind(graph) if callable(bind) else cost
+        self.cost = cost.bind(graph)
         self.graph = graph
         fwd = [o for o in order if graph.ops[o].phase is Phase.FORWARD]
         self.order = fwd + [o for o in order if graph.ops[o].phase is not Phase.FORWARD]

@@ -33,6 +33,7 @@ from typing import Any
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve, predicted_peak
 from outcore.plan.schedule import Compute, Schedule
+from outcore.policies.common.costs import bound
 from outcore.variants.registry import FRAMEWORK  # the one spelling of the framework's kernel
 from outcore.variants.select import Candidate, Step, memory_optimal, performance_optimal
 
@@ -70,12 +71,6 @@ class Variants:
         return next(c.time_s for c in self.by_op[op] if c.variant == variant)
 
 
-def bound_cost(graph: Graph, cost: Any) -> Any:
-    """The cost model bound to ``graph`` when it supports binding (per-op dtypes)."""
-    bind = getattr(cost, "bind", None)
-    return bind(graph) if callable(bind) else cost
-
-
 def candidates(graph: Graph, cost: Any, table: Mapping[int, Sequence[str]] | None) -> Variants:
     """Price every listed variant of every listed op with ``cost`` (see the module docstring).
 
@@ -83,7 +78,7 @@ def candidates(graph: Graph, cost: Any, table: Mapping[int, Sequence[str]] | Non
     """
     if not table or cost is None:
         return Variants({})
-    model = bound_cost(graph, cost)
+    model = bound(graph, cost)
     by_op: dict[int, tuple[Candidate, ...]] = {}
     for op_id, names in table.items():
         if not 0 <= op_id < len(graph.ops):

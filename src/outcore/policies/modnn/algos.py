@@ -36,6 +36,7 @@ from typing import Any
 
 from outcore.cost.gpu_variants import KNOWN_VARIANTS, conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
+from outcore.policies.common.costs import bound
 from outcore.policies.modnn.config import ModnnConfig
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD
@@ -44,12 +45,6 @@ from outcore.variants.select import Candidate
 FRAMEWORK = registry.FRAMEWORK
 
 RelativeTime = Callable[[str, str, Sequence[Any]], float]
-
-
-def bound(graph: Graph, cost: Any) -> Any:
-    """``cost`` bound to ``graph`` when it supports binding (per-op dtypes, shapes)."""
-    bind = getattr(cost, "bind", None)
-    return bind(graph) if callable(bind) else cost
 
 
 def variant_table(graph: Graph, config: ModnnConfig) -> dict[int, list[str]]:

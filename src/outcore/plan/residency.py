@@ -213,9 +213,10 @@ class Replay:
         broken = None
         if ins.recompute and not self.ran[ins.op]:
             broken = Violation(i, NONE, rules.recompute_before_run(op.name))
-        resident = self.resident
-        for tid in op.inputs:
-            if broken is None and not (resident[tid] and self.usable(tid)):
+        resident, pending, storage_of = self.resident, self.pending, self.storage_of
+        for tid in op.inputs:  # usable: resident, and not a base with a pending prefetch
+            if broken is None and (not resident[tid] or (pending[tid] != _NOT
+                                                         and storage_of[tid] == tid)):
                 broken = self._absent_input(i, op.name, ins.recompute, tid)
         self.ran[ins.op] = True
         made: list[Allocation] = []
@@ -233,7 +234,8 @@ class Replay:
         if extra:
             made.append(Allocation(TRANSIENT, extra, NONE))
             transient += extra
-        return self._step(i, broken, tuple(made), NONE, tuple(new), NONE, transient)
+        return _tuple_new(Step, (i, tuple(made), NONE, tuple(new), NONE, self.live + transient,
+                                 transient, self.host, self.n_resident, broken))
 
     def _absent_input(self, i: int, op: str, recompute: bool, tid: int) -> Violation:
         name = self.graph.tensors[tid].name

@@ -50,7 +50,7 @@ import torch
 from torch import fx, nn
 from torch._functorch._aot_autograd import descriptors as aot
 
-from outcore.api import DEFAULT_POLICY, plan
+from outcore.api import plan
 from outcore.capture.convert import NodeMap, build_graph
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError, OutcoreError
@@ -365,13 +365,14 @@ def backend(budget: int | str | None = "6GiB", *, policy: str = "auto", device: 
     Raises (from the call of the compiled model that first runs the graph):
         InfeasibleBudgetError: the budget is below what the policy can reach.
         CaptureError: the graph cannot be exported or run as a forward and a backward.
-        ValueError: an unknown device or policy, or an unreadable budget (at once).
+        ValueError: an unknown device, policy or policy option, or an unreadable budget (at
+            once).
     """
-    from outcore.policies.registry import get
+    from outcore.policies.registry import config_for
     from outcore.runtime.devices.factory import DEVICES
 
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    get(DEFAULT_POLICY if policy == "auto" else policy)  # an unknown name fails here, not later
+    config_for(policy, options)  # an unknown name or option fails here, not later
     limit = None if budget is None else parse_bytes(budget)
     return OutcoreBackend(limit, policy, device, gpu, options)

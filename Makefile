@@ -4,6 +4,7 @@
 #               set; slow tests are covered by benchmarks; tests/cuda skip without a GPU)
 #   make test-cuda  on a machine with an NVIDIA GPU: its own venv with torch 2.13's CUDA build
 #               and the CUDA suite (scripts/test_cuda.sh; docs/cuda.md)
+#   make bench  the paper reproductions, quick versions (benchmarks/repro_*.py --quick)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -31,7 +32,7 @@ test-cuda:
 	bash scripts/test_cuda.sh
 
 bench: setup
-	$(PY) benchmarks/run_all.py
+	for f in benchmarks/repro_*.py; do $(PY) $$f --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

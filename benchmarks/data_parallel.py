@@ -47,7 +47,7 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
 from outcore.distributed.compile import plan_rank
 from outcore.errors import InfeasibleBudgetError
-from outcore.policies._modnn_algos import ConvAlgorithmCost
+from outcore.policies.modnn import ConvAlgorithmCost
 from outcore.sim.multi_gpu import rank_profile, simulate_data_parallel
 
 GiB = 2**30

@@ -13,9 +13,22 @@ Public API:
     policies() -> list of policy names
     zoo: the papers' networks (zoo.names(), zoo.get(name, batch))
     errors: CaptureError, InfeasibleBudgetError, ScheduleError, DeviceOutOfMemory
+
+``capture``, ``plan`` and ``policies`` are plain functions. The subpackages of the same
+names (``outcore.capture``, ``outcore.plan``, ``outcore.policies``) are imported before
+the functions are bound, so their modules are reached by import statements
+(``from outcore.plan.lower import lower``), never as attributes of these functions.
+``import outcore`` does not import torch: ``compile``, ``backend`` and ``zoo`` load on
+first use.
 """
 
-from outcore import plan, policies  # callable subpackages: plan(...), policies()
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import outcore.capture as _capture_package  # noqa: F401  (torch-free; binds the name first)
+import outcore.plan as _plan_package  # noqa: F401
+import outcore.policies as _policies_package  # noqa: F401
 from outcore.errors import (
     CaptureError,
     DeviceOutOfMemory,
@@ -25,22 +38,39 @@ from outcore.errors import (
     ProfileError,
     ScheduleError,
 )
+from outcore.graph.ir import Graph
+from outcore.planned import PlannedStep, plan, policies
 from outcore.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from outcore import zoo
+    from outcore.api import compile
+    from outcore.compile_backend import backend
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CaptureError", "DeviceOutOfMemory", "GraphError", "InfeasibleBudgetError", "OutcoreError",
-    "ProfileError", "ScheduleError", "backend", "capture", "compile", "format_bytes",
-    "parse_bytes", "plan", "policies",
+    "PlannedStep", "ProfileError", "ScheduleError", "backend", "capture", "compile",
+    "format_bytes", "parse_bytes", "plan", "policies", "zoo",
 ]
 
 
-def __getattr__(name: str):  # lazy: `import outcore` does not import torch
-    if name == "capture":  # the callable subpackage (imports torch)
-        import outcore.capture
+def capture(model: Any, loss_fn: Callable[..., Any], example_batch: Any, *, fake: bool = False,
+            name: str | None = None) -> Graph:
+    """Capture one whole training step of ``model`` as a Graph (imports torch).
 
-        return outcore.capture
+    ``loss_fn(model(x), y)`` is traced forward and backward; ``fake=True`` traces with fake
+    tensors (nothing large is allocated). See ``outcore.capture.aot.capture``.
+    """
+    from outcore.capture.aot import capture as capture_step
+
+    return capture_step(model, loss_fn, example_batch, fake=fake, name=name)
+
+
+def __getattr__(name: str) -> Any:  # lazy: `import outcore` does not import torch
     if name == "compile":
         from outcore.api import compile
 

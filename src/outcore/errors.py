@@ -163,6 +163,14 @@ class NonFiniteBudgetError(InvalidBudgetError):
     """A budget that is infinite or NaN (including "1e400", which overflows)."""
 
 
+class PolicyOptionError(InvalidArgumentError):
+    """A policy option the policy does not have, or a bad value for one (the message, from
+    the policy's typed configuration, lists the options it has)."""
+
+    what = "policy option"
+    template = "{value}"
+
+
 class InvalidOptionError(InvalidArgumentError):
     """A command-line ``--option key=value`` that is not of that form, or another bad
     numeric argument (``--batch 0``, ``--steps 0``)."""

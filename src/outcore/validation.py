@@ -19,7 +19,9 @@ from typing import Any
 
 from outcore.errors import (
     BudgetUnitWarning,
+    InvalidArgumentError,
     NonPositiveBudgetError,
+    PolicyOptionError,
     UnknownDeviceError,
     UnknownGPUError,
     UnknownModelError,
@@ -92,15 +94,20 @@ def check_policy(policy: str, options: Mapping[str, Any] | None = None) -> str:
     validator = _options_validator()
     if validator is not None:
         policy_options = {k: v for k, v in (options or {}).items() if k not in API_OPTIONS}
-        validator(name, policy_options)
+        try:
+            validator(name, policy_options)
+        except InvalidArgumentError:
+            raise
+        except ValueError as exc:  # the typed configuration's own words
+            raise PolicyOptionError(str(exc), "") from exc
     return name
 
 
 def _options_validator() -> Any:
-    """The policies' option validator, or None where the package has none yet."""
-    from outcore import policies
+    """The policies' option validator (``outcore.policies.config_for``)."""
+    from outcore.policies.registry import config_for
 
-    return getattr(policies, "config_for", None)
+    return config_for
 
 
 def check_model(name: str) -> str:

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
 import outcore
 from outcore.api import PlannedStep
 from outcore.graph.bounds import reference_peaks
+from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision
 
 from models import make
@@ -58,8 +59,12 @@ def test_every_listed_policy_is_accepted():
     assert {"keep-all", "liveness", "offload-all", "recompute-cheap", "outcore-auto"} <= set(listed)
     for name in listed:
         planned = outcore.api.plan(graph, None, policy=name)
-        assert planned.predicted_peak > 0, name
-        assert planned.simulation.step_time > 0, name
+        assert planned.predicted_peak == predicted_peak(planned.graph, planned.schedule), name
+        bound = reference_peaks(planned.graph).layer_lower_bound
+        assert planned.predicted_peak >= bound > 0, name
+        sim = planned.simulation
+        assert sim.step_time >= sim.compute_time > 0, name
+        assert planned.plan.policy.startswith(name), name
 
 
 def test_budget_below_lower_bound_names_the_bound():

@@ -95,11 +95,11 @@ def test_plan_hands_policies_no_recapture_without_opt_in(monkeypatch):
             seen.append(ctx.recapture)
             return info.fn(graph, ctx)
 
-        return type(info)(info.name, fn, info.description, info.paper)
+        return type(info)(info.name, fn, info.description, info.paper, info.config)
 
-    import outcore.api
+    import outcore.planned
 
-    monkeypatch.setattr(outcore.api, "get", get)
+    monkeypatch.setattr(outcore.planned, "get", get)
     model = bn_net()
     graph = outcore.capture(model, LOSS, BATCH)
     outcore.plan(graph, None, recapture=lambda k: graph)

@@ -43,11 +43,11 @@ def counted(monkeypatch):
             counts["policy"] += 1
             return info.fn(graph, ctx)
 
-        return type(info)(info.name, fn, info.description, info.paper)
+        return type(info)(info.name, fn, info.description, info.paper, info.config)
 
-    import outcore.api
+    import outcore.planned
 
-    monkeypatch.setattr(outcore.api, "get", get)
+    monkeypatch.setattr(outcore.planned, "get", get)
     return counts
 
 

@@ -34,6 +34,9 @@ class OneSecondOps:
     def workspace(self, op: Op) -> int:
         return 0
 
+    def bind(self, graph: object) -> OneSecondOps:
+        return self
+
 
 @pytest.mark.parametrize(("host", "n", "gbs"), [
     ("k40m-x2", 1, 8.0), ("k40m-x2", 2, 5.0),  # moDNN: two K40m on one bus

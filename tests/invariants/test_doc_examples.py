@@ -5,10 +5,10 @@ import doctest
 import pytest
 
 import outcore.api
-import outcore.capture.aot
+from outcore.capture import aot
 
 
-@pytest.mark.parametrize("module", [outcore.api, outcore.capture.aot])
+@pytest.mark.parametrize("module", [outcore.api, aot])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

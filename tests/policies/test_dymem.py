@@ -17,8 +17,14 @@ from outcore.graph.order import execution_order
 from outcore.plan.memory import predicted_peak
 from outcore.plan.schedule import Compute, Offload, Prefetch, Wait
 from outcore.policies import PolicyContext, get, names
-from outcore.policies._dymem_prefetch import RECLAIMED, alg2_position, conv_positions
-from outcore.policies.dymem import all_swap_minimum_for, place, plan_dymem
+from outcore.policies.dymem import (
+    RECLAIMED,
+    alg2_position,
+    all_swap_minimum_for,
+    conv_positions,
+    place,
+    plan_dymem,
+)
 from outcore.pool import blocks_from_schedule, check_placement
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
@@ -40,6 +46,9 @@ class SlowLink:
 
     def transfer_time(self, nbytes: int, direction: str) -> float:
         return nbytes / 1e4
+
+    def bind(self, graph):  # needs nothing from the graph
+        return self
 
     def workspace(self, op) -> int:
         return 0

@@ -19,9 +19,14 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import PolicyContext, get
-from outcore.policies._modnn_batch import footprint
-from outcore.policies._modnn_memory import SegmentList
-from outcore.policies.modnn import minimum_memory, plan_modnn, sub_batch
+from outcore.policies.modnn import (
+    ModnnConfig,
+    SegmentList,
+    footprint,
+    minimum_memory,
+    plan_modnn,
+    sub_batch,
+)
 from outcore.runtime.executor import Executor
 from outcore.runtime.subbatch import run_sub_batches, split_batch
 from outcore.sim import simulate
@@ -49,6 +54,9 @@ class TableCost:
 
     def transfer_time(self, nbytes: int, direction: str) -> float:
         return nbytes / self.bandwidth
+
+    def bind(self, graph):  # needs nothing from the graph
+        return self
 
     def workspace(self, op: Op) -> int:
         return self.fft_ws if op.variant == "fft" else 0
@@ -140,7 +148,7 @@ def test_batchnorm1d_bound_is_taken_at_the_smallest_capturable_size():
     ctx = PolicyContext(budget=0, cost=TableCost(), recapture=rec,
                         options={"sub_batch_statistics": True})
     mmin = minimum_memory(graph, ctx)
-    assert mmin == footprint(rec(4), ctx.cost, {})  # batch 8 / 4 sub-batches = size 2
+    assert mmin == footprint(rec(4), ctx.cost, ModnnConfig())  # batch 8 / 4 sub-batches = size 2
     with pytest.raises(InfeasibleBudgetError, match=r"sub-batch size 2 \(the smallest size"):
         get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum - 1))
     out = get("modnn").fn(graph, dataclasses.replace(ctx, budget=mmin.minimum))
@@ -352,7 +360,7 @@ def test_executor_runs_the_algorithms_eq5_chose():
     """With convolution algorithms priced, eq. (5) picks some; the executor runs them and its
     measured peak (workspace included) is the predicted one."""
     from outcore.cost import AnalyticCostModel, get_profile
-    from outcore.policies._modnn_algos import ConvAlgorithmCost
+    from outcore.policies.modnn import ConvAlgorithmCost
 
     model, loss_fn, batch = make("inception")
     _, expected = eager_grads(model, loss_fn, batch)

@@ -19,9 +19,7 @@ from outcore.graph.ir import Graph, Op, OpCategory
 from outcore.plan.memory import predicted_peak
 from outcore.plan.verify import verify
 from outcore.policies import PolicyContext, get, names
-from outcore.policies._pooch_classify import all_swap_minimum
-from outcore.policies._pooch_schedule import build_schedule
-from outcore.policies._pooch_timeline import (
+from outcore.policies.common import (
     KEEP,
     RECOMPUTE,
     SWAP,
@@ -29,7 +27,7 @@ from outcore.policies._pooch_timeline import (
     earliest_fit,
     evaluate,
 )
-from outcore.policies.pooch import plan_pooch
+from outcore.policies.pooch import all_swap_minimum, build_schedule, plan_pooch
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
 from outcore.sim.synthetic import residual_chain
@@ -54,6 +52,9 @@ class LinkCost:
 
     def transfer_time(self, nbytes: int, direction: str) -> float:
         return nbytes / self.bandwidth
+
+    def bind(self, graph):  # needs nothing from the graph
+        return self
 
     def workspace(self, op: Op) -> int:
         return 0

@@ -18,10 +18,8 @@ from outcore.plan.plan import Decision
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import registry
-from outcore.policies._superneurons_segments import checkpoint_tensor, segment
-from outcore.policies._superneurons_utp import LruCache
 from outcore.policies.registry import PolicyContext
-from outcore.policies.superneurons import plan_superneurons
+from outcore.policies.superneurons import LruCache, checkpoint_tensor, plan_superneurons, segment
 from outcore.runtime.devices.factory import make_device
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
@@ -198,6 +196,9 @@ def test_simulator_runs_the_schedule_with_the_chosen_workspace(chain):
 
         def op_time(self, op):
             return 1.0 if op.variant == "fft" or op.category.value != "conv" else 2.0
+
+        def bind(self, graph):  # needs nothing from the graph
+            return self
 
         def workspace(self, op):
             return 500 if op.variant == "fft" else 0

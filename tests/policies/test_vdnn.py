@@ -20,11 +20,16 @@ from outcore.plan.plan import Decision
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Wait
 from outcore.plan.verify import verify
 from outcore.policies import registry
-from outcore.policies._vdnn_cudnn import TARGETS, CudnnAlgorithms
-from outcore.policies._vdnn_prefetch import prefetch_points
-from outcore.policies._vdnn_variants import candidates
+from outcore.policies.common import candidates
 from outcore.policies.registry import PolicyContext
-from outcore.policies.vdnn import offload_set, plan_dyn, plan_static
+from outcore.policies.vdnn import (
+    TARGETS,
+    CudnnAlgorithms,
+    offload_set,
+    plan_dyn,
+    plan_static,
+    prefetch_points,
+)
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
 from outcore.variants import registry as variant_registry
@@ -51,6 +56,9 @@ class VariantCost:
 
     def op_time(self, op: Op) -> float:
         return self.TIME.get(op.variant, 1.0) if op.category.value == "conv" else 1.0
+
+    def bind(self, graph):  # needs nothing from the graph
+        return self
 
     def workspace(self, op: Op) -> int:
         return self.WORKSPACE.get(op.variant, 0) if op.category.value == "conv" else 0

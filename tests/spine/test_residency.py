@@ -13,10 +13,16 @@ from outcore.cost.profiles import get_profile
 from outcore.graph.ir import STATIC_KINDS, Graph, Op, OpCategory, Phase, Tensor, TensorKind
 from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
-from outcore.plan.residency import NONE, TRANSIENT, Allocation, Step, residency_steps
+from outcore.plan.residency import (
+    NONE,
+    TRANSIENT,
+    Allocation,
+    Step,
+    residency_steps,
+    resident_spans,
+)
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.policies import baseline
-from outcore.policies.auto import _resident_spans
 from outcore.pool import blocks_from_schedule, live_curve
 from outcore.sim import Lifetime, simulate
 
@@ -124,7 +130,7 @@ def test_hand_schedule_consumers_agree():
         Lifetime(W, 40, -1, n), Lifetime(M, 8, 5, n), Lifetime(A, 400, 8, n),
         Lifetime(N, 400, 11, n), Lifetime(LOSS, 4, 12, n)]
     # auto's spans follow the base tensor itself: a's first span ends at its own Free (4)
-    assert _resident_spans(graph, schedule) == {
+    assert resident_spans(graph, schedule) == {
         A: [(0, 4), (8, n)], N: [(5, 7), (11, n)], M: [(5, n)], LOSS: [(12, n)]}
 
 
@@ -209,7 +215,7 @@ def test_every_consumer_agrees_with_the_steps(graph, policy):
         held = sum(lt.nbytes for lt in lifetimes if lt.start <= step.at < lt.end)
         assert held == step.device - step.transient, step.at
     resident = [r for r, _, _ in oracle(graph, schedule, lambda op: 0)]
-    for tid, spans in _resident_spans(graph, schedule).items():
+    for tid, spans in resident_spans(graph, schedule).items():
         for start, end in spans:
             assert all(tid in resident[i] for i in range(start, end)), (tid, start, end)
             assert end == len(schedule) or tid not in resident[end]

@@ -29,19 +29,39 @@ def index_of(instructions, kind, pred=lambda i: True):
     return next(k for k, i in enumerate(instructions) if isinstance(i, kind) and pred(i))
 
 
-def drop_first(kind, pred=lambda i: True):
+def drop_first(kind, pred, then):
+    """Drop the first ``kind`` instruction matching ``pred``; the broken rule is expected at
+    the first later instruction ``then(instruction, dropped)`` accepts (index after the drop)."""
     def fn(instructions):
-        del instructions[index_of(instructions, kind, pred)]
-        return instructions
+        k = index_of(instructions, kind, pred)
+        dropped = instructions.pop(k)
+        expected = next(j for j in range(k, len(instructions)) if then(instructions[j], dropped))
+        return instructions, expected
     return fn
 
 
-def move_free_before_use(instructions):
-    k = index_of(instructions, Free)
-    free = instructions.pop(k)
-    # put it before the compute that produced it +1, i.e. before its readers
-    instructions.insert(k - 1, free)
-    return instructions
+def is_d2h(ins):
+    return ins.direction == "d2h"
+
+
+def is_h2d(ins):
+    return ins.direction == "h2d"
+
+
+def free_of(ins, dropped):
+    return isinstance(ins, Free) and ins.tensor == dropped.tensor
+
+
+def reader_or_free_of(ins, dropped):
+    graph = GRAPH[0]
+    reads = isinstance(ins, Compute) and dropped.tensor in graph.ops[ins.op].inputs
+    return reads or free_of(ins, dropped)
+
+
+def wait_of(direction):
+    def then(ins, dropped):
+        return isinstance(ins, Wait) and ins.tensor == dropped.tensor and ins.direction == direction
+    return then
 
 
 def use_before_produce(instructions):
@@ -50,23 +70,25 @@ def use_before_produce(instructions):
     k = next(i for i, s in enumerate(instructions) if isinstance(s, Compute) and any(
         graph.tensors[t].producer is not None for t in graph.ops[s.op].inputs))
     instructions.insert(0, instructions.pop(k))
-    return instructions
+    return instructions, 0
 
 
 GRAPH: list = []
 
 
 def recompute_first(instructions):
-    return [Compute(0, recompute=True), *instructions]
+    return [Compute(0, recompute=True), *instructions], 0
 
 
 CASES = [
-    ("missing wait d2h", drop_first(Wait, lambda w: w.direction == "d2h"), "offload is in flight"),
-    ("missing wait h2d", drop_first(Wait, lambda w: w.direction == "h2d"), "prefetch is"),
-    ("wait without offload", drop_first(Offload), "no copy in flight"),
+    ("missing wait d2h", drop_first(Wait, is_d2h, free_of), "offload is in flight"),
+    ("missing wait h2d", drop_first(Wait, is_h2d, reader_or_free_of), "prefetch is in flight"),
+    ("wait without offload", drop_first(Offload, lambda i: True, wait_of("d2h")),
+     "no copy in flight"),
     ("use before produce", use_before_produce, "not resident"),
     ("recompute before run", recompute_first, "before it ever ran"),
-    ("missing prefetch", drop_first(Prefetch), ""),
+    ("missing prefetch", drop_first(Prefetch, lambda i: True, wait_of("h2d")),
+     "no copy in flight"),
 ]
 
 
@@ -74,10 +96,11 @@ CASES = [
 def test_broken_schedules_are_rejected(vgg, label, fn, words):
     graph, schedule = vgg
     verify(graph, schedule)
+    instructions, expected = fn(list(schedule.instructions))
     with pytest.raises(ScheduleError) as err:
-        verify(graph, mutate(schedule, fn))
+        verify(graph, mutate(schedule, lambda _: instructions))
     assert words in str(err.value)
-    assert err.value.index >= 0 or "end" in str(err.value) or "flight" in str(err.value)
+    assert err.value.index == expected
 
 
 def test_prefetch_without_host_copy_rejected(vgg):

@@ -24,8 +24,8 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
 from outcore.cost.variant_costs import ASSUMED_GPU
 from outcore.graph.ir import Graph, Op, OpCategory, Phase
-from outcore.policies._modnn_algos import ConvAlgorithmCost, conv_arg_meta, default_relative_time
-from outcore.policies._vdnn_cudnn import TARGETS, CudnnAlgorithms, relative_time
+from outcore.policies.modnn import ConvAlgorithmCost, conv_arg_meta, default_relative_time
+from outcore.policies.vdnn import TARGETS, CudnnAlgorithms, relative_time
 from outcore.variants.meta import conv_meta
 from outcore.variants.torchmeta import arg_meta_of
 

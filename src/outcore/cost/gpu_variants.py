@@ -3,8 +3,8 @@
 ``gpu_time_factor(variant, kernel, stride)`` is the time of an operator variant over the time
 of the framework's default kernel on a cuDNN-class GPU. Three users read it and nothing else:
 ``outcore.cost.variant_costs.ASSUMED_GPU`` (the GPU profiles of ``outcore.api``), the vDNN /
-SuperNeurons cuDNN-4 table (``outcore.policies._vdnn_cudnn``) and moDNN's default algorithm
-pricing (``outcore.policies._modnn_algos``). Rules that are not about speed stay with their
+SuperNeurons cuDNN-4 table (``outcore.policies.vdnn.cudnn``) and moDNN's default algorithm
+pricing (``outcore.policies.modnn.algos``). Rules that are not about speed stay with their
 users: which algorithms cuDNN 4 could run (FFT at stride 1 only), and whether a calibrated
 time is the framework kernel's or the fastest algorithm's (per-op normalisation).
 

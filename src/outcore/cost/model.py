@@ -1,7 +1,8 @@
 """Cost models: how long an op or a copy takes, and how much workspace an op needs.
 
 A ``CostModel`` is anything with ``op_time(op)``, ``transfer_time(nbytes, direction)``,
-``workspace(op)`` and ``copy_engines``; the simulator and the planners only use that.
+``workspace(op)``, ``bind(graph)`` and ``copy_engines``; the simulator and the planners use
+only that.
 Two implementations exist: ``AnalyticCostModel`` (a roofline on a ``HardwareProfile``, below)
 and ``outcore.cost.measured.MeasuredProfile`` (per-op seconds measured on this machine).
 
@@ -82,6 +83,12 @@ class CostModel(Protocol):
     def transfer_time(self, nbytes: int, direction: str) -> float: ...
 
     def workspace(self, op: Op) -> int: ...
+
+    def bind(self, graph: Graph) -> CostModel:
+        """This model for ``graph``: a model that needs nothing from the graph returns
+        itself; the analytic one learns per-op dtypes; a measured profile refuses another
+        graph. The simulator and the planners bind before pricing any op."""
+        ...
 
 
 @runtime_checkable

@@ -1,16 +1,5 @@
 """Planning data and passes: Plan, Schedule, lowering, verification, the memory rule.
 
-Calling the package, ``outcore.plan(graph, budget, policy=..., gpu=...)``, is
-``outcore.api.plan`` (see ``outcore._callable_module``).
+The function ``outcore.plan(graph, budget, ...)`` is ``outcore.planned.plan``; this package
+is reached by its modules (``from outcore.plan.lower import lower``).
 """
-
-from outcore._callable_module import make_callable
-
-
-def _api_plan():
-    from outcore.api import plan
-
-    return plan
-
-
-make_callable(__name__, _api_plan)

@@ -2,23 +2,9 @@
 
 Both the predicted peak of a plan and the simulator's per-step memory use this rule, and the
 executor's tracker measures the same quantity on real tensors. The rule is written once, in
-``outcore.plan.residency`` (``residency_steps``); in short:
-
-* at the start, the storages of every static tensor (parameters, buffers, inputs, tangents)
-  are resident;
-* ``Compute`` makes its outputs resident; a storage is allocated when its first tensor
-  becomes resident while the storage is not; the sample after a Compute includes every
-  output (they all exist when the op returns), including a recompute's duplicates of
-  outputs that are still resident (made, then dropped at once), plus the op's variant
-  workspace, if any;
-* ``Prefetch`` allocates the storage at issue time (its bytes are reserved while the copy
-  runs); ``Wait(h2d)`` makes the tensor usable;
-* ``Free`` drops one tensor; the storage is released when none of its tensors is resident
-  (and, for a prefetched storage, no prefetch of it is pending);
-* ``Offload`` and ``Wait(d2h)`` do not change device memory; host memory grows on Offload.
-
-``memory_curve`` returns the device bytes after each instruction (the peak of a Compute's
-transient workspace is included in that instruction's sample).
+``outcore.plan.residency`` (the replay, ``residency_steps``); ``memory_curve`` sums its
+steps: the device bytes after each instruction (the peak of a Compute's transient workspace
+and of a recompute's duplicates is included in that instruction's sample).
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""THE memory rule of a Schedule, as one replay: what each instruction allocates and releases.
+"""THE replay of a Schedule: one state machine, walked by every consumer of the memory rule.
 
-Every consumer of the rule (``memory_curve``, the pool's block lifetimes, the simulator's
-``Lifetime`` list, outcore-auto's resident spans) is derived from ``residency_steps``; the
-rule is written here only:
+``Replay(graph, schedule)`` yields, per instruction, a ``Step``: what became resident, what
+was dropped and released, the device and host bytes after it, and the rule it broke, if any
+(a ``outcore.plan.rules.Violation`` naming the instruction and the tensor). The verifier
+drains it and raises the first violation; ``memory_curve`` sums it; the simulator adds times
+to it; codegen reads its releases; the pool's blocks and the planners' resident spans
+(``resident_spans``) are derived from it. Nothing else walks a schedule's residency.
+
+The memory rule (written here only):
 
 * before the first instruction, every static tensor (parameters, buffers, inputs,
   tangents) is resident;
@@ -12,11 +17,28 @@ rule is written here only:
   already resident and is not a view (a recompute's duplicate) exists during the
   instruction only (made, then dropped at once), and so does the workspace of the op's
   variant (``workspace(op_id)``; by default read from ``schedule.variants``);
-* ``Prefetch`` makes its tensor resident (the storage is reserved while the copy runs);
-* ``Free`` drops one tensor (a tensor that is not resident is ignored);
-* ``Offload`` adds the storage's bytes to the host; ``Wait`` changes nothing.
+* ``Prefetch`` makes its tensor resident at issue (the storage is reserved while the copy
+  runs); ``Wait(h2d)`` makes it usable;
+* ``Free`` drops one tensor (a tensor that is not resident is ignored, and is a violation);
+* ``Offload`` adds the storage's bytes to the host; ``Wait`` changes no bytes.
 
-The schedule is assumed verified (``outcore.plan.verify``); nothing here raises on a bad one.
+The schedule's rules (each broken one is a ``Violation``, worded in ``outcore.plan.rules``):
+
+* a Compute names a known op; a recompute follows a first run of the op; every input is
+  resident and usable (not a base whose prefetch has not been waited for);
+* a Free names a resident tensor, not while a prefetch of its storage is in flight, and not
+  while an offload of its storage is in flight when it is that storage's base or its last
+  resident tensor;
+* Offload and Prefetch name base tensors only (a view moves with its base); an Offload names
+  a resident, usable tensor with no earlier offload still unwaited; a Prefetch names a
+  tensor that is not on the device (nor held by a resident view of it) and has a completed
+  (waited) host copy;
+* a Wait names a copy in flight in its direction (``"d2h"`` or ``"h2d"``);
+* at the end (``Replay.end()``), no copy is in flight and every ``keep_at_end`` tensor is
+  resident and usable.
+
+After a violation the replay goes on with the instruction's memory effect (or none, where
+it has none to have); consumers that need a sound schedule stop at the first.
 """
 
 from __future__ import annotations
@@ -25,7 +47,9 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from outcore.graph.ir import STATIC_KINDS, Graph
-from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule
+from outcore.plan import rules
+from outcore.plan.rules import Violation
+from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 
 #: ``Allocation.storage`` of a transient (a recompute's duplicate or an op's workspace).
 TRANSIENT = -1
@@ -51,7 +75,7 @@ class Allocation(NamedTuple):
 
 
 class Step(NamedTuple):
-    """What the memory rule does at instruction ``at`` (-1: the state before the first).
+    """What the replay does at instruction ``at`` (-1: the state before the first).
 
     Invariants, with ``prev`` the step before (for ``at == -1``: nothing resident, no host bytes):
 
@@ -61,7 +85,8 @@ class Step(NamedTuple):
     * ``tensors == prev.tensors + len(made_resident) - (dropped != NONE)``;
     * every allocated storage is the storage of a tensor in ``made_resident``; ``released``
       is NONE or the storage of ``dropped``; a step allocates nothing it releases;
-    * ``host >= prev.host``.
+    * ``host >= prev.host``;
+    * ``broken`` is None on a sound instruction, else the first rule it breaks.
     """
 
     at: int  # the instruction index; -1: the state before the first
@@ -73,6 +98,7 @@ class Step(NamedTuple):
     transient: int  # bytes that live during this instruction only
     host: int  # host bytes after the instruction
     tensors: int  # resident tensors after the instruction
+    broken: Violation | None = None  # the rule this instruction breaks, if any
 
 
 def default_workspace(graph: Graph, schedule: Schedule) -> Workspace | None:
@@ -93,80 +119,274 @@ _NO_TENSORS: tuple[int, ...] = ()
 #: ``Step(*fields)`` (or ``Allocation``'s) without NamedTuple's argument binding: one Step per
 #: instruction is the hot path of ``simulate`` and ``memory_curve`` (this halves its cost).
 _tuple_new = tuple.__new__
+_NOT = -1  # "no copy in flight" in Replay.pending / Replay.unwaited
 
 
-def residency_steps(graph: Graph, schedule: Schedule,
-                    workspace: Workspace | None = None) -> Iterator[Step]:
-    """Replay ``schedule`` under the memory rule (module doc): one ``Step`` for the state
-    before the first instruction (``at == -1``: the static tensors), then one per instruction.
+class Replay:
+    """The state machine of one pass over ``schedule`` (module doc). Iterate it once for the
+    Steps (the first is the static state, ``at == -1``); then ``end()`` checks the end.
 
     ``workspace(op_id)`` gives the transient bytes of an op's chosen variant; None reads it
     from ``schedule.variants`` (``default_workspace``); ``no_workspace`` leaves it out.
     """
-    if workspace is None:
-        workspace = default_workspace(graph, schedule)
-    tensors = graph.tensors
-    storage_of = [t.storage for t in tensors]
-    storage_bytes = [tensors[s].nbytes for s in storage_of]  # per tensor: its storage's bytes
-    count = [0] * len(tensors)  # per storage id: its resident tensors
-    resident = [False] * len(tensors)
-    live = 0  # bytes of the resident storages
-    n_resident = 0
 
-    def make_resident(tid: int, made: list[Allocation]) -> None:
+    def __init__(self, graph: Graph, schedule: Schedule,
+                 workspace: Workspace | None = None) -> None:
+        self.graph = graph
+        self.schedule = schedule
+        self.workspace = default_workspace(graph, schedule) if workspace is None else workspace
+        n = len(graph.tensors)
+        self.storage_of = [t.storage for t in graph.tensors]
+        self.storage_bytes = [graph.tensors[s].nbytes for s in self.storage_of]
+        self.count = [0] * n  # per storage id: its resident tensors
+        self.resident = [False] * n  # allocated on the device (a pending prefetch included)
+        self.pending = [_NOT] * n  # per storage: the index of its Prefetch not yet waited for
+        self.unwaited = [_NOT] * n  # per storage: the index of its Offload not yet waited for
+        self.on_host = [False] * n  # per storage: a completed (waited) host copy exists
+        self.freed_at: dict[int, int] = {}
+        self.ran = [False] * len(graph.ops)
+        self.live = 0  # bytes of the resident storages
+        self.n_resident = 0
+        self.host = 0
+
+    # -- the memory rule ------------------------------------------------------------------
+    def _make_resident(self, tid: int, made: list[Allocation]) -> None:
         """Make the non-resident ``tid`` resident; append its storage's allocation, if any."""
-        nonlocal live, n_resident
-        resident[tid] = True
-        n_resident += 1
-        storage = storage_of[tid]
-        count[storage] += 1
-        if count[storage] == 1:
-            live += storage_bytes[tid]
-            made.append(_tuple_new(Allocation, (storage, storage_bytes[tid], tid)))
+        self.resident[tid] = True
+        self.n_resident += 1
+        storage = self.storage_of[tid]
+        self.count[storage] += 1
+        if self.count[storage] == 1:
+            self.live += self.storage_bytes[tid]
+            made.append(_tuple_new(Allocation, (storage, self.storage_bytes[tid], tid)))
 
-    # One loop, one branch per instruction kind (the rule's bullets in the module doc): this
-    # runs once per instruction on every memory_curve and simulate call.
-    static = tuple(t.id for t in tensors if t.kind in STATIC_KINDS)
-    made: list[Allocation] = []
-    for tid in static:
-        make_resident(tid, made)
-    yield Step(-1, tuple(made), NONE, static, NONE, live, 0, 0, n_resident)
-    host = 0
-    for i, ins in enumerate(schedule.instructions):
-        allocations, released, entered, dropped = _NO_ALLOCATIONS, NONE, _NO_TENSORS, NONE
-        transient = 0
-        if isinstance(ins, Compute):
-            made, new = [], []
-            for out in graph.ops[ins.op].outputs:
-                if not resident[out]:
-                    new.append(out)
-                    make_resident(out, made)
-                elif not tensors[out].is_view and tensors[out].nbytes:  # a recompute's duplicate
-                    made.append(Allocation(TRANSIENT, tensors[out].nbytes, out))
-                    transient += tensors[out].nbytes
-            extra = workspace(ins.op) if workspace is not None else 0
-            if extra:
-                made.append(Allocation(TRANSIENT, extra, NONE))
-                transient += extra
-            allocations, entered = tuple(made), tuple(new)
-        elif isinstance(ins, Free):
-            dropped = ins.tensor
-            if resident[dropped]:
-                resident[dropped] = False
-                n_resident -= 1
-                storage = storage_of[dropped]
-                count[storage] -= 1
-                if count[storage] == 0:
-                    live -= storage_bytes[dropped]
-                    released = storage
+    def _drop(self, tid: int) -> int:
+        """Drop the resident ``tid``; the storage it releases, or NONE."""
+        self.resident[tid] = False
+        self.n_resident -= 1
+        storage = self.storage_of[tid]
+        self.count[storage] -= 1
+        if self.count[storage]:
+            return NONE
+        self.live -= self.storage_bytes[tid]
+        return storage
+
+    def usable(self, tid: int) -> bool:
+        """Resident and readable (not a base whose prefetch has not been waited for)."""
+        return self.resident[tid] and not (tid == self.storage_of[tid]
+                                           and self.pending[tid] != _NOT)
+
+    def resident_tensors(self) -> list[int]:
+        """The tensors resident now (a pending prefetch included), by id."""
+        return [tid for tid, here in enumerate(self.resident) if here]
+
+    def __iter__(self) -> Iterator[Step]:
+        graph = self.graph
+        made: list[Allocation] = []
+        static = tuple(t.id for t in graph.tensors if t.kind in STATIC_KINDS)
+        for tid in static:
+            self._make_resident(tid, made)
+        yield Step(-1, tuple(made), NONE, static, NONE, self.live, 0, 0, self.n_resident)
+        # One branch per instruction kind (the rule's bullets in the module doc): this runs
+        # once per instruction on every memory_curve and simulate call.
+        for i, ins in enumerate(self.schedule.instructions):
+            if isinstance(ins, Compute):
+                yield self._compute(i, ins)
+            elif isinstance(ins, Free):
+                yield self._free(i, ins.tensor)
             else:
-                dropped = NONE
-        elif isinstance(ins, Prefetch):
-            if not resident[ins.tensor]:
-                made = []
-                make_resident(ins.tensor, made)
-                allocations, entered = tuple(made), (ins.tensor,)
-        elif isinstance(ins, Offload):
-            host += storage_bytes[ins.tensor]
-        yield _tuple_new(Step, (i, allocations, released, entered, dropped, live + transient,
-                                transient, host, n_resident))
+                yield self._copy(i, ins)
+
+    def _step(self, i: int, broken: Violation | None = None,
+              allocations: tuple[Allocation, ...] = _NO_ALLOCATIONS, released: int = NONE,
+              entered: tuple[int, ...] = _NO_TENSORS, dropped: int = NONE,
+              transient: int = 0) -> Step:
+        return _tuple_new(Step, (i, allocations, released, entered, dropped,
+                                 self.live + transient, transient, self.host,
+                                 self.n_resident, broken))
+
+    def _compute(self, i: int, ins: Compute) -> Step:
+        graph = self.graph
+        if not 0 <= ins.op < len(graph.ops):
+            return self._step(i, Violation(i, NONE, rules.unknown_op(ins.op)))
+        op = graph.ops[ins.op]
+        broken = None
+        if ins.recompute and not self.ran[ins.op]:
+            broken = Violation(i, NONE, rules.recompute_before_run(op.name))
+        resident, pending, storage_of = self.resident, self.pending, self.storage_of
+        for tid in op.inputs:  # usable: resident, and not a base with a pending prefetch
+            if broken is None and (not resident[tid] or (pending[tid] != _NOT
+                                                         and storage_of[tid] == tid)):
+                broken = self._absent_input(i, op.name, ins.recompute, tid)
+        self.ran[ins.op] = True
+        made: list[Allocation] = []
+        new: list[int] = []
+        transient = 0
+        tensors = graph.tensors
+        for out in op.outputs:
+            if not resident[out]:
+                new.append(out)
+                self._make_resident(out, made)
+            elif not tensors[out].is_view and tensors[out].nbytes:  # a recompute's duplicate
+                made.append(Allocation(TRANSIENT, tensors[out].nbytes, out))
+                transient += tensors[out].nbytes
+        extra = self.workspace(ins.op) if self.workspace is not None else 0
+        if extra:
+            made.append(Allocation(TRANSIENT, extra, NONE))
+            transient += extra
+        return _tuple_new(Step, (i, tuple(made), NONE, tuple(new), NONE, self.live + transient,
+                                 transient, self.host, self.n_resident, broken))
+
+    def _absent_input(self, i: int, op: str, recompute: bool, tid: int) -> Violation:
+        name = self.graph.tensors[tid].name
+        if self.resident[tid]:  # a base whose prefetch is in flight
+            return Violation(i, tid, rules.reads_pending_prefetch(op, name, self.pending[tid]))
+        return Violation(i, tid, rules.reads_absent(op, recompute, name, self._why(tid)))
+
+    def _why(self, tid: int) -> str:
+        storage = self.storage_of[tid]
+        base = self.graph.tensors[storage].name if self.on_host[storage] else None
+        produced = self.graph.tensors[tid].producer is not None
+        return rules.why_absent(self.freed_at.get(tid), base, produced)
+
+    def _free(self, i: int, tid: int) -> Step:
+        tensors = self.graph.tensors
+        if not 0 <= tid < len(tensors):
+            return self._step(i, Violation(i, tid, rules.unknown_tensor("Free", tid)))
+        storage = self.storage_of[tid]
+        name, base = tensors[tid].name, tensors[storage].name
+        resident = self.resident[tid]
+        broken = None
+        releases = tid == storage or (resident and self.count[storage] == 1)
+        if releases and self.unwaited[storage] != _NOT:
+            broken = Violation(i, tid, rules.free_during_offload(name, base,
+                                                                 self.unwaited[storage]))
+        elif self.pending[storage] != _NOT:
+            broken = Violation(i, tid, rules.free_during_prefetch(name, base,
+                                                                  self.pending[storage]))
+        elif not resident:
+            broken = Violation(i, tid, rules.free_absent(name, self._why(tid)))
+        if not resident:
+            return self._step(i, broken)
+        self.freed_at[tid] = i
+        released = self._drop(tid)
+        return self._step(i, broken, released=released, dropped=tid)
+
+    def _copy(self, i: int, ins: object) -> Step:
+        """Offload, Prefetch or Wait (or an unknown instruction)."""
+        if not isinstance(ins, (Offload, Prefetch, Wait)):
+            return self._step(i, Violation(i, NONE, rules.unknown_instruction(ins)))
+        tensors = self.graph.tensors
+        tid = ins.tensor
+        kind = type(ins).__name__
+        if not 0 <= tid < len(tensors):
+            return self._step(i, Violation(i, tid, rules.unknown_tensor(kind, tid)))
+        if isinstance(ins, Wait):
+            return self._wait(i, ins)
+        if tensors[tid].is_view:
+            base = tensors[self.storage_of[tid]].name
+            return self._step(i, Violation(i, tid, rules.move_of_view(kind, tensors[tid].name,
+                                                                      base)))
+        if isinstance(ins, Offload):
+            return self._offload(i, tid)
+        return self._prefetch(i, tid)
+
+    def _offload(self, i: int, tid: int) -> Step:
+        name = self.graph.tensors[tid].name
+        broken = None
+        if not self.usable(tid):
+            why = (f"its prefetch (instruction {self.pending[tid]}) has not been waited for"
+                   if self.resident[tid] else self._why(tid))
+            broken = Violation(i, tid, rules.offload_absent(name, why))
+        elif self.unwaited[tid] != _NOT:
+            broken = Violation(i, tid, rules.offload_twice(name, self.unwaited[tid]))
+        self.unwaited[tid] = i
+        self.host += self.storage_bytes[tid]
+        return self._step(i, broken)
+
+    def _prefetch(self, i: int, tid: int) -> Step:
+        name = self.graph.tensors[tid].name
+        if self.resident[tid] or self.pending[tid] != _NOT:
+            return self._step(i, Violation(i, tid, rules.prefetch_resident(name)))
+        broken = None
+        if self.count[tid]:
+            broken = Violation(i, tid, rules.prefetch_under_view(name))
+        elif not self.on_host[tid]:
+            broken = Violation(i, tid, rules.prefetch_without_host_copy(name))
+        made: list[Allocation] = []
+        self._make_resident(tid, made)
+        self.pending[tid] = i
+        return self._step(i, broken, tuple(made), entered=(tid,))
+
+    def _wait(self, i: int, ins: Wait) -> Step:
+        tid = ins.tensor
+        if ins.direction not in ("d2h", "h2d"):
+            return self._step(i, Violation(i, tid, rules.bad_direction(ins.direction)))
+        flight = self.unwaited if ins.direction == "d2h" else self.pending
+        if flight[tid] == _NOT:
+            name = self.graph.tensors[tid].name
+            return self._step(i, Violation(i, tid, rules.wait_not_in_flight(ins.direction,
+                                                                             name)))
+        flight[tid] = _NOT
+        if ins.direction == "d2h":
+            self.on_host[tid] = True
+        return self._step(i)
+
+    def end(self) -> Violation | None:
+        """The end-of-step rule the replayed schedule breaks, if any (call after iterating)."""
+        tensors = self.graph.tensors
+        in_flight = [s for s in range(len(tensors))
+                     if self.pending[s] != _NOT or self.unwaited[s] != _NOT]
+        if in_flight:
+            return Violation(None, in_flight[0],
+                             rules.in_flight_at_end([tensors[s].name for s in in_flight]))
+        for tid in self.schedule.keep_at_end:
+            if not 0 <= tid < len(tensors):
+                return Violation(None, tid, rules.unknown_tensor("keep_at_end", tid))
+            if not self.usable(tid):
+                return Violation(None, tid, rules.absent_at_end(tensors[tid].name))
+        return None
+
+
+def residency_steps(graph: Graph, schedule: Schedule,
+                    workspace: Workspace | None = None) -> Iterator[Step]:
+    """The Steps of ``Replay(graph, schedule, workspace)`` (module doc): one for the state
+    before the first instruction (``at == -1``: the static tensors), then one per instruction.
+    Violations ride on the steps (``Step.broken``); nothing here raises."""
+    return iter(Replay(graph, schedule, workspace))
+
+
+def checked_steps(graph: Graph, schedule: Schedule,
+                  workspace: Workspace | None = None) -> Iterator[Step]:
+    """The Steps of the replay, raising ``ScheduleError`` at the first broken rule (the end's
+    rules are checked after the last Step)."""
+    replay = Replay(graph, schedule, workspace)
+    for step in replay:
+        if step.broken is not None:
+            raise step.broken.error()
+        yield step
+    broken = replay.end()
+    if broken is not None:
+        raise broken.error()
+
+
+def resident_spans(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
+    """Base tensor -> [(first index resident, index of its Free or len(schedule))] per
+    residency of that tensor, in schedule order, from the replay. Static tensors' initial
+    residency is left out. A span ends at the base's own Free, even when a view of it keeps
+    the storage resident longer."""
+    tensors = graph.tensors
+    spans: dict[int, list[tuple[int, int]]] = {}
+    open_at: dict[int, int] = {}
+    for step in residency_steps(graph, schedule, no_workspace):
+        if step.at < 0:
+            continue
+        for tid in step.made_resident:
+            if not tensors[tid].is_view:
+                open_at[tid] = step.at
+        if step.dropped in open_at:
+            spans.setdefault(step.dropped, []).append((open_at.pop(step.dropped), step.at))
+    end = len(schedule)
+    for tid, start in open_at.items():
+        spans.setdefault(tid, []).append((start, end))
+    return spans

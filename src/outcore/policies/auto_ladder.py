@@ -56,7 +56,7 @@ def monotone_plan(graph: Graph, ctx: PolicyContext, planner: Planner) -> PolicyO
     options = {k: v for k, v in ctx.options.items() if k != "monotone"}
     ladder = _ladder(graph, ctx)
     if not ladder.rungs:
-        top = planner(graph, dataclasses.replace(ctx, budget=None, options=options))
+        top = planner(graph, dataclasses.replace(ctx, budget=None, options=options, config=None))
         ladder.rungs.append((memory_curve(top.graph, top.schedule).peak, top))
     budget = ctx.budget
     while True:
@@ -67,7 +67,8 @@ def monotone_plan(graph: Graph, ctx: PolicyContext, planner: Planner) -> PolicyO
             raise ladder.bottom
         below = ladder.rungs[-1][0] - 1
         try:
-            out = planner(graph, dataclasses.replace(ctx, budget=below, options=options))
+            out = planner(graph, dataclasses.replace(ctx, budget=below, options=options,
+                                                    config=None))
         except InfeasibleBudgetError as exc:
             ladder.bottom = exc
             continue

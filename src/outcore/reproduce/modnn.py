@@ -8,8 +8,8 @@ Every network is captured with fake tensors (nothing large is allocated), re-cap
 sub-batch sizes moDNN asks for, and each schedule is simulated on the paper's GPU, a 12 GiB
 Tesla K40 on PCIe 3 (``k40c`` profile: 8 GB/s each way, two copy engines). Convolution
 algorithms are priced like the vDNN reproduction's cuDNN-era table
-(``outcore.policies._vdnn_cudnn.relative_time``, FFT for stride 1 only) through
-``outcore.policies._modnn_algos.ConvAlgorithmCost``, which re-binds to each sub-batch graph.
+(``outcore.policies.vdnn.cudnn.relative_time``, FFT for stride 1 only) through
+``outcore.policies.modnn.algos.ConvAlgorithmCost``, which re-binds to each sub-batch graph.
 
 * Fig. 6: the "ideal case" memory (every tensor of the step held at once) against moDNN's
   lower bound Mmin (eq. 2, sub-batch size 1).
@@ -41,8 +41,7 @@ from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
 from outcore.policies import PolicyContext, get, names
-from outcore.policies._modnn_algos import ConvAlgorithmCost, bound
-from outcore.policies.modnn import minimum_memory, plan_modnn, sub_batch
+from outcore.policies.modnn import ConvAlgorithmCost, minimum_memory, plan_modnn, sub_batch
 from outcore.sim import simulate
 from outcore.variants.meta import conv_meta
 
@@ -60,7 +59,7 @@ FIG8_BUDGETS = [12, 8, 6, 4, 3, 2, 1.5]
 
 def cudnn_time(target: str, variant: str, arg_meta: Any) -> float:
     """The vDNN reproduction's cuDNN-era speeds; cuDNN 4 ran FFT for stride 1 only."""
-    from outcore.policies._vdnn_cudnn import relative_time
+    from outcore.policies.vdnn import relative_time
 
     if variant == "fft" and conv_meta(target, arg_meta).stride != (1, 1):
         return 1e9  # unsupported: never the fastest, never chosen
@@ -93,14 +92,14 @@ def paper_cost() -> ConvAlgorithmCost:
 
 def variant_table(graph: Graph, cost: ConvAlgorithmCost) -> dict[int, list[str]]:
     """Op id -> supported variants, the table the vDNN policies read."""
-    model = bound(graph, cost)
+    model = cost.bind(graph)
     return {op.id: list(model.table(op)) for op in graph.ops
             if op.target.startswith("aten.convolution") and len(model.table(op)) > 1}
 
 
 def ideal_time(graph: Graph, cost: ConvAlgorithmCost) -> float:
     """The paper's ideal case: every task's time with its fastest algorithm, no transfers."""
-    model = bound(graph, cost)
+    model = cost.bind(graph)
     total = 0.0
     for op in graph.ops:
         rows = model.table(op) if op.target.startswith("aten.convolution") else {}

@@ -26,6 +26,7 @@ import argparse
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -41,8 +42,7 @@ from outcore.graph.ir import Graph, OpCategory
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision
 from outcore.policies import PolicyContext, baseline, get, names
-from outcore.policies._pooch_classify import classify, just_in_time
-from outcore.policies._pooch_timeline import (
+from outcore.policies.common import (
     KEEP,
     RECOMPUTE,
     SWAP,
@@ -50,7 +50,8 @@ from outcore.policies._pooch_timeline import (
     Profile,
     evaluate,
 )
-from outcore.policies.pooch import plan_pooch
+from outcore.policies.common.timeline import FeatureClass
+from outcore.policies.pooch import classify, just_in_time, plan_pooch
 from outcore.sim import simulate
 
 GiB = 2**30
@@ -70,7 +71,7 @@ def capture_resnet50(batch: int) -> Graph:
     return capture(w.model, w.loss_fn, w.batch, fake=True, name=f"resnet50-b{batch}")
 
 
-def counts(classes: dict[int, str]) -> tuple[int, int, int]:
+def counts(classes: Mapping[int, str]) -> tuple[int, int, int]:
     c = Counter(classes.values())
     return c[KEEP], c[SWAP], c[RECOMPUTE]
 
@@ -89,7 +90,7 @@ def preceding_conv_rule(p: Profile):
     return rule
 
 
-def superneurons_as_pooch_describes(p: Profile) -> tuple[dict[int, str], Evaluation]:
+def superneurons_as_pooch_describes(p: Profile) -> tuple[dict[int, FeatureClass], Evaluation]:
     """PoocH §5.2: keep maps from the output layer while they fit (sized with copy-ins just
     in time), swap CONV outputs and recompute the others; then run it with SuperNeurons'
     swap-in timing, which does not look at memory (an overflow is its failure)."""

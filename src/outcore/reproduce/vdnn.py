@@ -6,7 +6,7 @@ only, about 5 s).
 
 Every network is captured with fake tensors (nothing large is allocated) and each policy's
 schedule is simulated on the paper's GPU, a 12 GiB Maxwell Titan X on PCIe 3 (12.8 GB/s each
-way), with cuDNN-4-era convolution algorithms (``outcore.policies._vdnn_cudnn``: implicit
+way), with cuDNN-4-era convolution algorithms (``outcore.policies.vdnn.cudnn``: implicit
 GEMM = the memory-optimal "framework" kernel; GEMM and FFT faster with workspace).
 
 For each network and policy it prints the maximum and (time-weighted) average device memory
@@ -34,8 +34,7 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
-from outcore.policies._vdnn_cudnn import TARGETS, CudnnAlgorithms
-from outcore.policies.vdnn import VdnnResult, plan_dyn, plan_static
+from outcore.policies.vdnn import TARGETS, CudnnAlgorithms, VdnnResult, plan_dyn, plan_static
 from outcore.sim import simulate
 from outcore.variants.torchmeta import arg_meta_of
 

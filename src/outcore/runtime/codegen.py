@@ -6,6 +6,10 @@ Each tensor id ``k`` lives in a local ``v{k}``. Instructions become straight-lin
   multi-output op); outputs already resident (a recompute's duplicates) are not rebound, so
   they die with ``_o``. Random ops save (forward) or replay (recompute) the RNG state.
 * ``Free``: ``rt.release(k, v{k}, last_alias); del v{k}``.
+
+Which outputs a Compute makes resident and whether a Free releases its storage (``last_alias``)
+are read from the one replay of the schedule (``outcore.plan.residency.Replay``), the memory
+rule the tracker measures.
 * ``Offload`` / ``Prefetch`` / ``Wait``: calls on the runtime ``rt`` (the device).
 
 Op callables and non-tensor constants are passed in through the generated function's
@@ -21,16 +25,9 @@ from typing import Any
 from torch import fx
 
 from outcore.capture.step import CapturedStep
-from outcore.graph.ir import STATIC_KINDS, Graph
-from outcore.plan.schedule import (
-    Compute,
-    Free,
-    Instruction,
-    Offload,
-    Prefetch,
-    Schedule,
-    Wait,
-)
+from outcore.graph.ir import Graph
+from outcore.plan.residency import NONE, Step, no_workspace, residency_steps
+from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
 
 
 @dataclass
@@ -69,7 +66,8 @@ class Emitter:
         self.globals[name] = value
         return name
 
-    def compute(self, oid: int, resident: set[int], recompute: bool) -> None:
+    def compute(self, oid: int, new: tuple[int, ...], recompute: bool) -> None:
+        """Emit op ``oid``; only the outputs in ``new`` (made resident by it) are bound."""
         op = self.graph.ops[oid]
         node = self.step.op_nodes[oid]
         fname = f"f{oid}"
@@ -85,60 +83,37 @@ class Emitter:
         slots = self.step.nodes.op_outputs.get(node)
         if slots is None:
             (tid,) = op.outputs
-            target = f"v{tid}" if tid not in resident else "_dup"
+            target = f"v{tid}" if tid in new else "_dup"
             self.lines.append(f"{target} = {call}")
             if target == "_dup":
                 self.lines.append("del _dup")
         else:
             self.lines.append(f"_o = {call}")
             for idx, slot in enumerate(slots):
-                if slot is not None and slot not in resident:
+                if slot is not None and slot in new:
                     self.lines.append(f"v{slot} = _o[{idx}]")
             self.lines.append("del _o")
-        resident.update(op.outputs)
 
-
-class EmitState:
-    """What emission tracks across instructions: the resident tensors and the resident
-    tensors per storage (a Free releases memory only when it drops the storage's last)."""
-
-    def __init__(self, graph: Graph, static: list[int]) -> None:
-        self.graph = graph
-        self.resident = set(static)
-        self.storage_count: dict[int, int] = {}
-        for tid in static:
-            self._count(tid, +1)
-
-    def _count(self, tid: int, delta: int) -> int:
-        s = self.graph.tensors[tid].storage
-        self.storage_count[s] = self.storage_count.get(s, 0) + delta
-        return self.storage_count[s]
-
-    def emit(self, em: Emitter, ins: Instruction, notify: frozenset[int] = frozenset()) -> None:
-        """Append the code of one instruction to ``em.lines``; after a Compute that makes a
-        tensor of ``notify`` resident, ``rt.grad_ready(tid, v{tid})`` (data parallel)."""
-        graph = self.graph
+    def emit(self, ins: Instruction, step: Step, notify: frozenset[int] = frozenset()) -> None:
+        """Append the code of one instruction, given its step of the replay; after a Compute
+        that makes a tensor of ``notify`` resident, ``rt.grad_ready(tid, v{tid})`` (data
+        parallel)."""
         if isinstance(ins, Compute):
-            new = [t for t in graph.ops[ins.op].outputs if t not in self.resident]
-            em.compute(ins.op, self.resident, ins.recompute)
-            for t in new:
-                self._count(t, +1)
-            em.lines += [f"rt.grad_ready({t}, v{t})" for t in new if t in notify]
+            self.compute(ins.op, step.made_resident, ins.recompute)
+            self.lines += [f"rt.grad_ready({t}, v{t})" for t in step.made_resident
+                           if t in notify]
         elif isinstance(ins, Free):
-            last = self._count(ins.tensor, -1) == 0
-            em.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
-            em.lines.append(f"del v{ins.tensor}")
-            self.resident.discard(ins.tensor)
+            last = step.released != NONE
+            self.lines.append(f"rt.release({ins.tensor}, v{ins.tensor}, {last})")
+            self.lines.append(f"del v{ins.tensor}")
         elif isinstance(ins, Offload):
-            em.lines.append(f"rt.start_offload({ins.tensor}, v{ins.tensor})")
+            self.lines.append(f"rt.start_offload({ins.tensor}, v{ins.tensor})")
         elif isinstance(ins, Prefetch):
-            name = graph.tensors[ins.tensor].name
-            em.lines.append(f"v{ins.tensor} = rt.start_prefetch({ins.tensor}, {name!r})")
-            self._count(ins.tensor, +1)
-            self.resident.add(ins.tensor)
+            name = self.graph.tensors[ins.tensor].name
+            self.lines.append(f"v{ins.tensor} = rt.start_prefetch({ins.tensor}, {name!r})")
         elif isinstance(ins, Wait):
             fn = "wait_offload" if ins.direction == "d2h" else "wait_prefetch"
-            em.lines.append(f"rt.{fn}({ins.tensor})")
+            self.lines.append(f"rt.{fn}({ins.tensor})")
 
 
 def generate(graph: Graph, schedule: Schedule,
@@ -150,17 +125,18 @@ def generate(graph: Graph, schedule: Schedule,
     ``schedule.keep_at_end`` to its value. ``impls`` overrides an op's callable (variants).
     ``notify``: tensor ids (parameter gradients) for which the code calls
     ``rt.grad_ready(tid, value)`` right after the Compute that makes them (data parallel).
+    The schedule is not checked here (the executor verifies it unless told not to).
     """
     step = graph.source
     if not isinstance(step, CapturedStep):
         raise TypeError("this graph has no captured step to run; capture it with "
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
-    static = [t.id for t in graph.tensors if t.kind in STATIC_KINDS]
+    steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
+    static = list(next(steps).made_resident)
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
-    state = EmitState(graph, static)
-    for ins in schedule.instructions:
-        state.emit(em, ins, notify)
+    for ins, at in zip(schedule.instructions, steps, strict=True):
+        em.emit(ins, at, notify)
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
     source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
     namespace = dict(em.globals)

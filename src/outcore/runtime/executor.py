@@ -29,10 +29,12 @@ from outcore.graph.ir import Graph
 from outcore.plan.schedule import Compute, Offload, Schedule
 from outcore.plan.verify import verify
 from outcore.runtime.codegen import GeneratedStep, generate
-from outcore.runtime.devices.base import Device, SyncCPUDevice, _untracked
+from outcore.runtime.devices.base import Device, SyncCPUDevice, untracked
 from outcore.runtime.devices.stats import TransferStats
 from outcore.runtime.failsafe import abandon_step, commit
+from outcore.runtime.timed import TimedDevice
 from outcore.runtime.tracker import MemoryTracker
+from outcore.variants.registry import FRAMEWORK
 
 
 @dataclass
@@ -90,21 +92,13 @@ class Runtime:
         #: When timed: the time each instruction started. Generated code makes exactly one
         #: runtime call per instruction, in order, so mark i belongs to instruction i.
         self.marks: list[float] = []
+        if timed:  # the device marks each copy call; ``begin`` marks each Compute
+            device = TimedDevice(device, self.marks)
+        self.device = device
         self.start_offload = device.start_offload
         self.wait_offload = device.wait_offload
         self.wait_prefetch = device.wait_prefetch
         self.release = device.release
-        if timed:
-            for name in ("start_offload", "wait_offload", "wait_prefetch", "release"):
-                setattr(self, name, self._marking(getattr(device, name)))
-
-    def _marking(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        marks = self.marks
-
-        def marked(*args: Any) -> Any:
-            marks.append(time.perf_counter())
-            return call(*args)
-        return marked
 
     def begin(self, oid: int, name: str) -> None:
         """Called before every Compute: names the allocations and, when timed, marks time."""
@@ -113,24 +107,22 @@ class Runtime:
             self.marks.append(time.perf_counter())
 
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
-        if self.timed:
-            self.marks.append(time.perf_counter())
         self.tracker.naming = name
         return self.device.start_prefetch(tid, name)
 
     def save_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
-        with _untracked():
+        with untracked():
             self.rng[oid] = _rng_state()
         return fn()
 
     def replay_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
-        with _untracked():
+        with untracked():
             current = _rng_state()
             _set_rng_state(self.rng[oid])
         try:
             return fn()
         finally:
-            with _untracked():
+            with untracked():
                 _set_rng_state(current)
 
 
@@ -157,7 +149,7 @@ def variant_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., A
     from outcore.variants.registry import implementation
 
     return {oid: implementation(graph.ops[oid].target, variant)
-            for oid, variant in schedule.variants.items() if variant != "framework"}
+            for oid, variant in schedule.variants.items() if variant != FRAMEWORK}
 
 
 class Executor:
@@ -192,7 +184,7 @@ class Executor:
         self.grad_hook = grad_hook
         notify = grad_hook.tensors if grad_hook is not None else frozenset()
         self.generated: GeneratedStep = generate(graph, schedule, chosen, notify)
-        self.capacity: int | None = getattr(self.device, "capacity", None)
+        self.capacity: int | None = self.device.capacity
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
@@ -216,8 +208,7 @@ class Executor:
         self.device.tracker = tracker
         hook = self.grad_hook
         rt = Runtime(self.device, tracker, timed=timed, grad_hook=hook)
-        stats = getattr(self.device, "stats", None)
-        before = stats() if callable(stats) else None
+        before = self.device.stats()
         start = time.perf_counter()
         try:
             if hook is not None:
@@ -242,8 +233,9 @@ class Executor:
             tracker.close()
         end = time.perf_counter()
         result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=end - start)
-        if before is not None and callable(stats):
-            result.transfers = stats() - before
+        after = self.device.stats()
+        if before is not None and after is not None:
+            result.transfers = after - before
         if timed:
             self._timings(rt.marks, end, result)
         self._collect(outputs, result)

@@ -37,15 +37,16 @@ from torch.autograd.function import once_differentiable
 
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError, OutcoreError, ScheduleError
-from outcore.graph.ir import STATIC_KINDS, Graph, Phase
+from outcore.graph.ir import Graph, Phase
 from outcore.plan.memory import memory_curve
+from outcore.plan.residency import Replay, no_workspace
 from outcore.plan.schedule import (
     Compute,
     Offload,
     Schedule,
 )
 from outcore.plan.verify import verify
-from outcore.runtime.codegen import EmitState, Emitter
+from outcore.runtime.codegen import Emitter
 from outcore.runtime.devices.base import Device
 from outcore.runtime.executor import Runtime, variant_impls
 from outcore.runtime.tracker import MemoryTracker
@@ -117,16 +118,17 @@ def generate_split(graph: Graph, schedule: Schedule,
         raise OutcoreError("this graph has no captured step to run; capture it first")
     cut = split_point(graph, schedule)
     em = Emitter(graph, step, impls or {})
-    static = [t.id for t in graph.tensors if t.kind in STATIC_KINDS]
-    state = EmitState(graph, static)
+    replay = Replay(graph, schedule, no_workspace)  # what is resident, what a Free releases
+    steps = iter(replay)
+    static = list(next(steps).made_resident)
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
-    for ins in schedule.instructions[:cut]:
-        state.emit(em, ins)
-    carried = sorted(state.resident)
+    for ins, step in zip(schedule.instructions[:cut], steps, strict=False):
+        em.emit(ins, step)
+    carried = replay.resident_tensors()
     forward_src = _function("forward", "rt, inputs", [*em.lines, _returned(carried)])
     em.lines = [f"v{tid} = env.pop({tid})" for tid in carried]
-    for ins in schedule.instructions[cut:]:
-        state.emit(em, ins)
+    for ins, step in zip(schedule.instructions[cut:], steps, strict=True):
+        em.emit(ins, step)
     backward_src = _function("backward", "rt, env", [*em.lines, _returned(schedule.keep_at_end)])
     source = forward_src + "\n\n" + backward_src
     namespace = dict(em.globals)

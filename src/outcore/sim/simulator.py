@@ -16,19 +16,11 @@ Timing rules (one pass of the schedule, times in seconds from its start):
   (``cost_model.copy_engines == 1``) both directions share it;
 * the pass ends when the compute stream and every copy are done.
 
-Memory after each instruction and the storages' ``Lifetime`` list come from one pass of
-``outcore.plan.residency.residency_steps`` (the memory rule of ``outcore.plan.memory``, the
-same rule the executor's tracker measures), run once the replay below found the schedule
-valid, with each op's workspace from ``cost_model.workspace``.
-
-The simulator also checks the schedule as it goes, with the same rules as
-``outcore.plan.verify`` (which runs first when importable), and raises ``ScheduleError``
-with the instruction index for: a Compute reading a tensor that is not on the device (or
-whose prefetch was not waited for), a recompute of an op that never ran, a Free of a tensor
-not on the device or of memory a copy is still using, an Offload or Prefetch of a view, an
-Offload of a tensor not on the device, a Prefetch without a completed (waited) offload or of
-a tensor already on the device, a Wait on a copy not in flight; and, at the end, a copy
-still in flight or a ``keep_at_end`` tensor not on the device.
+Residency, memory and the schedule's soundness come from the one replay of the schedule
+(``outcore.plan.residency.Replay``: the memory rule the executor's tracker measures, with
+each op's workspace from ``cost_model.workspace``): the simulator times its steps and
+records the storages' ``Lifetime`` list from them, and raises the replay's first broken rule
+as ``ScheduleError`` (index = the instruction; wording in ``outcore.plan.rules``).
 
 Cost: one pass over the instructions plus one over the op list; no time stepping.
 """
@@ -36,7 +28,6 @@ Cost: one pass over the instructions plus one over the op list; no time stepping
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,9 +36,9 @@ from typing import Any
 from outcore.cost.host_costs import host_costs_of
 from outcore.cost.model import CostModel
 from outcore.errors import ProfileError, ScheduleError
-from outcore.graph.ir import STATIC_KINDS, Graph, Op
+from outcore.graph.ir import Graph, Op
 from outcore.plan.memory import MemoryTrace, trace_of
-from outcore.plan.residency import NONE, TRANSIENT, Step, residency_steps
+from outcore.plan.residency import NONE, TRANSIENT, Replay, Step
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 from outcore.sim.intervals import overlap, total, union
 from outcore.sim.result import COMPUTE, D2H, H2D, Lifetime, SimResult
@@ -65,9 +56,9 @@ class _Copy:
     end: float
 
 
-class _Replay:
-    """The state of one simulated pass: residency (to check the schedule), copies in flight,
-    clocks. Memory and lifetimes are not tracked here (see ``_memory``)."""
+class _Timing:
+    """The clocks of one simulated pass: the compute stream, the copy engines and the copies
+    in flight. It times instructions the replay already found sound (it checks nothing)."""
 
     def __init__(self, graph: Graph, schedule: Schedule, model: CostModel,
                  ops: list[Op]) -> None:
@@ -82,14 +73,8 @@ class _Replay:
         self.engine_free = dict.fromkeys(self.engines.values(), 0.0)
         self.now = 0.0
         self.stall = 0.0
-        n_tensors = len(graph.tensors)
-        self.resident = [False] * n_tensors
-        self.count = [0] * n_tensors  # resident tensors per storage id
-        self.freed_at: dict[int, int] = {}
-        self.on_host: dict[int, _Copy] = {}  # storage -> its latest waited offload
-        self.unwaited_d2h: dict[int, _Copy] = {}
-        self.pending_h2d: dict[int, _Copy] = {}
-        self.ran = [False] * len(ops)
+        self.landed: dict[int, float] = {}  # storage -> end of its latest waited offload
+        self.in_flight: dict[tuple[str, int], _Copy] = {}  # (direction, storage) -> copy
         self.op_times: list[float | None] = [None] * len(ops)
         self.bytes = {D2H: 0, H2D: 0}
         n = len(schedule.instructions)
@@ -98,137 +83,35 @@ class _Replay:
         self.end = [0.0] * n
         self.stream = [COMPUTE] * n
         self.compute_intervals: list[tuple[float, float]] = []
-        for t in graph.tensors:
-            if t.kind in STATIC_KINDS:
-                self._make_resident(t.id)
 
-    # -- residency ---------------------------------------------------------------------------
-    def _make_resident(self, tid: int) -> None:
-        if self.resident[tid]:
-            return
-        self.resident[tid] = True
-        self.count[self.graph.tensors[tid].storage] += 1
+    def run(self, i: int, ins: Any) -> None:
+        """Time instruction ``i`` (sound, by the replay)."""
+        self.issue[i] = self.now
+        if isinstance(ins, Compute):
+            duration = self._op_time(self.ops[ins.op])
+            self.start[i] = self.now
+            self.now += duration
+            self.end[i] = self.now
+            if duration > 0:
+                self.compute_intervals.append((self.start[i], self.now))
+        elif isinstance(ins, Free):
+            self.start[i] = self.now
+            self._host(self.host.free)
+            self.end[i] = self.now
+        elif isinstance(ins, Offload):
+            self._host(self.host.issue(D2H, self.graph.tensors[ins.tensor].nbytes))
+            self.in_flight[D2H, ins.tensor] = self._enqueue(i, D2H, ins.tensor, self.now)
+        elif isinstance(ins, Prefetch):
+            self._host(self.host.issue(H2D, self.graph.tensors[ins.tensor].nbytes))
+            ready = max(self.now, self.landed[ins.tensor])
+            self.in_flight[H2D, ins.tensor] = self._enqueue(i, H2D, ins.tensor, ready)
+        elif isinstance(ins, Wait):
+            self._wait(i, ins)
 
-    def _name(self, tid: int) -> str:
-        if not 0 <= tid < len(self.graph.tensors):
-            return f"<unknown tensor {tid}>"
-        return repr(self.graph.tensors[tid].name)
-
-    def _absent(self, tid: int) -> str:
-        """Why ``tid`` is not on the device, for error messages."""
-        if tid in self.freed_at:
-            storage = self.graph.tensors[tid].storage
-            if storage in self.on_host:
-                base = self.graph.tensors[storage].name
-                return (f"it was freed at instruction {self.freed_at[tid]} after its offload; "
-                        f"Prefetch({base!r}) and Wait({base!r}, 'h2d') before this")
-            return f"it was freed at instruction {self.freed_at[tid]}"
-        if self.graph.tensors[tid].producer is not None:
-            return "its producer has not run yet"
-        return "it is not resident"
-
-    # -- instructions ------------------------------------------------------------------------
-    def compute(self, i: int, ins: Compute) -> None:
-        if not 0 <= ins.op < len(self.ops):
-            raise ScheduleError(f"Compute names unknown op {ins.op}", i)
-        op = self.ops[ins.op]
-        if ins.recompute and not self.ran[ins.op]:
-            raise ScheduleError(f"recompute of op {op.name!r} before it ever ran", i)
-        self.ran[ins.op] = True
-        tensors = self.graph.tensors
-        for tid in op.inputs:
-            if self.resident[tid]:
-                continue
-            if tid == tensors[tid].storage and tid in self.pending_h2d:
-                base = tensors[tensors[tid].storage].name
-                raise ScheduleError(f"Compute of op {op.name!r} reads {self._name(tid)} while "
-                                    f"its prefetch is in flight; add Wait({base!r}, 'h2d') "
-                                    "before this Compute", i)
-            raise ScheduleError(f"Compute of op {op.name!r} reads {self._name(tid)}, which "
-                                f"is not on the device: {self._absent(tid)}", i)
-        duration = self._op_time(op)
-        self.start[i] = self.now
-        self.now += duration
-        self.end[i] = self.now
-        if duration > 0:
-            self.compute_intervals.append((self.start[i], self.now))
-        for tid in op.outputs:
-            self._make_resident(tid)
-
-    def free(self, i: int, ins: Free) -> None:
-        tid = ins.tensor
-        if not 0 <= tid < len(self.graph.tensors):
-            raise ScheduleError(f"Free names unknown tensor {tid}", i)
-        storage = self.graph.tensors[tid].storage
-        releases = self.count[storage] == 1 or tid == storage
-        base = self.graph.tensors[storage].name
-        if releases and storage in self.unwaited_d2h:
-            copy = self.unwaited_d2h[storage]
-            raise ScheduleError(f"Free of {self._name(tid)} while the offload at instruction "
-                                f"{copy.index} may still be reading it; add "
-                                f"Wait({base!r}, 'd2h') before the Free", i)
-        if storage in self.pending_h2d:
-            copy = self.pending_h2d[storage]
-            raise ScheduleError(f"Free of {self._name(tid)} while the prefetch at instruction "
-                                f"{copy.index} may still be writing it; add "
-                                f"Wait({base!r}, 'h2d') before the Free", i)
-        if not self.resident[tid]:
-            raise ScheduleError(f"Free of {self._name(tid)}, which is not on the device: "
-                                f"{self._absent(tid)}", i)
-        self.resident[tid] = False
-        self.freed_at[tid] = i
-        self.count[storage] -= 1
-        self.start[i] = self.now
-        self._host(self.host.free)
-        self.end[i] = self.now
-
-    def offload(self, i: int, ins: Offload) -> None:
-        storage = self._base(i, ins.tensor, "Offload")
-        if not self.resident[storage]:
-            why = "its prefetch has not been waited for" if storage in self.pending_h2d \
-                else self._absent(storage)
-            raise ScheduleError(f"Offload of {self._name(storage)}, which is not on the "
-                                f"device: {why}", i)
-        if storage in self.unwaited_d2h:
-            raise ScheduleError(f"Offload of {self._name(storage)} while its previous offload "
-                                f"(instruction {self.unwaited_d2h[storage].index}) has not been "
-                                "waited for", i)
-        self._host(self.host.issue(D2H, self.graph.tensors[storage].nbytes))
-        self.unwaited_d2h[storage] = self._enqueue(i, D2H, storage, self.now)
-
-    def prefetch(self, i: int, ins: Prefetch) -> None:
-        storage = self._base(i, ins.tensor, "Prefetch")
-        if self.count[storage] > 0 or storage in self.pending_h2d:
-            raise ScheduleError(f"Prefetch of {self._name(storage)}, which is already on the "
-                                "device; drop the Prefetch or Free the tensor before it", i)
-        host = self.on_host.get(storage)
-        if host is None:
-            raise ScheduleError(f"Prefetch of {self._name(storage)}, which has no completed host "
-                                "copy; Offload it and Wait(d2h) for that copy first", i)
-        self._host(self.host.issue(H2D, self.graph.tensors[storage].nbytes))
-        copy = self._enqueue(i, H2D, storage, max(self.now, host.end))
-        self._make_resident(storage)
-        self.resident[storage] = False  # allocated, but usable only after Wait(h2d)
-        self.pending_h2d[storage] = copy
-
-    def wait(self, i: int, ins: Wait) -> None:
-        if not 0 <= ins.tensor < len(self.graph.tensors):
-            raise ScheduleError(f"Wait names unknown tensor {ins.tensor}", i)
-        storage = self.graph.tensors[ins.tensor].storage
+    def _wait(self, i: int, ins: Wait) -> None:
+        copy = self.in_flight.pop((ins.direction, ins.tensor))
         if ins.direction == D2H:
-            copy = self.unwaited_d2h.pop(storage, None)
-            if copy is not None:
-                self.on_host[storage] = copy
-        elif ins.direction == H2D:
-            copy = self.pending_h2d.pop(storage, None)
-            if copy is not None:
-                self.resident[storage] = True
-        else:
-            raise ScheduleError(f"Wait direction must be 'd2h' or 'h2d', got {ins.direction!r}", i)
-        if copy is None:
-            verb = "Offload" if ins.direction == D2H else "Prefetch"
-            raise ScheduleError(f"Wait on the {ins.direction} copy of {self._name(ins.tensor)}, "
-                                f"which is not in flight: no {verb} of it since its last Wait", i)
+            self.landed[ins.tensor] = copy.end
         self.start[i] = self.now
         if copy.end > self.now:  # a blocking wait: the compute stream resumes after a wake-up
             self.stall += copy.end - self.now
@@ -238,21 +121,10 @@ class _Replay:
             self._host(self.host.wait)
         self.end[i] = self.now
 
-    # -- helpers -----------------------------------------------------------------------------
     def _host(self, seconds: float) -> None:
         """The compute thread spends ``seconds`` of host time on a non-kernel instruction."""
         self.now += seconds
         self.host_time += seconds
-
-    def _base(self, i: int, tid: int, verb: str) -> int:
-        if not 0 <= tid < len(self.graph.tensors):
-            raise ScheduleError(f"{verb} names unknown tensor {tid}", i)
-        t = self.graph.tensors[tid]
-        if t.is_view:
-            base = self.graph.tensors[t.storage].name
-            raise ScheduleError(f"{verb} of view {t.name!r}: only base tensors move; "
-                                f"{verb} its base {base!r} instead", i)
-        return tid
 
     def _enqueue(self, i: int, direction: str, storage: int, ready: float) -> _Copy:
         nbytes = self.graph.tensors[storage].nbytes
@@ -277,33 +149,6 @@ class _Replay:
             self.op_times[op.id] = t
         return t
 
-    def finish(self) -> None:
-        """End-of-pass checks."""
-        in_flight = sorted({*self.unwaited_d2h, *self.pending_h2d})
-        if in_flight:
-            names = [self.graph.tensors[s].name for s in in_flight]
-            raise ScheduleError(f"copies of {names} are still in flight when the step ends; "
-                                "add their Wait before the end")
-        for tid in self.schedule.keep_at_end:
-            if not 0 <= tid < len(self.graph.tensors) or not self.resident[tid]:
-                raise ScheduleError(f"{self._name(tid)} must be on the device when the step ends "
-                                    "(keep_at_end) but is not; do not Free it, or prefetch it back")
-
-
-def _run_external_verify(graph: Graph, schedule: Schedule) -> None:
-    """Call ``outcore.plan.verify.verify`` when it exists; its ScheduleError propagates."""
-    try:
-        module = importlib.import_module("outcore.plan.verify")
-    except ImportError:
-        return
-    verify = getattr(module, "verify", None)
-    if verify is None:
-        return
-    problems = verify(graph, schedule)
-    if isinstance(problems, (list, tuple)) and problems:
-        first = problems[0]
-        raise first if isinstance(first, ScheduleError) else ScheduleError(str(first))
-
 
 def _resolve_ops(graph: Graph, schedule: Schedule) -> list[Op]:
     """The graph's ops with the schedule's chosen variants applied."""
@@ -321,41 +166,47 @@ def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
 
     Args:
         graph: the captured (or hand-made) graph.
-        schedule: the instructions to run; checked as described in the module docstring.
-        cost_model: any ``CostModel``; if it has ``bind(graph)`` that is called first (an
-            analytic model learns per-op dtypes; a measured profile refuses another graph).
+        schedule: the instructions to run; checked by the replay as it goes (module doc).
+        cost_model: any ``CostModel``; ``bind(graph)`` is called first (an analytic model
+            learns per-op dtypes; a measured profile refuses another graph).
         placement: optional pool placement, called as ``placement(graph, schedule,
             lifetimes)`` (or ``placement.place(...)``); its result is ``SimResult.placement``.
-        verify: run ``outcore.plan.verify.verify`` first when it is importable.
+        verify: kept for callers; the schedule is always checked, by the same single replay
+            that the simulation times (``False`` saves nothing and skips nothing).
 
     Raises:
-        ScheduleError: the schedule breaks an invariant (index = the instruction).
+        ScheduleError: the schedule breaks a rule (index = the instruction).
         ProfileError: the cost model cannot price this graph.
     """
-    if verify:
-        _run_external_verify(graph, schedule)
     if schedule.sub_batches < 1:
         raise ScheduleError(f"schedule.sub_batches must be >= 1, got {schedule.sub_batches}")
-    bind = getattr(cost_model, "bind", None)
-    model: CostModel = bind(graph) if callable(bind) else cost_model
+    model: CostModel = cost_model.bind(graph)
     ops = _resolve_ops(graph, schedule)
-    replay = _replay(graph, schedule, model, ops)
-    trace, lifetimes = _memory(graph, schedule, lambda oid: model.workspace(ops[oid]))
-    result = _assemble(replay, trace, lifetimes, schedule.sub_batches, repr(cost_model))
+    timing = _Timing(graph, schedule, model, ops)
+    replay = Replay(graph, schedule, lambda oid: model.workspace(ops[oid]))
+    lifetimes: list[Lifetime] = []
+    steps = _timed(replay, timing, schedule)
+    trace = trace_of(_record_lifetimes(graph, steps, len(schedule), lifetimes))
+    broken = replay.end()
+    if broken is not None:
+        raise broken.error()
+    result = _assemble(timing, trace, lifetimes, schedule.sub_batches, repr(cost_model))
     if placement is not None:
         place = getattr(placement, "place", placement)
         result.placement = place(graph, schedule, lifetimes)
     return result
 
 
-def _memory(graph: Graph, schedule: Schedule,
-            workspace: Callable[[int], int]) -> tuple[MemoryTrace, list[Lifetime]]:
-    """One pass of the memory rule (``residency_steps``): the memory curve (``memory_curve``'s,
-    with this workspace) and the storages' lifetimes (``_record_lifetimes``)."""
-    lifetimes: list[Lifetime] = []
-    steps = residency_steps(graph, schedule, workspace)
-    trace = trace_of(_record_lifetimes(graph, steps, len(schedule), lifetimes))
-    return trace, lifetimes
+def _timed(replay: Replay, timing: _Timing, schedule: Schedule) -> Iterator[Step]:
+    """Pass the replay's steps through, raising its first broken rule and timing each sound
+    instruction."""
+    instructions = schedule.instructions
+    for step in replay:
+        if step.broken is not None:
+            raise step.broken.error()
+        if step.at >= 0:
+            timing.run(step.at, instructions[step.at])
+        yield step
 
 
 def _record_lifetimes(graph: Graph, steps: Iterator[Step], end: int,
@@ -379,24 +230,7 @@ def _record_lifetimes(graph: Graph, steps: Iterator[Step], end: int,
                for storage, start in open_at.items())
 
 
-def _replay(graph: Graph, schedule: Schedule, model: CostModel, ops: list[Op]) -> _Replay:
-    replay = _Replay(graph, schedule, model, ops)
-    handlers: dict[type, Callable[[int, Any], None]] = {
-        Compute: replay.compute, Free: replay.free, Offload: replay.offload,
-        Prefetch: replay.prefetch, Wait: replay.wait,
-    }
-    issue = replay.issue
-    for i, ins in enumerate(schedule.instructions):
-        issue[i] = replay.now
-        handler = handlers.get(type(ins))
-        if handler is None:
-            raise ScheduleError(f"unknown instruction {ins!r}", i)
-        handler(i, ins)
-    replay.finish()
-    return replay
-
-
-def _assemble(replay: _Replay, trace: MemoryTrace, lifetimes: list[Lifetime], sub_batches: int,
+def _assemble(replay: _Timing, trace: MemoryTrace, lifetimes: list[Lifetime], sub_batches: int,
               model_name: str) -> SimResult:
     n = len(replay.issue)
     copies_end = max(replay.engine_free.values(), default=0.0)

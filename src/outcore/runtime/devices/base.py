@@ -21,6 +21,8 @@ Contract, in schedule terms:
 
 ``capacity`` (bytes, None: unbounded) is read-only to callers: the executor reads it to size
 its per-step ``MemoryTracker``; devices may expose it as a property of their own tracker.
+``stats()`` returns the transfer statistics since creation (``TransferStats``; the executor
+subtracts two of them for one step), or None on a device that keeps none.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from outcore.runtime.devices.stats import TransferStats
 from outcore.runtime.tracker import MemoryTracker
 
 
@@ -48,6 +51,7 @@ class Device(Protocol):
     def drop_host(self, tid: int) -> None: ...
     def synchronize(self) -> None: ...
     def host_bytes(self) -> int: ...
+    def stats(self) -> TransferStats | None: ...
     def close(self) -> None: ...
 
 
@@ -66,7 +70,7 @@ class SyncCPUDevice:
         self._host: dict[int, torch.Tensor] = {}
 
     def start_offload(self, tid: int, t: torch.Tensor) -> None:
-        with _untracked():
+        with untracked():
             self._host[tid] = t.detach().clone()
 
     def wait_offload(self, tid: int) -> None:
@@ -95,11 +99,15 @@ class SyncCPUDevice:
     def host_bytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self._host.values())
 
+    def stats(self) -> TransferStats | None:
+        """None: synchronous copies keep no transfer statistics."""
+        return None
+
     def close(self) -> None:
         """Nothing to let go of: copies are synchronous and the host store is a plain dict."""
 
 
-class _untracked:
+class untracked:
     """Run a block with no dispatch mode active (host-side work is not device memory)."""
 
     def __enter__(self) -> None:

@@ -1,0 +1,249 @@
+"""Plan a captured step: ``plan(graph, budget, policy=..., gpu=...) -> PlannedStep``.
+
+Torch-free (a graph loaded from JSON plans without torch); ``outcore.plan`` and
+``outcore.api.plan`` are this module's ``plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.bounds import reference_peaks
+from outcore.graph.ir import Graph
+from outcore.plan.memory import MemoryTrace, memory_curve
+from outcore.plan.plan import Decision, Plan
+from outcore.plan.schedule import Schedule
+from outcore.policies.registry import PolicyContext, config_for, get
+from outcore.units import format_bytes, parse_bytes
+
+DEFAULT_GPU = "v100-pcie"
+DEFAULT_POLICY = "outcore-auto"
+#: ``host_budget`` default: this machine's limit (``outcore.host.host_limit``) for graphs
+#: that can run here; no host limit for fake graphs (sized for another machine).
+MACHINE = "machine"
+
+
+def cost_model_for(gpu: str | None, graph: Graph | None = None, device: str | None = None) -> Any:
+    """The analytic cost model of a named hardware profile.
+
+    Without ``gpu``, ``outcore.hardware.default_gpu(graph, device)``: the GPU that is there
+    on ``device="cuda"``, else ``v100-pcie``, or a profile that knows the graph's dtypes.
+    Operator variants are timed with the assumed GPU ratios of ``outcore.cost.gpu_variants``
+    on GPU profiles, and with this CPU's measured ratios on ``this-cpu``.
+    """
+    from outcore.cost.model import AnalyticCostModel
+    from outcore.cost.profiles import get_profile
+    from outcore.cost.variant_costs import ASSUMED_GPU, RECORDED
+    from outcore.hardware import default_gpu
+
+    name = gpu or default_gpu(graph, device)
+    variants = RECORDED if name == "this-cpu" else ASSUMED_GPU
+    return AnalyticCostModel(get_profile(name), variants=variants)
+
+
+def _policy_name(policy: str) -> str:
+    return DEFAULT_POLICY if policy == "auto" else policy
+
+
+@dataclass
+class PlannedStep:
+    """A graph, what a policy decided for it, and the Schedule that carries it out.
+
+    Attributes:
+        graph: the graph the schedule runs on (a sub-batch graph if ``plan.sub_batches > 1``).
+        plan: per-tensor decisions and their reasons.
+        schedule: the instruction list the simulator and the executor run.
+        predicted_peak: device bytes at the schedule's peak (what the executor will measure).
+        budget: the budget planned for, in bytes (None = unbounded).
+        simulation: the simulated step on the cost model's GPU (a ``SimResult``), if any.
+        host_peak: host bytes the step's host copies hold at their peak (the sum of its
+            offloaded storages: nothing leaves the host before the step ends), known before
+            the step runs; the simulator's ``host_peak_bytes`` is the same number.
+        host_budget: the host limit planned for, in bytes (None = unbounded).
+        host_sizes: bytes of each Offload's storage, in schedule order (what a device's
+            pinned pool reserves: ``CudaDevice.reserve_host``).
+    """
+
+    graph: Graph
+    plan: Plan
+    schedule: Schedule
+    predicted_peak: int
+    budget: int | None
+    simulation: Any = None
+    host_peak: int = 0
+    host_budget: int | None = None
+    host_sizes: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def explain(self) -> list[dict[str, Any]]:
+        """Per activation: module path, ATen op, bytes, decision and why, grouped by decision
+        (offload, recompute, keep; largest first). The returned list's ``.notes`` says what
+        changed semantics (sub-batches); see ``outcore.report.explain``."""
+        from outcore.report.explain import explain_rows
+
+        return explain_rows(self)
+
+    def counts(self) -> dict[str, int]:
+        """How many activations each decision got."""
+        result = {str(d): 0 for d in Decision}
+        for t in self.graph.activations():
+            result[str(self.plan.decision(t.id))] += 1
+        return result
+
+
+def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
+         gpu: str | None = None, cost: Any = None,
+         recapture: Callable[[int], Graph] | None = None, simulate: bool = True,
+         allow_sub_batches: bool | None = None, cache: bool | None = None,
+         host_budget: int | str | None = MACHINE, **options: Any) -> PlannedStep:
+    """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
+
+    Args:
+        graph: from ``outcore.capture`` (real or fake).
+        budget: bytes, or a string such as "12GB" or "11.5GiB"; None plans without a bound.
+        policy: a name from ``outcore.policies()``; "auto" is ``outcore-auto``.
+        gpu: a hardware profile name for the cost model (default: see
+            ``outcore.hardware.default_gpu``).
+        cost: a cost model to use instead of the GPU profile's analytic one.
+        recapture: ``k -> Graph`` captured at batch/k, for policies that split the batch.
+        simulate: also simulate the schedule on the cost model (fills ``.simulation``).
+        allow_sub_batches: let a policy split the batch into sub-batches (changes what
+            BatchNorm computes; see ``outcore.sub_batching``). Default: only policy="modnn".
+        cache: reuse (and store) the plan in the on-disk cache (``outcore.plan_cache``);
+            default on unless ``OUTCORE_NO_CACHE=1``.
+        host_budget: host bytes the plan's host copies may hold (bytes or "64GiB"); None:
+            no limit; default: what this machine or its cgroup allows
+            (``outcore.host.host_limit``) when the graph can run here, no limit for a fake
+            graph. outcore-auto prefers plans that fit it.
+        options: policy-specific options (see each policy's docstring).
+
+    Raises:
+        InvalidArgumentError: (also a ValueError) an unknown policy, option or GPU, or an
+            unreadable, non-positive or non-finite budget, before any planning.
+        InfeasibleBudgetError: the budget is below what the policy can reach, or below the
+            layer-wise lower bound (the message names the bound and what to change).
+        outcore.host.HostBudgetError (an InfeasibleBudgetError): the plan's host copies
+            exceed ``host_budget``.
+    """
+    from outcore import plan_cache, progress, sub_batching
+    from outcore.validation import check_budget, check_gpu, check_policy
+
+    limit = check_budget(budget)
+    name = check_policy(policy, options)
+    gpu = check_gpu(gpu)
+    info = get(name)
+    split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
+    if limit is not None:
+        bound = reference_peaks(graph).layer_lower_bound
+        if limit < bound and not split_ok:
+            sub_batching.refuse_below_bound(name, limit, bound, recapture is not None)
+    host_limit, host_source = _host_budget(graph, host_budget)
+    model = cost if cost is not None else cost_model_for(gpu, graph)
+    key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit}, model,
+                     split_ok, cache)
+    cached = None if key is None else plan_cache.load(key)
+    if cached is not None:
+        cached_plan, schedule, peak, simulation, notes = cached
+        result = PlannedStep(graph, cached_plan, schedule, peak, limit,
+                             simulation if simulate else None, notes=list(notes))
+        trace = memory_curve(graph, schedule)
+    else:
+        ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
+                            options=options, config=config_for(name, options),
+                            host_budget=host_limit, split_changes_ok=split_ok)
+        with progress.task(f"planning {graph.name} with {name}"):
+            out = _run_policy(info.fn, graph, ctx, recapture is not None and not split_ok)
+        trace = memory_curve(out.graph, out.schedule)
+        peak = trace.peak
+        if out.predicted_peak is not None and out.predicted_peak != peak:
+            raise AssertionError(f"policy {name!r} predicted a peak of {out.predicted_peak} "
+                                 f"bytes, the memory rule gives {peak}")
+        if limit is not None and peak > limit:
+            raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or "
+                                        "cannot move enough; try policy='auto'.")
+        result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit,
+                             notes=list(out.notes))
+    result.host_peak = max(trace.host, default=0)
+    result.host_budget = host_limit
+    result.host_sizes = _offload_sizes(result.schedule, trace)
+    if host_limit is not None and result.host_peak > host_limit:
+        from outcore.host import HostBudgetError
+
+        raise HostBudgetError(name, host_limit, result.host_peak, host_source)
+    if simulate and result.simulation is None:
+        from outcore.sim import simulate as run_simulation
+
+        with progress.task(f"simulating {graph.name}"):
+            result.simulation = run_simulation(result.graph, result.schedule, model)
+    if key is not None and cached is None and result.graph is graph:
+        plan_cache.store(key, (result.plan, result.schedule, result.predicted_peak,
+                               result.simulation, list(result.notes)))
+    if result.plan.sub_batches > 1:
+        result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
+    from outcore.log import info as log_info
+
+    log_info(f"planned {graph.name} with {result.plan.policy}"
+             f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
+             f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
+    return result
+
+
+def _host_budget(graph: Graph, host_budget: int | str | None) -> tuple[int | None, str]:
+    """The host limit in bytes (None: none) and where it came from (see ``plan``)."""
+    if host_budget is None:
+        return None, ""
+    if host_budget != MACHINE:
+        return parse_bytes(host_budget), "host_budget="
+    step = graph.source
+    if step is None or getattr(step, "fake", True):
+        return None, ""
+    from outcore.host import host_limit
+
+    found = host_limit()
+    return found.bytes, found.source
+
+
+def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
+    """Bytes each Offload adds to the host, in schedule order (from the one memory rule)."""
+    from outcore.plan.schedule import Offload
+
+    sizes, before = [], 0
+    for ins, host in zip(schedule.instructions, trace.host, strict=True):
+        if isinstance(ins, Offload):
+            sizes.append(host - before)
+        before = host
+    return sizes
+
+
+def _run_policy(fn: Callable[..., Any], graph: Graph, ctx: PolicyContext,
+                could_split: bool) -> Any:
+    """Run a policy; an infeasible budget that sub-batches could meet says so."""
+    try:
+        return fn(graph, ctx)
+    except InfeasibleBudgetError as exc:
+        if not could_split:
+            raise
+        raise InfeasibleBudgetError(
+            exc.policy, exc.budget, exc.required,
+            f"{exc.hint} Splitting the batch into sub-batches might fit: pass "
+            "allow_sub_batches=True (CLI: --allow-sub-batches), which changes what BatchNorm "
+            "computes.".strip()) from exc
+
+
+def _cache_key(graph: Graph, limit: int | None, name: str, options: dict[str, Any],
+               model: Any, split_ok: bool, cache: bool | None) -> str | None:
+    from outcore import plan_cache
+
+    if not plan_cache.enabled(cache):
+        return None
+    return plan_cache.plan_key(graph, limit, name, options, model, split_ok)
+
+
+def policies() -> list[str]:
+    """Every policy name ``plan``/``compile`` accept (plus "auto" for outcore-auto)."""
+    from outcore.policies.registry import names
+
+    return names()

@@ -1,0 +1,192 @@
+"""outcore-auto as a portfolio: run named candidates, keep the fastest that fits.
+
+Each candidate runs on a fresh ``PolicyContext`` (the budget, the cost model and
+``recapture``, and the candidate's own default configuration: no option of outcore-auto's
+reaches it). A candidate that cannot meet the budget raises ``InfeasibleBudgetError`` and
+drops out with what it needs; any other error propagates (it is a bug, not a verdict). A
+schedule whose predicted peak is above the budget (a policy that ignores budgets) does not
+fit. Every fitting schedule is simulated on the cost model; the fastest wins (ties: the
+earlier candidate). Without ``allow_variants`` a candidate's operator variants are dropped
+(framework kernels only, so gradients stay bit-equal to eager; dropping a variant drops its
+workspace, so the peak can only go down).
+
+Nothing a candidate returned is mutated: the winner's Plan and Schedule are copied before
+outcore-auto's name and reasons go on them. ``PortfolioResult.explain()`` says which
+candidate won and by how much, and why each other one lost.
+
+With a host budget (``ctx.host_budget``), a schedule whose host copies exceed it does not fit
+either, and ``HOST_SPARING`` (plans that move nothing to the host) joins the candidates.
+
+Adding a planner is one line in ``CANDIDATES`` (a registered policy name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.ir import Graph
+from outcore.plan.memory import memory_curve
+from outcore.policies.registry import PolicyContext, PolicyOutput, get
+from outcore.units import format_bytes
+
+#: The portfolio, in order of preference on a tie. "outcore-auto" is the greedy planner of
+#: ``outcore.policies.auto.policy``; every other entry is a registered policy name.
+CANDIDATES: tuple[str, ...] = (
+    "outcore-auto",
+    "vdnn-dyn",
+    "superneurons",
+    "modnn",
+    "pooch",
+    "dymem",
+    "offload-all",
+)
+
+#: Tried as well when a host budget is given: plans that move nothing to the host.
+HOST_SPARING: tuple[str, ...] = ("recompute-cheap",)
+
+Runner = Callable[[Graph, PolicyContext], PolicyOutput]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One candidate's outcome: its output and simulated step time when it fits, else why not."""
+
+    name: str
+    output: PolicyOutput | None = None
+    seconds: float | None = None
+    error: InfeasibleBudgetError | None = None
+    peak: int | None = None  # a schedule above the budget: its predicted peak
+    host_peak: int | None = None  # a schedule above the host budget: its host bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.output is not None and self.seconds is not None
+
+    def why_not(self) -> str:
+        if self.error is not None:
+            return f"infeasible (needs {format_bytes(self.error.required)})"
+        if self.host_peak is not None:
+            return f"holds {format_bytes(self.host_peak)} on the host, above the host budget"
+        return f"peaks at {format_bytes(self.peak or 0)}, above the budget"
+
+
+@dataclass(frozen=True)
+class PortfolioResult:
+    """Every candidate's outcome, fitting ones fastest first."""
+
+    entries: tuple[Entry, ...]
+
+    @property
+    def ranked(self) -> list[Entry]:
+        order = {e.name: i for i, e in enumerate(self.entries)}
+        fitting = [e for e in self.entries if e.fits]
+        return sorted(fitting, key=lambda e: (e.seconds, order[e.name]))
+
+    @property
+    def winner(self) -> Entry | None:
+        ranked = self.ranked
+        return ranked[0] if ranked else None
+
+    def explain(self) -> list[str]:
+        """Which candidate won and by how much; each other candidate's time or why it lost."""
+        ranked = self.ranked
+        if not ranked:
+            return ["outcore-auto: no candidate fits the budget: " + "; ".join(
+                f"{e.name} {e.why_not()}" for e in self.entries)]
+        best = ranked[0]
+        assert best.seconds is not None
+        head = (f"outcore-auto chose {best.name}: {best.seconds * 1e3:.2f} ms simulated, the "
+                "fastest candidate that fits")
+        lines = [head]
+        if len(ranked) > 1:
+            second = ranked[1]
+            assert second.seconds is not None
+            gain = (second.seconds - best.seconds) / second.seconds * 100 if second.seconds else 0
+            lines[0] += (f"; {gain:.1f}% faster than the runner-up {second.name} "
+                         f"({second.seconds * 1e3:.2f} ms)")
+        for e in self.entries:
+            if e is best:
+                continue
+            lines.append(f"  {e.name}: {e.seconds * 1e3:.2f} ms" if e.fits and e.seconds
+                         is not None else f"  {e.name}: {e.why_not()}")
+        return lines
+
+
+def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
+                  runners: Mapping[str, Runner] | None = None, *,
+                  allow_variants: bool = False) -> PortfolioResult:
+    """Run every candidate and simulate those that fit. A candidate is run by
+    ``runners[name]`` when given (outcore-auto's greedy planner is given so), else by the
+    registered policy of that name."""
+    from outcore import progress
+    from outcore.sim import simulate
+
+    runners = runners or {}
+    entries = []
+    for name in candidates:
+        fresh = PolicyContext(budget=ctx.budget, cost=ctx.cost, recapture=ctx.recapture,
+                              host_budget=ctx.host_budget,
+                              split_changes_ok=ctx.split_changes_ok)
+        runner = runners[name] if name in runners else get(name).fn
+        try:
+            with progress.task(f"outcore-auto: trying {name}'s plan"):
+                out = runner(graph, fresh)
+        except InfeasibleBudgetError as exc:
+            entries.append(Entry(name, error=exc))
+            continue
+        if out.schedule.variants and not allow_variants:
+            out = _without_variants(out)
+        trace = memory_curve(out.graph, out.schedule)
+        peak = trace.peak
+        if ctx.budget is not None and peak > ctx.budget:
+            entries.append(Entry(name, peak=peak))
+            continue
+        host = max(trace.host, default=0)
+        if ctx.host_budget is not None and host > ctx.host_budget:
+            entries.append(Entry(name, host_peak=host))
+            continue
+        seconds = simulate(out.graph, out.schedule, ctx.cost).step_time
+        entries.append(Entry(name, dataclasses.replace(out, predicted_peak=peak,
+                                                       step_time=seconds), seconds))
+    return PortfolioResult(tuple(entries))
+
+
+def _without_variants(out: PolicyOutput) -> PolicyOutput:
+    """A copy of ``out`` on framework kernels only (``out`` itself is left as it is)."""
+    return dataclasses.replace(out, schedule=dataclasses.replace(out.schedule, variants={}),
+                               plan=dataclasses.replace(out.plan, variants={}))
+
+
+def crowned(result: PortfolioResult, budget: int) -> PolicyOutput:
+    """The winner's output, copied, named ``outcore-auto (<winner>)`` when another policy's
+    plan won, with the verdict in its reasons and notes. Raises the first candidate's
+    InfeasibleBudgetError (naming what every candidate needs) when none fits."""
+    best = result.winner
+    if best is None or best.output is None:
+        raise _none_fits(result, budget)
+    out, notes = best.output, result.explain()
+    if best.name == "outcore-auto":
+        return dataclasses.replace(out, notes=notes)
+    others = ", ".join(f"{e.name} {e.seconds * 1e3:.2f} ms" for e in result.ranked
+                       if e.seconds is not None)
+    verdict = f"[outcore-auto took {best.name}'s plan: fastest that fits ({others})]"
+    reasons = {tid: f"{out.plan.reasons.get(tid, 'decided')} {verdict}"
+               for tid in (list(out.plan.reasons) or list(out.plan.decisions))}
+    plan = dataclasses.replace(out.plan, policy=f"outcore-auto ({best.name})", reasons=reasons)
+    return dataclasses.replace(out, plan=plan, notes=notes)
+
+
+def _none_fits(result: PortfolioResult, budget: int) -> InfeasibleBudgetError:
+    errors = [e.error for e in result.entries if e.error is not None]
+    first = errors[0] if errors else None
+    summary = "; ".join(f"{e.name} {e.why_not()}" for e in result.entries)
+    if first is None:  # every candidate ran but peaked above the budget
+        peaks = [e.peak for e in result.entries if e.peak is not None]
+        peak = min(peaks) if peaks else budget  # only host budgets broken: the hint says so
+        return InfeasibleBudgetError("outcore-auto", budget, peak, f"No candidate fits: {summary}.")
+    hint = first.hint or "Raise the budget, reduce the batch, or choose another policy."
+    return InfeasibleBudgetError(first.policy, first.budget, first.required,
+                                 f"{hint} Portfolio: {summary}.")

@@ -1,0 +1,413 @@
+"""A fast timeline and memory simulation of a keep / swap / recompute classification.
+
+PoocH (§4.1.2) "simulates an execution timeline and memory management processes" for each
+classification it considers; Dymem's scheduler needs the same forward timeline to know when
+an offloaded feature map can be released. Building a Schedule and running the full
+simulator for each of the hundreds of classifications a search visits would cost tens of
+milliseconds each, so this module models the same execution at op granularity (one array
+of positions, the execution ``order``, forward first):
+
+* ``Profile`` holds what a classification does not change (the "profiling iterations"):
+  op times from the cost model, transfer times, the feature maps and their uses, each
+  feature map's recompute chain, and ``base``: the device bytes after each op when every
+  feature map is dropped after its last forward use.
+* ``evaluate`` replays one classification:
+
+  - forward: ops run back to back; a swapped map's copy-out starts when its producer ends
+    (FIFO on the D2H engine); the map is released before the first op that starts after its
+    copy ended and after its last forward use (forward never waits for a copy-out, PoocH
+    §4.4.2), unless memory would overflow, then the compute stream waits for the earliest
+    copies to end (Dymem §3.2.1); ``sync_forward`` (Dymem) waits for all copies at the end
+    of forward; a copy still running in backward keeps its map until it ends, unless memory
+    would overflow first, then the compute stream waits for it there;
+  - backward: a recomputed map is re-made just before its first backward use (or before an
+    earlier recompute that reads it); its chain of dropped forward intermediates is re-run
+    with it. A swapped map's copy-in is issued at ``swap_in_at`` positions (the caller's
+    rule; see ``earliest_fit``) on the H2D engine, not before its copy-out ended, and the
+    compute stream waits for it before its first use.
+
+It returns the step time, the peak, and per-map timings (copy-out end, copy-in stall) that
+PoocH's LO / LI sets are read from. Position p's memory is the sample after op p's Compute
+(outputs included); a copy-in issued "at p" is allocated before op p runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from outcore.errors import GraphError
+from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
+from outcore.graph.liveness import memory_per_step
+
+
+class FeatureClass(StrEnum):
+    """PoocH's three classes of a feature map (Dymem uses KEEP and SWAP)."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+KEEP, SWAP, RECOMPUTE = FeatureClass.KEEP, FeatureClass.SWAP, FeatureClass.RECOMPUTE
+
+
+def producer(graph: Graph, tid: int) -> int:
+    """The op that makes tensor ``tid`` (a graph input has none: GraphError)."""
+    op = graph.tensors[tid].producer
+    if op is None:
+        raise GraphError(f"{graph.tensors[tid].name!r} is a graph input: no op makes it")
+    return op
+#: Feature maps are activations of at least this fraction of the largest one (the others,
+#: batch-norm statistics and the like, are kept).
+FEATURE_FRACTION = 1 / 1024
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What re-making a feature map costs: the ops re-run (in order), their time, the most
+    bytes alive at once beside the map while they run (dropped intermediates and duplicate
+    outputs), and the activations they read."""
+
+    ops: tuple[int, ...]
+    seconds: float
+    transient: int
+    reads: tuple[int, ...]
+
+
+class Profile:
+    """Classification-independent data of one graph, order and cost model."""
+
+    def __init__(self, graph: Graph, order: list[int], cost: Any,
+                 features: Sequence[int] | None = None) -> None:
+        self.cost = cost.bind(graph)
+        self.graph = graph
+        fwd = [o for o in order if graph.ops[o].phase is Phase.FORWARD]
+        self.order = fwd + [o for o in order if graph.ops[o].phase is not Phase.FORWARD]
+        self.n, self.nf = len(self.order), len(fwd)
+        self.pos = {o: i for i, o in enumerate(self.order)}
+        self.times = [float(self.cost.op_time(graph.ops[o])) for o in self.order]
+        self.copy_engines = int(self.cost.copy_engines)
+        self.activations = {t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT}
+        self.features = self._features() if features is None else list(features)
+        self.size = {x: graph.tensors[x].nbytes for x in self.features}
+        self._uses()
+        self.out_time = {x: float(self.cost.transfer_time(self.size[x], "d2h"))
+                         for x in self.features}
+        self.in_time = {x: float(self.cost.transfer_time(self.size[x], "h2d"))
+                        for x in self.features}
+        self.chains = {x: self._chain(x) for x in self.features}
+        base = np.array(memory_per_step(graph, self.order), dtype=np.float64)
+        for x in self.features:
+            base[self.last_fwd[x] + 1:self.last_bwd[x] + 1] -= self.size[x]
+        self.base = base
+        self.out_bytes = np.array([sum(graph.tensors[t].nbytes for t in graph.ops[o].outputs)
+                                   for o in self.order], dtype=np.float64)
+        self.produced_at: dict[int, list[int]] = {}
+        self.leaves_at: dict[int, list[int]] = {}
+        for x in self.features:
+            self.produced_at.setdefault(self.prod[x], []).append(x)
+            self.leaves_at.setdefault(self.last_fwd[x], []).append(x)
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def _features(self) -> list[int]:
+        g = self.graph
+        pinned = {t.storage for t in g.tensors if t.is_view and t.producer is not None
+                  and g.ops[t.producer].category is not OpCategory.VIEW}
+        acts = [x for x in self.activations if x not in pinned]
+        largest = max((g.tensors[x].nbytes for x in acts), default=0)
+        keep = [x for x in acts if g.tensors[x].nbytes >= largest * FEATURE_FRACTION and largest]
+        return sorted(keep, key=lambda x: self.pos[producer(g, x)])
+
+    def _uses(self) -> None:
+        g = self.graph
+        self.prod: dict[int, int] = {}
+        self.last_fwd: dict[int, int] = {}
+        self.first_bwd: dict[int, int] = {}
+        self.last_bwd: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}
+        for t in g.tensors:
+            readers.setdefault(t.storage, []).extend(self.pos[c] for c in t.consumers)
+        #: last use of every activation storage (features or not), for recompute chains
+        self.last_use = {a: max(readers.get(a, [self.pos[producer(g, a)]]))
+                         for a in self.activations}
+        for x in self.features:
+            p = self.pos[producer(g, x)]
+            uses = readers.get(x, [])
+            fwd = [u for u in uses if u < self.nf]
+            bwd = sorted(u for u in uses if u >= self.nf)
+            self.prod[x] = p
+            self.last_fwd[x] = max(fwd, default=p)
+            self.first_bwd[x] = bwd[0]
+            self.last_bwd[x] = bwd[-1]
+
+    def _chain(self, x: int) -> Chain:
+        """The ops a recompute of ``x`` re-runs: its producer, and the producers of every
+        dropped forward intermediate it reads, down to activations or static tensors."""
+        g = self.graph
+        static = {t.storage for t in g.tensors
+                  if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
+        ops: list[int] = []
+        reads: list[int] = []
+        seen: set[int] = set()
+
+        def visit(op_id: int) -> None:
+            if op_id in seen:
+                return
+            seen.add(op_id)
+            for u in g.ops[op_id].inputs:
+                s = g.tensors[u].storage
+                if s in static:
+                    continue
+                if s in self.activations and s != x:
+                    if s not in reads:
+                        reads.append(s)
+                    if u == s:
+                        continue
+                visit(producer(g, u))
+            ops.append(op_id)
+
+        visit(producer(g, x))
+        ops.sort(key=self.pos.__getitem__)
+        made = {o for op in ops for o in g.ops[op].outputs}
+        transient = 0
+        for op in ops:
+            outs = sum(g.tensors[o].nbytes for o in g.ops[op].outputs if o != x)
+            ins = sum(g.tensors[g.tensors[u].storage].nbytes for u in g.ops[op].inputs
+                      if g.tensors[u].storage in made and g.tensors[u].storage != x)
+            transient = max(transient, outs + ins)
+        return Chain(tuple(ops), sum(self.times[self.pos[o]] for o in ops), transient,
+                     tuple(reads))
+
+
+@dataclass
+class Evaluation:
+    """One simulated step under a classification."""
+
+    time: float
+    peak: float
+    feasible: bool
+    forward_end: float
+    classes: dict[int, FeatureClass]
+    copy_out_end: dict[int, float] = field(default_factory=dict)
+    copy_in_stall: dict[int, float] = field(default_factory=dict)
+    forward_stall: dict[int, float] = field(default_factory=dict)
+    free_at: dict[int, int] = field(default_factory=dict)  # swapped map -> position freed before
+    issue_at: dict[int, int] = field(default_factory=dict)  # swapped map -> copy-in position
+    need_at: dict[int, int] = field(default_factory=dict)  # map -> first backward need
+    last_at: dict[int, int] = field(default_factory=dict)  # map -> last backward use
+    release_wait: dict[int, float] = field(default_factory=dict)  # position -> copy-out waited for
+
+
+#: ``swap_in_at(profile, x, lo, need, memory, budget) -> position`` for one swapped map.
+SwapInRule = Callable[[Profile, int, int, int, np.ndarray, float], int]
+
+
+def earliest_fit(profile: Profile, x: int, lo: int, need: int, memory: np.ndarray,
+                 budget: float) -> int:
+    """PoocH §4.3: the earliest position in [lo, need] from which the map fits in memory
+    until its use (``need`` when even that overflows)."""
+    window = memory[lo:need + 1]
+    tail = np.maximum.accumulate(window[::-1])[::-1] + profile.size[x]
+    fits = np.flatnonzero(tail <= budget)
+    return lo + int(fits[0]) if fits.size and fits[-1] == len(window) - 1 else need
+
+
+def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
+             swap_in_at: SwapInRule = earliest_fit, sync_forward: bool | None = False,
+             strict: bool = True) -> Evaluation:
+    """Replay ``classes`` (feature map -> keep / swap / recompute; absent = swap).
+
+    With ``strict`` an overflow stops the replay (``feasible`` False); otherwise the replay
+    goes on past the budget (to price a classification that ignores memory, PoocH's r(X)).
+    ``sync_forward=None`` replays without the end-of-forward wait and, if that overflows
+    (maps whose copy-out outlives forward are needed before it ends and so stay), with it.
+    """
+    if sync_forward is None:
+        first = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=False,
+                         strict=strict)
+        if first.feasible or not strict:
+            return first
+        second = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=True,
+                          strict=strict)
+        return second if second.feasible else first
+    cls = {x: classes.get(x, SWAP) for x in p.features}
+    ev = Evaluation(0.0, 0.0, True, 0.0, cls)
+    t, d2h = _forward(p, cls, budget, ev, strict)
+    if not ev.feasible:
+        ev.time = ev.peak = float("inf")
+        return ev
+    h2d = 0.0 if p.copy_engines >= 2 else d2h
+    _release_after_forward(p, cls, ev, t, sync_forward)
+    if sync_forward:
+        t = max([t] + [ev.copy_out_end[x] for x in cls if cls[x] == SWAP])
+    memory = _backward_memory(p, cls, ev, budget, swap_in_at, strict)
+    ev.peak = max(float(memory.max()) if len(memory) else 0.0, _remake_peak(p, cls, ev, memory))
+    if strict and ev.peak > budget:
+        ev.feasible = False
+        ev.time = float("inf")
+        return ev
+    t, h2d = _backward_time(p, cls, ev, t, h2d)
+    ev.time = max(t, h2d, d2h)
+    return ev
+
+
+def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evaluation,
+             strict: bool) -> tuple[float, float]:
+    """Forward timeline; fills copy-out ends, release positions and memory stalls."""
+    t, d2h, ext = 0.0, 0.0, 0.0
+    pending: list[tuple[float, int]] = []  # (copy-out end, map): swapped, past last forward use
+    for j in range(p.nf):
+        while pending and pending[0][0] <= t:
+            _, x = heapq.heappop(pending)
+            ext -= p.size[x]
+            ev.free_at[x] = j
+        need = p.base[j] + ext
+        while need > budget and pending:
+            end, x = heapq.heappop(pending)
+            ev.forward_stall[x] = max(0.0, end - t)
+            t = max(t, end)
+            ext -= p.size[x]
+            need -= p.size[x]
+            ev.free_at[x] = j
+        if need > budget and strict:
+            ev.feasible = False
+            ev.peak = need
+            return t, d2h
+        t += p.times[j]
+        for x in p.produced_at.get(j, ()):
+            if cls[x] == SWAP:
+                start = max(t, d2h)
+                d2h = start + p.out_time[x]
+                ev.copy_out_end[x] = d2h
+        for x in p.leaves_at.get(j, ()):
+            if cls[x] == KEEP:
+                ext += p.size[x]
+            elif cls[x] == SWAP:
+                if ev.copy_out_end[x] <= t:
+                    ev.free_at[x] = j + 1
+                else:
+                    ext += p.size[x]
+                    heapq.heappush(pending, (ev.copy_out_end[x], x))
+    ev.forward_end = t
+    return t, d2h
+
+
+def _release_after_forward(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: float,
+                           sync_forward: bool) -> None:
+    """Release positions of maps whose copy-out outlived forward: the first backward op
+    predicted to start after the copy ended (or the first backward op, with a sync)."""
+    late = [x for x in p.features if cls[x] == SWAP and x not in ev.free_at]
+    if not late:
+        return
+    starts = np.cumsum([t, *p.times[p.nf:-1]]) if p.n > p.nf else np.array([t])
+    for x in late:
+        if sync_forward:
+            ev.free_at[x] = p.nf
+        else:
+            k = int(np.searchsorted(starts, ev.copy_out_end[x], side="left"))
+            ev.free_at[x] = p.nf + k
+
+
+def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, budget: float,
+                     swap_in_at: SwapInRule, strict: bool) -> np.ndarray:
+    """The memory profile with every map's residency; chooses copy-in positions."""
+    memory = p.base.copy()
+    need = {x: p.first_bwd[x] for x in p.features}
+    last = dict(p.last_bwd)
+    for x in reversed(p.features):  # later maps first: their chains read earlier ones
+        if cls[x] == RECOMPUTE:
+            for y in p.chains[x].reads:
+                if y in need:
+                    need[y] = min(need[y], need[x])
+                    last[y] = max(last[y], need[x])
+                elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
+                    memory[p.last_use[y] + 1:need[x] + 1] += p.graph.tensors[y].nbytes
+    ev.need_at = need
+    ev.last_at = last
+    swapped = []
+    for x in p.features:
+        lo, hi = p.last_fwd[x] + 1, last[x] + 1
+        if cls[x] == KEEP:
+            memory[lo:hi] += p.size[x]
+        elif cls[x] == RECOMPUTE:
+            memory[need[x]:hi] += p.size[x]
+        elif ev.free_at[x] > need[x] or ev.free_at[x] >= hi:  # never left: kept in effect
+            memory[lo:hi] += p.size[x]
+            ev.free_at.pop(x)
+            cls[x] = KEEP
+        else:
+            memory[lo:ev.free_at[x]] += p.size[x]
+            swapped.append(x)
+    _release_when_short(p, ev, memory, budget, swapped)
+    swapped.sort(key=lambda x: (need[x], p.prod[x]))
+    floor = p.nf
+    for x in swapped:
+        lo = max(floor, ev.free_at[x])
+        at = swap_in_at(p, x, lo, need[x], memory, budget)
+        at = min(max(at, lo), need[x])
+        ev.issue_at[x] = at
+        floor = at
+        memory[at:last[x] + 1] += p.size[x]
+    return memory
+
+
+def _remake_peak(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation,
+                 memory: np.ndarray) -> float:
+    """The memory while recomputes run before their op: what is resident before the op
+    (its own outputs not made yet) plus the chain's intermediates."""
+    peak = 0.0
+    for x in p.features:
+        if cls[x] == RECOMPUTE:
+            j = ev.need_at[x]
+            peak = max(peak, memory[j] - p.out_bytes[j] + p.chains[x].transient)
+    return peak
+
+
+def _release_when_short(p: Profile, ev: Evaluation, memory: np.ndarray, budget: float,
+                        swapped: list[int]) -> None:
+    """A map still being copied out after forward holds memory until its copy ends; where
+    backward would overflow before that, the compute stream waits for the copy there and
+    releases the map (earliest-ending copies first)."""
+    late = sorted((x for x in swapped if ev.free_at[x] > p.nf), key=ev.copy_out_end.__getitem__)
+    for x in late:
+        over = np.flatnonzero(memory[p.nf:ev.free_at[x]] > budget)
+        if over.size:
+            k = p.nf + int(over[0])
+            memory[k:ev.free_at[x]] -= p.size[x]
+            ev.free_at[x] = k
+            ev.release_wait[k] = max(ev.release_wait.get(k, 0.0), ev.copy_out_end[x])
+
+
+def _backward_time(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: float,
+                   h2d: float) -> tuple[float, float]:
+    """Backward timeline: copy-ins in issue order, waits, recomputes, ops."""
+    issued: dict[int, list[int]] = {}
+    for x, at in ev.issue_at.items():
+        issued.setdefault(at, []).append(x)
+    waits: dict[int, list[int]] = {}
+    remakes: dict[int, list[int]] = {}
+    for x in p.features:
+        if cls[x] == SWAP:
+            waits.setdefault(ev.need_at[x], []).append(x)
+        elif cls[x] == RECOMPUTE:
+            remakes.setdefault(ev.need_at[x], []).append(x)
+    arrive: dict[int, float] = {}
+    for j in range(p.nf, p.n):
+        t = max(t, ev.release_wait.get(j, 0.0))
+        for x in sorted(issued.get(j, ()), key=lambda x: (ev.need_at[x], p.prod[x])):
+            start = max(t, h2d, ev.copy_out_end[x])
+            h2d = start + p.in_time[x]
+            arrive[x] = h2d
+        for x in waits.get(j, ()):
+            ev.copy_in_stall[x] = max(0.0, arrive[x] - t)
+            t = max(t, arrive[x])
+        rerun = {op for x in remakes.get(j, ()) for op in p.chains[x].ops}
+        t += sum(p.times[p.pos[op]] for op in rerun)
+        t += p.times[j]
+    return t, h2d

@@ -29,8 +29,8 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   copies released at or after ``k``'s and due by ``f_k`` fit between them.
 * H2D engine: for each prefetch choice ``(k, j)`` issued before stage ``tau_kj`` (after
   Compute of ``tau_kj - 1`` ends; the Wait comes before Compute of ``b_k``), every prefetch
-  issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]`` (a single-machine window;
-  a subset of a window's copies is still a valid constraint, so large windows are
+  issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]``
+  (a single-machine window; a subset of a window's copies is still a valid constraint, so large windows are
   truncated). D2H copies end in forward and prefetches start after their offload, so with
   one shared copy engine the two directions do not meet inside these windows.
 
@@ -274,9 +274,22 @@ class Model:
                 rows.add(entries, -math.inf, 1.0)
 
     # -- solving ----------------------------------------------------------------------------
-    def solve(self, *, integral: bool, time_limit: float = 10.0,
-              gap: float = 1e-4) -> Solution:
+    def fix(self, k: int, pick: tuple) -> dict[int, float]:
+        """Column values that force candidate ``k`` to ``pick`` (a ``Solution.choice`` entry)."""
+        c = self.p.candidates[k]
+        values = {col: float(pick[0] == "offload" and c.options[j] == pick[1])
+                  for j, col in enumerate(self.x[k])}
+        rc = self.r[k]
+        if rc is not None:
+            values[rc] = float(pick[0] == "recompute")
+        return values
+
+    def solve(self, *, integral: bool, time_limit: float = 10.0, gap: float = 1e-4,
+              fixed: dict[int, float] | None = None) -> Solution:
+        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search."""
         rows, lo, hi = self.build()
+        for col, value in (fixed or {}).items():
+            lo[col] = hi[col] = value
         matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), self.ncols)).tocsr()
         cost = np.zeros(self.ncols)
         cost[self.A + self.p.stages] = 1.0
@@ -302,15 +315,20 @@ class Model:
         return sol
 
     def _read(self, values: np.ndarray) -> list[tuple]:
+        """Integral choices from (possibly fractional) values: the largest of keep, offload
+        (all prefetch options together) and recompute; an offload's prefetch stage is its
+        option with the largest share."""
         out: list[tuple] = []
         for k, c in enumerate(self.p.candidates):
-            xs = [values[col] for col in self.x[k]]
+            xs = [float(values[col]) for col in self.x[k]]
             rc = self.r[k]
-            rv = values[rc] if rc is not None else 0.0
-            best = max(range(len(xs)), key=lambda j: xs[j]) if xs else -1
-            if rv > 0.5 and rv >= max(xs, default=0.0):
+            rv = float(values[rc]) if rc is not None else 0.0
+            off = sum(xs)
+            keep = 1.0 - off - rv
+            if rv > 1e-6 and rv >= off and rv >= keep:
                 out.append(("recompute",))
-            elif best >= 0 and xs[best] > 0.5:
+            elif off > 1e-6 and off >= keep:
+                best = max(range(len(xs)), key=lambda j: (xs[j], j))
                 out.append(("offload", c.options[best]))
             else:
                 out.append(("keep",))

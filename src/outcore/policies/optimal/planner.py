@@ -38,6 +38,8 @@ NAME = "outcore-optimal"
 #: Up to this many candidates the primal and bound models are solved as MILPs.
 EXACT_CANDIDATES = 80
 MAX_CUTS = 8
+#: Candidates re-solved together in one step of the local search.
+SEGMENT = 30
 
 
 @dataclass
@@ -118,10 +120,12 @@ def _primal(graph: Graph, problem: Problem, exact: bool,
     stage_of = {oid: s for s, oid in enumerate(problem.op_order)}
     last: tuple[Plan, Schedule] | None = None
     for _ in range(MAX_CUTS):
-        sol = Model(problem, relaxed=False, cuts=cuts).solve(integral=exact,
-                                                             time_limit=time_limit)
+        model = Model(problem, relaxed=False, cuts=cuts)
+        sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
+        if not exact:
+            sol = _improve(model, sol, time_limit)
         plan = _to_plan(graph, problem, sol.choice, _why(sol, exact))
         schedule = lower(graph, plan)
         verify(graph, schedule)
@@ -134,6 +138,39 @@ def _primal(graph: Graph, problem: Problem, exact: bool,
         NAME, budget, memory_curve(graph, last[1]).peak if last else lowest_peak(problem),
         "The model's plan did not fit after its cuts; try outcore-auto's other candidates, "
         "sub-batches (modnn) or a larger budget.")
+
+
+def _improve(model: Model, start: Solution, time_limit: float) -> Solution:
+    """Local search on the primal model: in turn, each segment of ``SEGMENT`` consecutive
+    candidates (by production) is re-solved as a MILP with every other candidate fixed to
+    the incumbent; a segment's answer replaces the incumbent when the model says it is
+    faster. The rounded LP incumbent may break the model's memory rows; segments are then
+    solved from the all-offload-just-in-time state, which meets them."""
+    cands = model.p.candidates
+    order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
+    best = start
+    fixed_all = {}
+    for k, pick in enumerate(best.choice):
+        fixed_all.update(model.fix(k, pick))
+    check = model.solve(integral=False, fixed=fixed_all)
+    if not check.choice:  # rounding broke the memory rows: start from offload-all, in time
+        best = Solution(choice=[("offload", c.options[-1]) for c in cands],
+                        objective=float("inf"))
+    else:
+        best.objective = check.objective
+    deadline = time.perf_counter() + time_limit
+    for lo in range(0, len(order), SEGMENT):
+        if time.perf_counter() > deadline:
+            break
+        free = set(order[lo:lo + SEGMENT])
+        fixed: dict[int, float] = {}
+        for k, pick in enumerate(best.choice):
+            if k not in free:
+                fixed.update(model.fix(k, pick))
+        sol = model.solve(integral=True, fixed=fixed, time_limit=max(1.0, time_limit / 10))
+        if sol.choice and sol.objective < best.objective - 1e-9:
+            best = sol
+    return best
 
 
 def _add_cuts(graph: Graph, schedule: Schedule, device: list[int], budget: int,

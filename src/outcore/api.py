@@ -64,6 +64,9 @@ class PlannedStep:
         predicted_peak: device bytes at the schedule's peak (what the executor will measure).
         budget: the budget planned for, in bytes (None = unbounded).
         simulation: the simulated step on the cost model's GPU (a ``SimResult``), if any.
+        lower_bound: seconds no plan of keep/offload/recompute decisions (framework kernels,
+            one sub-batch) beats on this cost model and budget (``outcore-optimal``'s
+            relaxation), when simulated with a budget; ``gap`` is the step's distance to it.
     """
 
     graph: Graph
@@ -72,6 +75,14 @@ class PlannedStep:
     predicted_peak: int
     budget: int | None
     simulation: Any = None
+    lower_bound: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """``step_time / lower_bound - 1`` when both are known."""
+        if self.lower_bound is None or self.simulation is None or self.lower_bound <= 0:
+            return None
+        return float(self.simulation.step_time / self.lower_bound - 1.0)
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation: name, bytes, producer, decision and why (one dict per tensor)."""
@@ -133,9 +144,11 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                                     "move enough; try policy='auto'.")
     result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit)
     if simulate:
+        from outcore.policies.optimal.policy import lower_bound
         from outcore.sim import simulate as run_simulation
 
         result.simulation = run_simulation(out.graph, out.schedule, model)
+        result.lower_bound = lower_bound(graph, limit, model)
     return result
 
 

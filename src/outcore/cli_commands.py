@@ -72,6 +72,7 @@ def _summary(planned: Any, label: str) -> dict[str, Any]:
         "sub_batches": planned.plan.sub_batches,
         "instructions": len(planned.schedule),
         "simulation": sim.to_dict() if sim is not None else None,
+        "lower_bound": planned.lower_bound, "gap": planned.gap,
     }
 
 
@@ -95,6 +96,9 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
             sim = planned.simulation
             table.add_row(f"simulated step ({sim.cost_model})", f"{sim.step_time * 1e3:.2f} ms")
             table.add_row("exposed transfer", f"{sim.exposed_transfer_time * 1e3:.2f} ms")
+        if planned.gap is not None:
+            table.add_row("lower bound (any plan)", f"{planned.lower_bound * 1e3:.2f} ms")
+            table.add_row("gap to the bound", f"{planned.gap * 100:.1f}%")
         console.print(table)
 
     emit(args, render)
@@ -166,8 +170,11 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
     def render(console: Any) -> None:
         from rich.table import Table
 
+        bound = "" if planned.gap is None else (
+            f"; step {planned.simulation.step_time * 1e3:.2f} ms, lower bound "
+            f"{planned.lower_bound * 1e3:.2f} ms, gap {planned.gap * 100:.1f}%")
         table = Table(title=f"{label}: {planned.plan.policy} decisions "
-                            f"({len(shown)} of {len(rows)} activations)")
+                            f"({len(shown)} of {len(rows)} activations){bound}")
         for col in ("tensor", "bytes", "producer", "decision", "why"):
             table.add_column(col, overflow="fold")
         for r in shown:
@@ -176,7 +183,8 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         console.print(table)
 
     emit(args, render)
-    return {"model": label, "policy": planned.plan.policy, "tensors": rows}
+    return {"model": label, "policy": planned.plan.policy, "tensors": rows,
+            "lower_bound": planned.lower_bound, "gap": planned.gap}
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:

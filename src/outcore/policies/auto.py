@@ -226,7 +226,8 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 
 
 #: Policies whose plans outcore-auto also simulates, keeping the fastest that fits.
-PORTFOLIO = ("vdnn-dyn", "superneurons", "modnn", "pooch", "dymem", "offload-all")
+PORTFOLIO = ("outcore-optimal", "vdnn-dyn", "superneurons", "modnn", "pooch", "dymem",
+             "offload-all")
 
 
 def _simulated(graph: Graph, schedule: Schedule, cost: CostModel) -> float:

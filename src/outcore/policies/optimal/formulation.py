@@ -39,7 +39,10 @@ Two models share this code:
 * **bound** (``relaxed=True``): every true plan maps to a feasible point with objective at most
   its simulated step: option ``j`` stands for every prefetch stage in ``(options_{j-1},
   options_j]``, freed until the later end and issued at the earlier end; any candidate may be
-  recomputed at its ``recompute_floor``; no leaf constraint. Its LP (or MILP dual) value is
+  recomputed at its ``recompute_floor``; no leaf constraint; but a recompute whose producer
+  reads an activation no policy may move and that the in-core schedule has freed by then
+  keeps that activation alive until the recompute (``lower`` extends its life), so
+  ``y_u >= r_k`` adds its bytes over ``(last use of u, min b_k)``. Its LP (or MILP dual) value is
   a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
   from these decisions (framework kernels, one sub-batch).
 * **primal**: exact prefetch stages, recompute priced at the producer's time, only when its
@@ -56,7 +59,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from outcore.policies.optimal.problem import Problem
+from outcore.policies.optimal.problem import Candidate, Problem
 
 #: Most copies one window row lists (truncated windows are still valid constraints).
 WINDOW_CAP = 40
@@ -77,6 +80,7 @@ class Solution:
     bound: float = 0.0
     optimal: bool = False
     status: str = ""
+    settled: list[bool] = field(default_factory=list)
 
 
 class _Rows:
@@ -116,27 +120,42 @@ class Model:
         self.x: list[list[int]] = []
         self.r: list[int | None] = []
         for c in cands:
-            self.x.append(list(range(col, col + len(c.options))))
-            col += len(c.options)
+            self.x.append(list(range(col, col + len(self.options(c)))))
+            col += len(self.options(c))
         for c in cands:
             if relaxed or c.recompute is not None:
                 self.r.append(col)
                 col += 1
             else:
                 self.r.append(None)
+        # bound model: y_u >= r_k for every k whose producer reads u, a kept activation dead at
+        # b_k in the in-core schedule (lowering keeps u alive until that recompute)
+        self.ext: dict[int, tuple[int, int, int, list[int]]] = {}  # u -> col, bytes, from, ks
+        if relaxed:
+            for k, c in enumerate(cands):
+                for u, nbytes, last in c.dead_inputs:
+                    if u not in self.ext:
+                        self.ext[u] = (col, nbytes, last, [])
+                        col += 1
+                    self.ext[u][3].append(k)
         self.ncols = col
         self.cuts = dict(cuts or {})
 
     # -- prices per model -------------------------------------------------------------------
+    def options(self, c: Candidate) -> tuple[int, ...]:
+        return c.bound_options if self.relaxed and c.bound_options else c.options
+
     def recompute_cost(self, k: int) -> float:
         c = self.p.candidates[k]
         return SECONDS * (c.recompute_floor if self.relaxed else float(c.recompute or 0.0))
 
     def time_stage(self, k: int, j: int) -> int:
+        """The earliest stage a prefetch of option ``j`` may be issued before."""
         c = self.p.candidates[k]
+        opts = self.options(c)
         if not self.relaxed:
-            return c.options[j]
-        return c.options[j - 1] if j > 0 else c.last_forward + 1
+            return opts[j]
+        return opts[j - 1] + 1 if j > 0 else c.last_forward + 1
 
     # -- building ---------------------------------------------------------------------------
     def build(self) -> tuple[_Rows, np.ndarray, np.ndarray]:
@@ -157,6 +176,8 @@ class Model:
         for rc in self.r:
             if rc is not None:
                 hi[rc] = 1.0
+        for col, _, _, _ in self.ext.values():
+            hi[col] = 1.0
         return rows, lo, hi
 
     def _stream(self, rows: _Rows) -> None:
@@ -175,7 +196,7 @@ class Model:
         for k, c in enumerate(self.p.candidates):
             size = BYTES * c.nbytes
             start = delta[c.last_forward + 1]
-            for j, q in enumerate(c.options):
+            for j, q in enumerate(self.options(c)):
                 col = self.x[k][j]
                 start[col] = start.get(col, 0.0) - size
                 delta[q][col] = delta[q].get(col, 0.0) + size
@@ -184,6 +205,11 @@ class Model:
                 start[rc] = start.get(rc, 0.0) - size
                 end = delta[c.first_backward]
                 end[rc] = end.get(rc, 0.0) + size
+        for col, nbytes, last, ks in self.ext.values():
+            until = min(self.p.candidates[k].first_backward for k in ks)
+            if last + 1 < until:
+                delta[last + 1][col] = delta[last + 1].get(col, 0.0) + BYTES * nbytes
+                delta[until][col] = delta[until].get(col, 0.0) - BYTES * nbytes
         for t in range(self.p.stages):
             entries = {self.D + t: 1.0, **delta[t]}
             if t > 0:
@@ -230,7 +256,7 @@ class Model:
         order = sorted(range(len(cands)), key=lambda k: cands[k].first_backward)
         due = [cands[k].first_backward for k in order]
         for k, c in enumerate(cands):
-            for j in range(len(c.options)):
+            for j in range(len(self.options(c))):
                 tau = self.time_stage(k, j)
                 # issued after Compute of stage tau - 1 ends, due when Compute of b starts
                 entries: dict[int, float] = {self.A + c.first_backward: 1.0,
@@ -257,6 +283,9 @@ class Model:
             if self.r[k] is not None:
                 entries[self.r[k]] = 1.0  # type: ignore[index]
             rows.add(entries, -math.inf, 1.0)
+        for col, _, _, ks in self.ext.values():
+            for k in ks:
+                rows.add({col: 1.0, self.r[k]: -1.0}, 0.0)  # type: ignore[dict-item]
         if self.relaxed:
             return
         for k, c in enumerate(cands):
@@ -268,7 +297,7 @@ class Model:
                 entries = {rk: 1.0}
                 if self.r[u] is not None:
                     entries[self.r[u]] = 1.0  # type: ignore[index]
-                for j, q in enumerate(cands[u].options):
+                for j, q in enumerate(self.options(cands[u])):
                     if q > c.first_backward:
                         entries[self.x[u][j]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
@@ -277,7 +306,7 @@ class Model:
     def fix(self, k: int, pick: tuple) -> dict[int, float]:
         """Column values that force candidate ``k`` to ``pick`` (a ``Solution.choice`` entry)."""
         c = self.p.candidates[k]
-        values = {col: float(pick[0] == "offload" and c.options[j] == pick[1])
+        values = {col: float(pick[0] == "offload" and self.options(c)[j] == pick[1])
                   for j, col in enumerate(self.x[k])}
         rc = self.r[k]
         if rc is not None:
@@ -312,7 +341,16 @@ class Model:
                      else (float(res.fun) if res.status == 0 else 0.0)) / SECONDS
         sol.optimal = res.status == 0
         sol.choice = self._read(res.x)
+        sol.settled = self._settled(res.x)
         return sol
+
+    def _settled(self, values: np.ndarray, tol: float = 1e-6) -> list[bool]:
+        """Per candidate: every column of it is integral in ``values``."""
+        out = []
+        for k in range(len(self.p.candidates)):
+            cols = [*self.x[k], *([self.r[k]] if self.r[k] is not None else [])]
+            out.append(all(min(abs(values[c]), abs(1 - values[c])) <= tol for c in cols))
+        return out
 
     def _read(self, values: np.ndarray) -> list[tuple]:
         """Integral choices from (possibly fractional) values: the largest of keep, offload
@@ -329,7 +367,7 @@ class Model:
                 out.append(("recompute",))
             elif off > 1e-6 and off >= keep:
                 best = max(range(len(xs)), key=lambda j: (xs[j], j))
-                out.append(("offload", c.options[best]))
+                out.append(("offload", self.options(c)[best]))
             else:
                 out.append(("keep",))
         return out

@@ -97,9 +97,8 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
     bound = _bound(problem, exact, time_limit)
     plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit)
     step = simulate(graph, schedule, cost).step_time
-    return OptimalResult(plan, schedule, step, min(bound, step) if bound > step * (1 + 1e-9)
-                         else bound, solved_exact, time.perf_counter() - started,
-                         len(problem.candidates))
+    return OptimalResult(plan, schedule, step, bound, solved_exact,
+                         time.perf_counter() - started, len(problem.candidates))
 
 
 def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
@@ -141,36 +140,14 @@ def _primal(graph: Graph, problem: Problem, exact: bool,
 
 
 def _improve(model: Model, start: Solution, time_limit: float) -> Solution:
-    """Local search on the primal model: in turn, each segment of ``SEGMENT`` consecutive
-    candidates (by production) is re-solved as a MILP with every other candidate fixed to
-    the incumbent; a segment's answer replaces the incumbent when the model says it is
-    faster. The rounded LP incumbent may break the model's memory rows; segments are then
-    solved from the all-offload-just-in-time state, which meets them."""
-    cands = model.p.candidates
-    order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
-    best = start
-    fixed_all = {}
-    for k, pick in enumerate(best.choice):
-        fixed_all.update(model.fix(k, pick))
-    check = model.solve(integral=False, fixed=fixed_all)
-    if not check.choice:  # rounding broke the memory rows: start from offload-all, in time
-        best = Solution(choice=[("offload", c.options[-1]) for c in cands],
-                        objective=float("inf"))
-    else:
-        best.objective = check.objective
-    deadline = time.perf_counter() + time_limit
-    for lo in range(0, len(order), SEGMENT):
-        if time.perf_counter() > deadline:
-            break
-        free = set(order[lo:lo + SEGMENT])
-        fixed: dict[int, float] = {}
-        for k, pick in enumerate(best.choice):
-            if k not in free:
-                fixed.update(model.fix(k, pick))
-        sol = model.solve(integral=True, fixed=fixed, time_limit=max(1.0, time_limit / 10))
-        if sol.choice and sol.objective < best.objective - 1e-9:
-            best = sol
-    return best
+    """From the LP relaxation ``start``: fix every candidate the LP left integral, then solve
+    the rest as a MILP (HiGHS, time-limited); when that finds nothing, the rounded LP."""
+    fixed: dict[int, float] = {}
+    for k, pick in enumerate(start.choice):
+        if start.settled[k]:
+            fixed.update(model.fix(k, pick))
+    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit)
+    return sol if sol.choice else start
 
 
 def _add_cuts(graph: Graph, schedule: Schedule, device: list[int], budget: int,

@@ -27,13 +27,20 @@ from outcore.plan.plan import Plan
 from outcore.plan.schedule import Compute
 from outcore.policies.baseline import movable_activations
 
+#: When the candidates' gaps hold at most this many stages in all, the bound model offers
+#: every stage as a prefetch point (exact); beyond, ``BOUND_OPTIONS`` heavy stages.
+EVERY_STAGE_LIMIT = 4000
+BOUND_OPTIONS = 24
+
 
 @dataclass(frozen=True)
 class Candidate:
     """One movable activation (a base tensor and its views' storage).
 
     ``options`` are the stages before whose Compute its prefetch may be issued (increasing,
-    the last is ``first_backward``: just in time). ``recompute`` is the primal price of
+    the last is ``first_backward``: just in time); ``bound_options`` those of the bound
+    model, where option ``j`` stands for every stage in ``(bound_options[j-1],
+    bound_options[j]]``. ``recompute`` is the primal price of
     recomputing it (its producer's time) or None when the primal model may not recompute it
     (a random producer, or an input that is not resident at ``first_backward`` in the
     in-core schedule: lowering would extend that input's life); ``recompute_floor`` is a
@@ -53,6 +60,8 @@ class Candidate:
     recompute_floor: float
     leaves: tuple[int, ...]
     options: tuple[int, ...]
+    bound_options: tuple[int, ...] = ()
+    dead_inputs: tuple[tuple[int, int, int], ...] = ()  # (storage, bytes, last use stage)
 
 
 @dataclass(frozen=True)
@@ -113,13 +122,14 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
         op = graph.tensors[tid].producer
         if op is not None:
             per_producer[op] = per_producer.get(op, 0) + 1
-    raw = []
+    raw: list[tuple[int, int, int, int]] = []
     for tid in movable:
         p, f, b, _ = spans[tid]
         if b is None or b <= f + 1:
             continue
         raw.append((tid, p, f, b))
     gaps = {tid: (f, b) for tid, _, f, b in raw}
+    every_stage = sum(b - f for _, _, f, b in raw) <= EVERY_STAGE_LIMIT
     cands = []
     for tid, p, f, b in raw:
         producer = graph.producer_op(tid)
@@ -132,7 +142,10 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
             h2d=float(model.transfer_time(nbytes, "h2d")),
             recompute=price, leaves=leaves,
             recompute_floor=op_time[stage_of[producer.id]] / per_producer[producer.id],
-            options=_options(heavy, f, b, options)))
+            options=_options(heavy, f, b, options),
+            bound_options=tuple(range(f + 1, b + 1)) if every_stage
+            else _options(heavy, f, b, BOUND_OPTIONS),
+            dead_inputs=_dead_inputs(graph, producer.id, b, spans, set(movable))))
     return Problem(tuple(order), op_time, tuple(memory), budget, tuple(cands),
                    int(model.copy_engines))
 
@@ -177,6 +190,21 @@ def _recompute_price(graph: Graph, producer: int, b: int, seconds: float,
         if gap is not None and gap[0] < b < gap[1]:
             leaves.append(t.storage)
     return seconds, tuple(sorted(set(leaves)))
+
+
+def _dead_inputs(graph: Graph, producer: int, b: int,
+                 spans: dict[int, tuple[int, int, int | None, int]],
+                 movable: set[int]) -> tuple[tuple[int, int, int], ...]:
+    """Inputs of ``producer`` that no policy may move and that the in-core schedule frees
+    before stage ``b``: (storage, bytes, last use stage)."""
+    out = []
+    for inp in graph.ops[producer].inputs:
+        t = graph.tensors[inp]
+        span = spans.get(t.storage)
+        if t.kind in STATIC_KINDS or span is None or t.storage in movable or span[3] >= b:
+            continue
+        out.append((t.storage, graph.tensors[t.storage].nbytes, span[3]))
+    return tuple(sorted(set(out)))
 
 
 def _options(heavy: list[int], f: int, b: int, count: int) -> tuple[int, ...]:

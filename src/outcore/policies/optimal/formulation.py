@@ -1,4 +1,4 @@
-"""The joint keep / offload / recompute MILP over stages, solved with HiGHS (``scipy.optimize.milp``).
+"""The joint keep / offload / recompute MILP over stages, on HiGHS (``scipy.optimize.milp``).
 
 Input: a ``Problem`` (plain data, see ``problem.py``). Output: per candidate a decision
 (keep, offload with the stage its prefetch is issued at, recompute), the model's step time
@@ -30,9 +30,10 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
 * H2D engine: for each prefetch choice ``(k, j)`` issued before stage ``tau_kj`` (after
   Compute of ``tau_kj - 1`` ends; the Wait comes before Compute of ``b_k``), every prefetch
   issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]``
-  (a single-machine window; a subset of a window's copies is still a valid constraint, so large windows are
-  truncated). D2H copies end in forward and prefetches start after their offload, so with
-  one shared copy engine the two directions do not meet inside these windows.
+  (a single-machine window; a subset of a window's copies is still a valid constraint,
+  so large windows are truncated). D2H copies end in forward and prefetches start after
+  their offload, so with one shared copy engine the two directions do not meet inside
+  these windows.
 
 Two models share this code:
 
@@ -56,8 +57,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
+from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
+from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
 
 from outcore.policies.optimal.problem import Candidate, Problem
 

@@ -161,7 +161,7 @@ def _storage_spans(graph: Graph, stage_of: dict[int, int]
             continue
         p = stage_of[base.producer]
         forward = [p]
-        backward = []
+        backward: list[int] = []
         for tid in members:
             for c in graph.tensors[tid].consumers:
                 (forward if graph.ops[c].phase is Phase.FORWARD else backward).append(stage_of[c])

@@ -12,7 +12,9 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   ``A_n`` is the end of the step, the objective.
 * ``x_kj in {0,1}``: candidate ``k`` is offloaded and its prefetch issued before stage
   ``options_k[j]``; ``r_k in {0,1}``: ``k`` is recomputed; ``sum_j x_kj + r_k <= 1``
-  (nothing chosen = keep). ``o_k = sum_j x_kj``.
+  (nothing chosen = keep). ``o_k = sum_j x_kj``. The model's columns are the cumulative
+  ``y_kj = sum_{j' >= j} x_kj'`` (``1 >= y_k0 >= y_k1 >= ...``, ``o_k = y_k0``), so that a
+  window row names each copy once.
 * ``D_t >= max(0, M_t - B_t)``: bytes the plan frees at the Compute sample of stage ``t``,
   where ``M_t`` is the in-core memory at that sample (the executor's rule). A candidate is
   freed at ``t`` when ``f_k < t < q`` (``q`` its prefetch stage, or ``b_k`` when recomputed):
@@ -53,6 +55,7 @@ Two models share this code:
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -197,10 +200,12 @@ class Model:
         for k, c in enumerate(self.p.candidates):
             size = BYTES * c.nbytes
             start = delta[c.last_forward + 1]
-            for j, q in enumerate(self.options(c)):
-                col = self.x[k][j]
-                start[col] = start.get(col, 0.0) - size
-                delta[q][col] = delta[q].get(col, 0.0) + size
+            ys = self.x[k]
+            start[ys[0]] = start.get(ys[0], 0.0) - size
+            for j, q in enumerate(self.options(c)):  # x_kj = y_kj - y_k(j+1) ends at q
+                delta[q][ys[j]] = delta[q].get(ys[j], 0.0) + size
+                if j + 1 < len(ys):
+                    delta[q][ys[j + 1]] = delta[q].get(ys[j + 1], 0.0) - size
             rc = self.r[k]
             if rc is not None:
                 start[rc] = start.get(rc, 0.0) - size
@@ -226,14 +231,13 @@ class Model:
         for k in order:
             c = cands[k]
             d = SECONDS * c.d2h
-            o = dict.fromkeys(self.x[k], -d)
+            o = {self.x[k][0]: -d}
             e = self.E + k
             if prev is not None:
                 rows.add({e: 1.0, self.E + prev: -1.0, **o}, 0.0)
             rows.add({e: 1.0, self.A + c.produce: -1.0, **o}, SECONDS * self.p.op_time[c.produce])
             big = total if latest > c.last_forward else 0.0
-            rows.add({self.A + c.last_forward + 1: 1.0, e: -1.0,
-                      **dict.fromkeys(self.x[k], -big)}, -big)
+            rows.add({self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}, -big)
             latest = max(latest, c.last_forward)
             total += d
             prev = k
@@ -247,8 +251,8 @@ class Model:
                 if cm.produce > c.last_forward or listed >= WINDOW_CAP:
                     break
                 if cm.last_forward <= c.last_forward:
-                    for col in self.x[m]:
-                        entries[col] = entries.get(col, 0.0) - SECONDS * cm.d2h
+                    col = self.x[m][0]
+                    entries[col] = entries.get(col, 0.0) - SECONDS * cm.d2h
                     listed += 1
             rows.add(entries, SECONDS * self.p.op_time[c.produce])
 
@@ -268,22 +272,30 @@ class Model:
                 for m in reversed(order[lo:hi]):
                     if listed >= WINDOW_CAP:
                         break
-                    hit = False
-                    for jj, col in enumerate(self.x[m]):
-                        if self.time_stage(m, jj) >= tau:
-                            entries[col] = entries.get(col, 0.0) - SECONDS * cands[m].h2d
-                            hit = True
-                    listed += hit
+                    first = self._first_at(m, tau)
+                    if first is not None:  # y_m,first: issued at or after tau
+                        col = self.x[m][first]
+                        entries[col] = entries.get(col, 0.0) - SECONDS * cands[m].h2d
+                        listed += 1
                 rows.add(entries, SECONDS * self.p.op_time[tau - 1])
+
+    def _first_at(self, m: int, tau: int) -> int | None:
+        """The first option of candidate ``m`` whose prefetch is issued at or after ``tau``."""
+        for j in range(len(self.x[m])):
+            if self.time_stage(m, j) >= tau:
+                return j
+        return None
 
     def _choices(self, rows: _Rows) -> None:
         cands = self.p.candidates
         index = {c.tensor: k for k, c in enumerate(cands)}
         for k in range(len(cands)):
-            entries = dict.fromkeys(self.x[k], 1.0)
+            entries = {self.x[k][0]: 1.0}
             if self.r[k] is not None:
                 entries[self.r[k]] = 1.0  # type: ignore[index]
             rows.add(entries, -math.inf, 1.0)
+            for a, b in itertools.pairwise(self.x[k]):
+                rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)
         for col, _, _, ks in self.ext.values():
             for k in ks:
                 rows.add({col: 1.0, self.r[k]: -1.0}, 0.0)  # type: ignore[dict-item]
@@ -298,17 +310,17 @@ class Model:
                 entries = {rk: 1.0}
                 if self.r[u] is not None:
                     entries[self.r[u]] = 1.0  # type: ignore[index]
-                for j, q in enumerate(self.options(cands[u])):
-                    if q > c.first_backward:
-                        entries[self.x[u][j]] = 1.0
+                later = [j for j, q in enumerate(self.options(cands[u])) if q > c.first_backward]
+                if later:
+                    entries[self.x[u][later[0]]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
 
     # -- solving ----------------------------------------------------------------------------
     def fix(self, k: int, pick: tuple) -> dict[int, float]:
         """Column values that force candidate ``k`` to ``pick`` (a ``Solution.choice`` entry)."""
         c = self.p.candidates[k]
-        values = {col: float(pick[0] == "offload" and self.options(c)[j] == pick[1])
-                  for j, col in enumerate(self.x[k])}
+        at = self.options(c).index(pick[1]) if pick[0] == "offload" else -1
+        values = {col: float(j <= at) for j, col in enumerate(self.x[k])}
         rc = self.r[k]
         if rc is not None:
             values[rc] = float(pick[0] == "recompute")
@@ -353,22 +365,25 @@ class Model:
             out.append(all(min(abs(values[c]), abs(1 - values[c])) <= tol for c in cols))
         return out
 
-    def _read(self, values: np.ndarray) -> list[tuple]:
-        """Integral choices from (possibly fractional) values: the largest of keep, offload
-        (all prefetch options together) and recompute; an offload's prefetch stage is its
-        option with the largest share."""
+    def _read(self, values: np.ndarray, eps: float = 1e-6) -> list[tuple]:
+        """Integral choices from (possibly fractional) values, rounded so that every stage
+        frees at least the bytes the values free (the memory rows stay met): a candidate
+        with any recompute share is recomputed when that share is the larger, else
+        offloaded with its prefetch at the latest option it has a share in (just in time
+        when it also has a recompute share); a candidate with no share is kept."""
         out: list[tuple] = []
         for k, c in enumerate(self.p.candidates):
-            xs = [float(values[col]) for col in self.x[k]]
+            ys = [float(values[col]) for col in self.x[k]] + [0.0]
+            xs = [ys[j] - ys[j + 1] for j in range(len(ys) - 1)]
             rc = self.r[k]
             rv = float(values[rc]) if rc is not None else 0.0
-            off = sum(xs)
-            keep = 1.0 - off - rv
-            if rv > 1e-6 and rv >= off and rv >= keep:
+            off = ys[0]
+            opts = self.options(c)
+            if rv > eps and rv >= off:
                 out.append(("recompute",))
-            elif off > 1e-6 and off >= keep:
-                best = max(range(len(xs)), key=lambda j: (xs[j], j))
-                out.append(("offload", self.options(c)[best]))
+            elif off > eps:
+                latest = max(j for j in range(len(xs)) if xs[j] > eps or j == 0)
+                out.append(("offload", opts[-1] if rv > eps else opts[latest]))
             else:
                 out.append(("keep",))
         return out

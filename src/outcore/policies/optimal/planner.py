@@ -81,8 +81,13 @@ def lowest_peak(problem: Problem) -> int:
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                  exact_candidates: int = EXACT_CANDIDATES,
-                 time_limit: float = 20.0) -> OptimalResult:
-    """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc)."""
+                 time_limit: float = 20.0, search_limit: float = 1.5) -> OptimalResult:
+    """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
+
+    ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
+    when it is reached); ``search_limit`` the MILP over the LP's fractional candidates on
+    graphs too large for the exact model.
+    """
     from outcore.sim import simulate
 
     started = time.perf_counter()
@@ -95,7 +100,7 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
             "recomputed); split the batch into sub-batches (policy modnn) or shrink it.")
     exact = len(problem.candidates) <= exact_candidates
     bound = _bound(problem, exact, time_limit)
-    plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit)
+    plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit, search_limit)
     step = simulate(graph, schedule, cost).step_time
     return OptimalResult(plan, schedule, step, bound, solved_exact,
                          time.perf_counter() - started, len(problem.candidates))
@@ -109,8 +114,8 @@ def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
     return max(in_core, sol.bound)
 
 
-def _primal(graph: Graph, problem: Problem, exact: bool,
-            time_limit: float) -> tuple[Plan, Schedule, bool]:
+def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
+            search_limit: float) -> tuple[Plan, Schedule, bool]:
     budget = problem.budget
     if max(problem.memory, default=0) <= budget:
         plan = _to_plan(graph, problem, [("keep",)] * len(problem.candidates), "fits in core")
@@ -124,7 +129,7 @@ def _primal(graph: Graph, problem: Problem, exact: bool,
         if not sol.choice:
             break
         if not exact:
-            sol = _improve(model, sol, time_limit)
+            sol = _improve(model, sol, search_limit)
         plan = _to_plan(graph, problem, sol.choice, _why(sol, exact))
         schedule = lower(graph, plan)
         verify(graph, schedule)
@@ -133,8 +138,13 @@ def _primal(graph: Graph, problem: Problem, exact: bool,
             return plan, schedule, exact and sol.optimal and not cuts
         last = (plan, schedule)
         _add_cuts(graph, schedule, trace.device, budget, stage_of, cuts)
+    if last is None:
+        raise InfeasibleBudgetError(
+            NAME, budget, lowest_peak(problem),
+            f"HiGHS found no plan within {time_limit:.0f} s ({sol.status}); raise the budget "
+            "or the time limit, or use outcore-auto's other candidates.")
     raise InfeasibleBudgetError(
-        NAME, budget, memory_curve(graph, last[1]).peak if last else lowest_peak(problem),
+        NAME, budget, memory_curve(graph, last[1]).peak,
         "The model's plan did not fit after its cuts; try outcore-auto's other candidates, "
         "sub-batches (modnn) or a larger budget.")
 

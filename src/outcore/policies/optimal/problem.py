@@ -30,7 +30,7 @@ from outcore.policies.baseline import movable_activations
 #: When the candidates' gaps hold at most this many stages in all, the bound model offers
 #: every stage as a prefetch point (exact); beyond, ``BOUND_OPTIONS`` heavy stages.
 EVERY_STAGE_LIMIT = 4000
-BOUND_OPTIONS = 24
+BOUND_OPTIONS = 12
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def summary(planned: Any, label: str) -> dict[str, Any]:
         "sub_batches": planned.plan.sub_batches, "notes": list(planned.notes),
         "instructions": len(planned.schedule),
         "simulation": sim.to_dict() if sim is not None else None,
+        "lower_bound": planned.lower_bound, "gap": planned.gap,
     }
 
 
@@ -74,6 +75,9 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
             sim = planned.simulation
             table.add_row(f"simulated step ({sim.cost_model})", f"{sim.step_time * 1e3:.2f} ms")
             table.add_row("exposed transfer", f"{sim.exposed_transfer_time * 1e3:.2f} ms")
+        if planned.gap is not None:
+            table.add_row("lower bound (any plan)", f"{planned.lower_bound * 1e3:.2f} ms")
+            table.add_row("gap to the bound", f"{planned.gap * 100:.1f}%")
         console.print(table)
         _print_notes(console, planned.notes)
 
@@ -159,9 +163,12 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         from rich.markup import escape
         from rich.table import Table
 
+        bound = "" if planned.gap is None else (
+            f"; step {planned.simulation.step_time * 1e3:.2f} ms, lower bound "
+            f"{planned.lower_bound * 1e3:.2f} ms, gap {planned.gap * 100:.1f}%")
         table = Table(title=f"{label}: {planned.plan.policy} decisions "
                             f"({len(shown)} of {len(rows)} activations, by decision, "
-                            "largest first)")
+                            f"largest first){bound}")
         for col in ("module", "op", "size", "decision", "why"):
             table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
         for r in shown:
@@ -177,7 +184,7 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
 
     emit(args, render)
     return {"model": label, "policy": planned.plan.policy, "notes": rows.notes,
-            "tensors": list(rows)}
+            "tensors": list(rows), "lower_bound": planned.lower_bound, "gap": planned.gap}
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:

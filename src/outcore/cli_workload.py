@@ -152,19 +152,21 @@ def cost_model(args: argparse.Namespace) -> Any:
     return MeasuredProfile.load(args.cost)
 
 
-def plan_policy(args: argparse.Namespace, graph: Any, policy: str) -> Any:
-    """Plan ``graph`` with ``policy`` and the command's budget, GPU, options and cache."""
+def plan_policy(args: argparse.Namespace, graph: Any, policy: str, *,
+                bound: bool = False) -> Any:
+    """Plan ``graph`` with ``policy`` and the command's budget, GPU, options and cache;
+    ``bound``: also the lower bound on any plan's step time (``plan(bound=True)``)."""
     from outcore.api import plan
 
     fake = not getattr(args, "real", False)
     return plan(graph, budget(args), policy=policy, gpu=args.gpu, cost=cost_model(args),
                 recapture=recapture_for(args, fake=fake),
                 allow_sub_batches=allow_sub_batches(args),
-                cache=False if args.no_cache else None, **options(args))
+                cache=False if args.no_cache else None, bound=bound, **options(args))
 
 
 def planned(args: argparse.Namespace) -> tuple[Any, str]:
     """Check, capture and plan: the PlannedStep of the command's arguments and its label."""
     check(args)
     graph, label = capture(args, fake=not getattr(args, "real", False))
-    return plan_policy(args, graph, args.policy), label
+    return plan_policy(args, graph, args.policy, bound=True), label

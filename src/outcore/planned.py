@@ -59,6 +59,10 @@ class PlannedStep:
         predicted_peak: device bytes at the schedule's peak (what the executor will measure).
         budget: the budget planned for, in bytes (None = unbounded).
         simulation: the simulated step on the cost model's GPU (a ``SimResult``), if any.
+        lower_bound: seconds no plan of keep/offload/recompute decisions (framework kernels,
+            one sub-batch) beats on this cost model and budget (``outcore-optimal``'s
+            relaxation), when asked for (``plan(..., bound=True)``); ``gap`` is the
+            simulated step's distance to it.
         host_peak: host bytes the step's host copies hold at their peak (the sum of its
             offloaded storages: nothing leaves the host before the step ends), known before
             the step runs; the simulator's ``host_peak_bytes`` is the same number.
@@ -77,6 +81,14 @@ class PlannedStep:
     host_budget: int | None = None
     host_sizes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    lower_bound: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """``step_time / lower_bound - 1`` when both are known."""
+        if self.lower_bound is None or self.simulation is None or self.lower_bound <= 0:
+            return None
+        return float(self.simulation.step_time / self.lower_bound - 1.0)
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation: module path, ATen op, bytes, decision and why, grouped by decision
@@ -98,7 +110,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
          gpu: str | None = None, cost: Any = None,
          recapture: Callable[[int], Graph] | None = None, simulate: bool = True,
          allow_sub_batches: bool | None = None, cache: bool | None = None,
-         host_budget: int | str | None = MACHINE, **options: Any) -> PlannedStep:
+         host_budget: int | str | None = MACHINE, bound: bool = False,
+         **options: Any) -> PlannedStep:
     """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
 
     Args:
@@ -112,6 +125,9 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         simulate: also simulate the schedule on the cost model (fills ``.simulation``).
         allow_sub_batches: let a policy split the batch into sub-batches (changes what
             BatchNorm computes; see ``outcore.sub_batching``). Default: only policy="modnn".
+        bound: also compute a lower bound on the step time of any plan at this budget
+            (``outcore.policies.optimal.lower_bound``: an LP/MILP on HiGHS, seconds on big
+            graphs), filling ``lower_bound`` and ``gap``.
         cache: reuse (and store) the plan in the on-disk cache (``outcore.plan_cache``);
             default on unless ``OUTCORE_NO_CACHE=1``.
         host_budget: host bytes the plan's host copies may hold (bytes or "64GiB"); None:
@@ -137,9 +153,9 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     info = get(name)
     split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
     if limit is not None:
-        bound = reference_peaks(graph).layer_lower_bound
-        if limit < bound and not split_ok:
-            sub_batching.refuse_below_bound(name, limit, bound, recapture is not None)
+        layer_bound = reference_peaks(graph).layer_lower_bound
+        if limit < layer_bound and not split_ok:
+            sub_batching.refuse_below_bound(name, limit, layer_bound, recapture is not None)
     host_limit, host_source = _host_budget(graph, host_budget)
     model = cost if cost is not None else cost_model_for(gpu, graph)
     key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit}, model,
@@ -181,6 +197,21 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     if key is not None and cached is None and result.graph is graph:
         plan_cache.store(key, (result.plan, result.schedule, result.predicted_peak,
                                result.simulation, list(result.notes)))
+    if bound and simulate and limit is not None and result.plan.sub_batches == 1:
+        from outcore.policies.optimal.policy import lower_bound
+
+        with progress.task(f"bounding {graph.name}'s step time (LP relaxation)"):
+            found = lower_bound(result.graph, limit, model)
+        if found is not None and result.simulation is not None \
+                and found > result.simulation.step_time:
+            # the bound covers schedules that outcore.plan.lower builds from keep/offload/
+            # recompute decisions; a policy's own schedule (PoocH's early swap-in) can beat it
+            result.notes.append(
+                f"no lower bound reported: this schedule ({result.plan.policy}, built outside "
+                f"outcore.plan.lower) beats the LP bound of lowered plans "
+                f"({found * 1e3:.2f} ms)")
+        else:
+            result.lower_bound = found
     if result.plan.sub_batches > 1:
         result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
     from outcore.log import info as log_info

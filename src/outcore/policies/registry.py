@@ -171,5 +171,6 @@ BUILTIN_MODULES = [
     "outcore.policies.modnn",
     "outcore.policies.pooch",
     "outcore.policies.dymem",
+    "outcore.policies.optimal.policy",
     "outcore.policies.auto",
 ]

@@ -1,0 +1,389 @@
+"""The joint keep / offload / recompute MILP over stages, on HiGHS (``scipy.optimize.milp``).
+
+Input: a ``Problem`` (plain data, see ``problem.py``). Output: per candidate a decision
+(keep, offload with the stage its prefetch is issued at, recompute), the model's step time
+and, for the bound model, a proven lower bound.
+
+Derivation
+----------
+Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Variables:
+
+* ``A_s >= 0``: when Compute of stage ``s`` starts on the compute stream (``A_0 = 0``);
+  ``A_n`` is the end of the step, the objective.
+* ``x_kj in {0,1}``: candidate ``k`` is offloaded and its prefetch issued before stage
+  ``options_k[j]``; ``r_k in {0,1}``: ``k`` is recomputed; ``sum_j x_kj + r_k <= 1``
+  (nothing chosen = keep). ``o_k = sum_j x_kj``. The model's columns are the cumulative
+  ``y_kj = sum_{j' >= j} x_kj'`` (``1 >= y_k0 >= y_k1 >= ...``, ``o_k = y_k0``), so that a
+  window row names each copy once.
+* ``D_t >= max(0, M_t - B_t)``: bytes the plan frees at the Compute sample of stage ``t``,
+  where ``M_t`` is the in-core memory at that sample (the executor's rule). A candidate is
+  freed at ``t`` when ``f_k < t < q`` (``q`` its prefetch stage, or ``b_k`` when recomputed):
+  ``D_t = D_{t-1} + sum_{f_k+1=t} size_k (o_k + r_k) - sum_{q=t} size_k x_kj -
+  sum_{b_k=t} size_k r_k``, so the memory rows have O(1) entries per candidate.
+  ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
+  model (``Cuts``).
+* Compute stream: ``A_{s+1} >= A_s + c_s + sum_{b_k=s+1} R_k r_k`` (recomputes run before
+  the op that needs them).
+* D2H engine, FIFO in issue order (= production order): ``E_k >= E_{k-1} + d_k o_k`` and
+  ``E_k >= A_{p_k} + c_{p_k} + d_k o_k`` give the end of ``k``'s copy; the Wait before ``k``'s
+  forward Free: ``A_{f_k+1} >= E_k - M_k (1 - o_k)`` (``M_k = 0`` when no earlier copy has a
+  later deadline, else the earlier copies' total time). Windows strengthen the relaxation:
+  copies released at or after ``k``'s and due by ``f_k`` fit between them.
+* H2D engine: for each prefetch choice ``(k, j)`` issued before stage ``tau_kj`` (after
+  Compute of ``tau_kj - 1`` ends; the Wait comes before Compute of ``b_k``), every prefetch
+  issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]``
+  (a single-machine window; a subset of a window's copies is still a valid constraint,
+  so large windows are truncated). D2H copies end in forward and prefetches start after
+  their offload, so with one shared copy engine the two directions do not meet inside
+  these windows.
+
+Two models share this code:
+
+* **bound** (``relaxed=True``): every true plan maps to a feasible point with objective at most
+  its simulated step: option ``j`` stands for every prefetch stage in ``(options_{j-1},
+  options_j]``, freed until the later end and issued at the earlier end; any candidate may be
+  recomputed at its ``recompute_floor``; no leaf constraint; but a recompute whose producer
+  reads an activation no policy may move and that the in-core schedule has freed by then
+  keeps that activation alive until the recompute (``lower`` extends its life), so
+  ``y_u >= r_k`` adds its bytes over ``(last use of u, min b_k)``. Its LP (or MILP dual) value is
+  a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
+  from these decisions (framework kernels, one sub-batch).
+* **primal**: exact prefetch stages, recompute priced at the producer's time, only when its
+  inputs are resident (``leaves``: ``r_k + r_u + sum_{q_uj > b_k} x_uj <= 1``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
+from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
+
+from outcore.policies.optimal.problem import Candidate, Problem
+
+#: Most copies one window row lists (truncated windows are still valid constraints).
+WINDOW_CAP = 40
+#: The model counts bytes in GiB and seconds in milliseconds, so that its coefficients stay
+#: near 1 (HiGHS misjudges feasibility when bytes and seconds meet in one model unscaled).
+BYTES = 2.0**-30
+SECONDS = 1e3
+
+
+@dataclass
+class Solution:
+    """A model's answer. ``choice[k]`` is ``("keep",)``, ``("offload", q)`` or ``("recompute",)``
+    by candidate index; ``objective`` the model's step time; ``bound`` a lower bound on
+    the model's optimum (HiGHS's dual bound, or the LP value); ``optimal`` when proven."""
+
+    choice: list[tuple] = field(default_factory=list)
+    objective: float = math.inf
+    bound: float = 0.0
+    optimal: bool = False
+    status: str = ""
+    settled: list[bool] = field(default_factory=list)
+
+
+class _Rows:
+    """A sparse constraint matrix built row by row."""
+
+    def __init__(self) -> None:
+        self.r: list[int] = []
+        self.c: list[int] = []
+        self.v: list[float] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def add(self, entries: dict[int, float], lo: float, hi: float = math.inf) -> None:
+        row = len(self.lo)
+        for col, val in entries.items():
+            if val:
+                self.r.append(row)
+                self.c.append(col)
+                self.v.append(val)
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+
+class Model:
+    """The MILP of a Problem (see the module doc); ``cuts`` maps stage -> bytes to subtract
+    from the budget at that stage."""
+
+    def __init__(self, problem: Problem, *, relaxed: bool,
+                 cuts: dict[int, int] | None = None) -> None:
+        self.p = problem
+        self.relaxed = relaxed
+        n, cands = problem.stages, problem.candidates
+        self.A = 0
+        self.D = n + 1
+        self.E = self.D + n
+        col = self.E + len(cands)
+        self.x: list[list[int]] = []
+        self.r: list[int | None] = []
+        for c in cands:
+            self.x.append(list(range(col, col + len(self.options(c)))))
+            col += len(self.options(c))
+        for c in cands:
+            if relaxed or c.recompute is not None:
+                self.r.append(col)
+                col += 1
+            else:
+                self.r.append(None)
+        # bound model: y_u >= r_k for every k whose producer reads u, a kept activation dead at
+        # b_k in the in-core schedule (lowering keeps u alive until that recompute)
+        self.ext: dict[int, tuple[int, int, int, list[int]]] = {}  # u -> col, bytes, from, ks
+        if relaxed:
+            for k, c in enumerate(cands):
+                for u, nbytes, last in c.dead_inputs:
+                    if u not in self.ext:
+                        self.ext[u] = (col, nbytes, last, [])
+                        col += 1
+                    self.ext[u][3].append(k)
+        self.ncols = col
+        self.cuts = dict(cuts or {})
+
+    # -- prices per model -------------------------------------------------------------------
+    def options(self, c: Candidate) -> tuple[int, ...]:
+        return c.bound_options if self.relaxed and c.bound_options else c.options
+
+    def recompute_cost(self, k: int) -> float:
+        c = self.p.candidates[k]
+        return SECONDS * (c.recompute_floor if self.relaxed else float(c.recompute or 0.0))
+
+    def time_stage(self, k: int, j: int) -> int:
+        """The earliest stage a prefetch of option ``j`` may be issued before."""
+        c = self.p.candidates[k]
+        opts = self.options(c)
+        if not self.relaxed:
+            return opts[j]
+        return opts[j - 1] + 1 if j > 0 else c.last_forward + 1
+
+    # -- building ---------------------------------------------------------------------------
+    def build(self) -> tuple[_Rows, np.ndarray, np.ndarray]:
+        rows = _Rows()
+        self._stream(rows)
+        self._memory(rows)
+        self._d2h(rows)
+        self._h2d(rows)
+        self._choices(rows)
+        lo = np.zeros(self.ncols)
+        hi = np.full(self.ncols, math.inf)
+        hi[self.A] = 0.0  # A_0 = 0
+        budget = self.p.budget
+        for t, mem in enumerate(self.p.memory):
+            lo[self.D + t] = BYTES * max(0.0, float(mem - budget + self.cuts.get(t, 0)))
+        for xs in self.x:
+            hi[xs] = 1.0
+        for rc in self.r:
+            if rc is not None:
+                hi[rc] = 1.0
+        for col, _, _, _ in self.ext.values():
+            hi[col] = 1.0
+        return rows, lo, hi
+
+    def _stream(self, rows: _Rows) -> None:
+        rec: dict[int, list[int]] = {}
+        for k, c in enumerate(self.p.candidates):
+            if self.r[k] is not None:
+                rec.setdefault(c.first_backward, []).append(k)
+        for s, cs in enumerate(self.p.op_time):
+            entries = {self.A + s + 1: 1.0, self.A + s: -1.0}
+            for k in rec.get(s + 1, []):
+                entries[self.r[k]] = -self.recompute_cost(k)  # type: ignore[index]
+            rows.add(entries, SECONDS * cs)
+
+    def _memory(self, rows: _Rows) -> None:
+        delta: list[dict[int, float]] = [{} for _ in range(self.p.stages)]
+        for k, c in enumerate(self.p.candidates):
+            size = BYTES * c.nbytes
+            start = delta[c.last_forward + 1]
+            ys = self.x[k]
+            start[ys[0]] = start.get(ys[0], 0.0) - size
+            for j, q in enumerate(self.options(c)):  # x_kj = y_kj - y_k(j+1) ends at q
+                delta[q][ys[j]] = delta[q].get(ys[j], 0.0) + size
+                if j + 1 < len(ys):
+                    delta[q][ys[j + 1]] = delta[q].get(ys[j + 1], 0.0) - size
+            rc = self.r[k]
+            if rc is not None:
+                start[rc] = start.get(rc, 0.0) - size
+                end = delta[c.first_backward]
+                end[rc] = end.get(rc, 0.0) + size
+        for col, nbytes, last, ks in self.ext.values():
+            until = min(self.p.candidates[k].first_backward for k in ks)
+            if last + 1 < until:
+                delta[last + 1][col] = delta[last + 1].get(col, 0.0) + BYTES * nbytes
+                delta[until][col] = delta[until].get(col, 0.0) - BYTES * nbytes
+        for t in range(self.p.stages):
+            entries = {self.D + t: 1.0, **delta[t]}
+            if t > 0:
+                entries[self.D + t - 1] = -1.0
+            rows.add(entries, 0.0, 0.0)
+
+    def _d2h(self, rows: _Rows) -> None:
+        cands = self.p.candidates
+        order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
+        prev: int | None = None
+        latest = -1
+        total = 0.0
+        for k in order:
+            c = cands[k]
+            d = SECONDS * c.d2h
+            o = {self.x[k][0]: -d}
+            e = self.E + k
+            if prev is not None:
+                rows.add({e: 1.0, self.E + prev: -1.0, **o}, 0.0)
+            rows.add({e: 1.0, self.A + c.produce: -1.0, **o}, SECONDS * self.p.op_time[c.produce])
+            big = total if latest > c.last_forward else 0.0
+            rows.add({self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}, -big)
+            latest = max(latest, c.last_forward)
+            total += d
+            prev = k
+        produce = [cands[k].produce for k in order]
+        for k in order:
+            c = cands[k]
+            entries: dict[int, float] = {self.A + c.last_forward + 1: 1.0, self.A + c.produce: -1.0}
+            listed = 0
+            for m in order[bisect.bisect_left(produce, c.produce):]:
+                cm = cands[m]
+                if cm.produce > c.last_forward or listed >= WINDOW_CAP:
+                    break
+                if cm.last_forward <= c.last_forward:
+                    col = self.x[m][0]
+                    entries[col] = entries.get(col, 0.0) - SECONDS * cm.d2h
+                    listed += 1
+            rows.add(entries, SECONDS * self.p.op_time[c.produce])
+
+    def _h2d(self, rows: _Rows) -> None:
+        cands = self.p.candidates
+        order = sorted(range(len(cands)), key=lambda k: cands[k].first_backward)
+        due = [cands[k].first_backward for k in order]
+        for k, c in enumerate(cands):
+            for j in range(len(self.options(c))):
+                tau = self.time_stage(k, j)
+                # issued after Compute of stage tau - 1 ends, due when Compute of b starts
+                entries: dict[int, float] = {self.A + c.first_backward: 1.0,
+                                             self.A + tau - 1: -1.0}
+                listed = 0
+                hi = bisect.bisect_right(due, c.first_backward)
+                lo = bisect.bisect_left(due, tau)
+                for m in reversed(order[lo:hi]):
+                    if listed >= WINDOW_CAP:
+                        break
+                    first = self._first_at(m, tau)
+                    if first is not None:  # y_m,first: issued at or after tau
+                        col = self.x[m][first]
+                        entries[col] = entries.get(col, 0.0) - SECONDS * cands[m].h2d
+                        listed += 1
+                rows.add(entries, SECONDS * self.p.op_time[tau - 1])
+
+    def _first_at(self, m: int, tau: int) -> int | None:
+        """The first option of candidate ``m`` whose prefetch is issued at or after ``tau``."""
+        for j in range(len(self.x[m])):
+            if self.time_stage(m, j) >= tau:
+                return j
+        return None
+
+    def _choices(self, rows: _Rows) -> None:
+        cands = self.p.candidates
+        index = {c.tensor: k for k, c in enumerate(cands)}
+        for k in range(len(cands)):
+            entries = {self.x[k][0]: 1.0}
+            if self.r[k] is not None:
+                entries[self.r[k]] = 1.0  # type: ignore[index]
+            rows.add(entries, -math.inf, 1.0)
+            for a, b in itertools.pairwise(self.x[k]):
+                rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)
+        for col, _, _, ks in self.ext.values():
+            for k in ks:
+                rows.add({col: 1.0, self.r[k]: -1.0}, 0.0)  # type: ignore[dict-item]
+        if self.relaxed:
+            return
+        for k, c in enumerate(cands):
+            rk = self.r[k]
+            if rk is None:
+                continue
+            for leaf in c.leaves:
+                u = index[leaf]
+                entries = {rk: 1.0}
+                if self.r[u] is not None:
+                    entries[self.r[u]] = 1.0  # type: ignore[index]
+                later = [j for j, q in enumerate(self.options(cands[u])) if q > c.first_backward]
+                if later:
+                    entries[self.x[u][later[0]]] = 1.0
+                rows.add(entries, -math.inf, 1.0)
+
+    # -- solving ----------------------------------------------------------------------------
+    def fix(self, k: int, pick: tuple) -> dict[int, float]:
+        """Column values that force candidate ``k`` to ``pick`` (a ``Solution.choice`` entry)."""
+        c = self.p.candidates[k]
+        at = self.options(c).index(pick[1]) if pick[0] == "offload" else -1
+        values = {col: float(j <= at) for j, col in enumerate(self.x[k])}
+        rc = self.r[k]
+        if rc is not None:
+            values[rc] = float(pick[0] == "recompute")
+        return values
+
+    def solve(self, *, integral: bool, time_limit: float = 10.0, gap: float = 1e-4,
+              fixed: dict[int, float] | None = None) -> Solution:
+        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search."""
+        rows, lo, hi = self.build()
+        for col, value in (fixed or {}).items():
+            lo[col] = hi[col] = value
+        matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), self.ncols)).tocsr()
+        cost = np.zeros(self.ncols)
+        cost[self.A + self.p.stages] = 1.0
+        integrality = np.zeros(self.ncols)
+        if integral:
+            for xs in self.x:
+                integrality[xs] = 1
+            for rc in self.r:
+                if rc is not None:
+                    integrality[rc] = 1
+        res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
+                   constraints=LinearConstraint(matrix, rows.lo, rows.hi),
+                   options={"time_limit": time_limit, "mip_rel_gap": gap, "presolve": True})
+        sol = Solution(status=str(res.message))
+        if res.x is None:
+            return sol
+        sol.objective = float(res.fun) / SECONDS
+        dual = getattr(res, "mip_dual_bound", None)
+        sol.bound = (float(dual) if integral and dual is not None and math.isfinite(dual)
+                     else (float(res.fun) if res.status == 0 else 0.0)) / SECONDS
+        sol.optimal = res.status == 0
+        sol.choice = self._read(res.x)
+        sol.settled = self._settled(res.x)
+        return sol
+
+    def _settled(self, values: np.ndarray, tol: float = 1e-6) -> list[bool]:
+        """Per candidate: every column of it is integral in ``values``."""
+        out = []
+        for k in range(len(self.p.candidates)):
+            cols = [*self.x[k], *([self.r[k]] if self.r[k] is not None else [])]
+            out.append(all(min(abs(values[c]), abs(1 - values[c])) <= tol for c in cols))
+        return out
+
+    def _read(self, values: np.ndarray, eps: float = 1e-6) -> list[tuple]:
+        """Integral choices from (possibly fractional) values, rounded so that every stage
+        frees at least the bytes the values free (the memory rows stay met): a candidate
+        with any recompute share is recomputed when that share is the larger, else
+        offloaded with its prefetch at the latest option it has a share in (just in time
+        when it also has a recompute share); a candidate with no share is kept."""
+        out: list[tuple] = []
+        for k, c in enumerate(self.p.candidates):
+            ys = [float(values[col]) for col in self.x[k]] + [0.0]
+            xs = [ys[j] - ys[j + 1] for j in range(len(ys) - 1)]
+            rc = self.r[k]
+            rv = float(values[rc]) if rc is not None else 0.0
+            off = ys[0]
+            opts = self.options(c)
+            if rv > eps and rv >= off:
+                out.append(("recompute",))
+            elif off > eps:
+                latest = max(j for j in range(len(xs)) if xs[j] > eps or j == 0)
+                out.append(("offload", opts[-1] if rv > eps else opts[latest]))
+            else:
+                out.append(("keep",))
+        return out

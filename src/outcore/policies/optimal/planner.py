@@ -1,0 +1,209 @@
+"""outcore-optimal: the bound model for a proven lower bound, the primal model for a plan,
+both on HiGHS; the plan is lowered, verified and measured with the real memory rule, and
+the model is cut where the rule measured more than the model predicted.
+
+Steps (``plan_optimal``):
+
+1. ``build_problem``: stages, in-core memory curve, candidates (plain data).
+2. Bound: the relaxed model (``formulation``, ``relaxed=True``), as a MILP with HiGHS's dual
+   bound when it has at most ``exact_candidates`` candidates, else its LP relaxation. The
+   bound is never below the in-core compute time.
+3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else its
+   LP relaxation rounded (``("offload", q)`` by the largest prefetch share, recompute when
+   its share is the largest). The plan is lowered (``outcore.plan.lower``), verified
+   (``outcore.plan.verify``) and its peak taken with ``outcore.plan.memory``; where that
+   peak exceeds the budget, the budget of the model at the Compute the excess precedes is
+   lowered by the excess (a cut) and the model re-solved, up to ``MAX_CUTS`` rounds.
+4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
+   ``step / bound - 1``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from outcore.cost.model import CostModel
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.ir import Graph
+from outcore.plan.lower import lower
+from outcore.plan.memory import memory_curve
+from outcore.plan.plan import Decision, Plan
+from outcore.plan.schedule import Compute, Schedule
+from outcore.plan.verify import verify
+from outcore.policies.optimal.formulation import Model, Solution
+from outcore.policies.optimal.problem import Problem, build_problem
+
+NAME = "outcore-optimal"
+#: Up to this many candidates the primal and bound models are solved as MILPs.
+EXACT_CANDIDATES = 80
+MAX_CUTS = 8
+#: Candidates re-solved together in one step of the local search.
+SEGMENT = 30
+
+
+@dataclass
+class OptimalResult:
+    """A plan, its schedule, its simulated step, and the proof of how close it is.
+
+    ``lower_bound``: no Plan of keep/offload/recompute decisions and prefetch points lowered
+    by ``outcore.plan.lower`` (framework kernels, one sub-batch) simulates faster on this
+    cost model. ``gap = step_time / lower_bound - 1``. ``exact``: the primal model was
+    solved to optimality (as a MILP).
+    """
+
+    plan: Plan
+    schedule: Schedule
+    step_time: float
+    lower_bound: float
+    exact: bool
+    seconds: float
+    candidates: int
+
+    @property
+    def gap(self) -> float:
+        return self.step_time / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0
+
+
+def lowest_peak(problem: Problem) -> int:
+    """The lowest Compute-sample peak any plan of this problem can reach (every candidate
+    freed over its whole gap): a budget below it is infeasible."""
+    drop = [0] * (problem.stages + 1)
+    for c in problem.candidates:
+        drop[c.last_forward + 1] += c.nbytes
+        drop[c.first_backward] -= c.nbytes
+    lowest, freed = 0, 0
+    for t, mem in enumerate(problem.memory):
+        freed += drop[t]
+        lowest = max(lowest, mem - freed)
+    return lowest
+
+
+def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
+                 exact_candidates: int = EXACT_CANDIDATES,
+                 time_limit: float = 20.0, search_limit: float = 1.5) -> OptimalResult:
+    """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
+
+    ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
+    when it is reached); ``search_limit`` the MILP over the LP's fractional candidates on
+    graphs too large for the exact model.
+    """
+    from outcore.sim import simulate
+
+    started = time.perf_counter()
+    problem = build_problem(graph, cost, budget)
+    floor = lowest_peak(problem)
+    if floor > budget:
+        raise InfeasibleBudgetError(
+            NAME, budget, floor,
+            "That is the peak with every activation freed over its whole gap (offloaded or "
+            "recomputed); split the batch into sub-batches (policy modnn) or shrink it.")
+    exact = len(problem.candidates) <= exact_candidates
+    bound = _bound(problem, exact, time_limit)
+    plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit, search_limit)
+    step = simulate(graph, schedule, cost).step_time
+    return OptimalResult(plan, schedule, step, bound, solved_exact,
+                         time.perf_counter() - started, len(problem.candidates))
+
+
+def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
+    in_core = problem.in_core_time
+    if max(problem.memory, default=0) <= problem.budget or not problem.candidates:
+        return in_core
+    sol = Model(problem, relaxed=True).solve(integral=exact, time_limit=time_limit)
+    return max(in_core, sol.bound)
+
+
+def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
+            search_limit: float) -> tuple[Plan, Schedule, bool]:
+    budget = problem.budget
+    if max(problem.memory, default=0) <= budget:
+        plan = _to_plan(graph, problem, [("keep",)] * len(problem.candidates), "fits in core")
+        return plan, lower(graph, plan), True
+    cuts: dict[int, int] = {}
+    stage_of = {oid: s for s, oid in enumerate(problem.op_order)}
+    last: tuple[Plan, Schedule] | None = None
+    for _ in range(MAX_CUTS):
+        model = Model(problem, relaxed=False, cuts=cuts)
+        sol = model.solve(integral=exact, time_limit=time_limit)
+        if not sol.choice:
+            break
+        if not exact:
+            sol = _improve(model, sol, search_limit)
+        plan = _to_plan(graph, problem, sol.choice, _why(sol, exact))
+        schedule = lower(graph, plan)
+        verify(graph, schedule)
+        trace = memory_curve(graph, schedule)
+        if trace.peak <= budget:
+            return plan, schedule, exact and sol.optimal and not cuts
+        last = (plan, schedule)
+        _add_cuts(graph, schedule, trace.device, budget, stage_of, cuts)
+    if last is None:
+        raise InfeasibleBudgetError(
+            NAME, budget, lowest_peak(problem),
+            f"HiGHS found no plan within {time_limit:.0f} s ({sol.status}); raise the budget "
+            "or the time limit, or use outcore-auto's other candidates.")
+    raise InfeasibleBudgetError(
+        NAME, budget, memory_curve(graph, last[1]).peak,
+        "The model's plan did not fit after its cuts; try outcore-auto's other candidates, "
+        "sub-batches (modnn) or a larger budget.")
+
+
+def _improve(model: Model, start: Solution, time_limit: float) -> Solution:
+    """From the LP relaxation ``start``: fix every candidate the LP left integral, then solve
+    the rest as a MILP (HiGHS, time-limited); when that finds nothing, the rounded LP."""
+    fixed: dict[int, float] = {}
+    for k, pick in enumerate(start.choice):
+        if start.settled[k]:
+            fixed.update(model.fix(k, pick))
+    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit)
+    return sol if sol.choice else start
+
+
+def _add_cuts(graph: Graph, schedule: Schedule, device: list[int], budget: int,
+              stage_of: dict[int, int], cuts: dict[int, int]) -> None:
+    """Lower the model's budget at the stage whose Compute follows each instruction where
+    the real rule measured more than the budget, by the largest excess there."""
+    ins = schedule.instructions
+    next_stage = [len(stage_of) - 1] * (len(ins) + 1)
+    for i in range(len(ins) - 1, -1, -1):
+        op = ins[i]
+        if isinstance(op, Compute) and not op.recompute:
+            next_stage[i] = stage_of[op.op]
+        else:
+            next_stage[i] = next_stage[i + 1]
+    excess: dict[int, int] = {}
+    for i, mem in enumerate(device):
+        if mem > budget:
+            s = next_stage[i]
+            excess[s] = max(excess.get(s, 0), mem - budget)
+    for s, e in excess.items():
+        cuts[s] = cuts.get(s, 0) + e
+
+
+def _why(sol: Solution, exact: bool) -> str:
+    how = "MILP optimum" if exact and sol.optimal else "rounded LP relaxation"
+    return f"{how} of the joint model, model step {sol.objective * 1e3:.3f} ms"
+
+
+def _to_plan(graph: Graph, problem: Problem, choice: list[tuple], how: str) -> Plan:
+    plan = Plan(policy=NAME, budget=problem.budget)
+    for c, pick in zip(problem.candidates, choice, strict=True):
+        t = c.tensor
+        if pick[0] == "offload":
+            q = pick[1]
+            plan.decisions[t] = Decision.OFFLOAD
+            plan.prefetch_at[t] = problem.op_order[q]
+            plan.reasons[t] = (f"offload {c.nbytes} B: {c.d2h * 1e3:.3f} ms out, "
+                               f"{c.h2d * 1e3:.3f} ms back, prefetched before "
+                               f"{graph.ops[problem.op_order[q]].name} (stage {q}, needed at "
+                               f"{c.first_backward}); frees it over stages {c.last_forward + 1}.."
+                               f"{q - 1} [{how}]")
+        elif pick[0] == "recompute":
+            plan.decisions[t] = Decision.RECOMPUTE
+            plan.reasons[t] = (f"recompute {graph.producer_op(t).name}: "
+                               f"{(c.recompute or 0.0) * 1e3:.3f} ms; frees {c.nbytes} B over "
+                               f"stages {c.last_forward + 1}..{c.first_backward - 1} [{how}]")
+        else:
+            plan.reasons[t] = f"kept: {c.nbytes} B; the budget holds without moving it [{how}]"
+    return plan

@@ -1,0 +1,43 @@
+"""The ``outcore-optimal`` policy and the step-time lower bound every PlannedStep reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outcore.graph.ir import Graph
+from outcore.policies.optimal.planner import NAME, _bound, plan_optimal
+from outcore.policies.optimal.problem import build_problem
+from outcore.policies.registry import PolicyContext, PolicyOutput, register
+
+_CACHE_KEY = "_outcore_optimal_bounds"
+
+
+def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
+    """A lower bound on the simulated step time of every Plan lowered by
+    ``outcore.plan.lower`` for ``graph`` within ``budget`` on ``cost`` (framework kernels,
+    one sub-batch); None without a budget or a cost model. Cached per graph."""
+    if budget is None or cost is None:
+        return None
+    cache: dict[tuple[int, str], float] = graph.meta.setdefault(_CACHE_KEY, {})
+    key = (int(budget), repr(cost))
+    if key not in cache:
+        problem = build_problem(graph, cost, int(budget))
+        cache[key] = _bound(problem, len(problem.candidates) <= 80, 20.0)
+    return cache[key]
+
+
+@register(NAME, "outcore's joint model: keep, offload (with its prefetch point) or recompute "
+          "each activation to minimise the step time on the cost model within the budget, "
+          "solved with HiGHS (exact MILP on small graphs, LP relaxation + MILP on its "
+          "fractional part beyond); reports a proven lower bound on the step time")
+def optimal_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
+    if ctx.budget is None or ctx.cost is None:
+        from outcore.plan.lower import lower
+        from outcore.plan.plan import Plan
+
+        plan = Plan(policy=NAME, budget=ctx.budget)
+        return PolicyOutput(plan, lower(graph, plan), graph)
+    result = plan_optimal(graph, ctx.budget, ctx.cost)
+    cache: dict[tuple[int, str], float] = graph.meta.setdefault(_CACHE_KEY, {})
+    cache[(int(ctx.budget), repr(ctx.cost))] = result.lower_bound
+    return PolicyOutput(result.plan, result.schedule, graph)

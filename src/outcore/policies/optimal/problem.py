@@ -1,0 +1,218 @@
+"""The planning problem as plain data: stages, op times, the in-core memory curve, and per
+movable activation its size, interval and prices (no torch, no solver).
+
+Stages are the ops in the order ``outcore.plan.lower`` runs them (forward ops, then the
+rest). ``memory[s]`` is the device bytes the memory rule (``outcore.plan.residency``, via
+``plan.memory.memory_curve``) records right after ``Compute`` of stage ``s`` when every
+activation is kept and freed at its last use. That schedule's peak is at a Compute sample
+(only Computes allocate in it).
+
+For a movable activation (storage) ``i`` with producer at stage ``p``, last forward use
+``f`` (``p`` when forward reads it nowhere else) and first backward use ``b``, any Plan
+lowered by ``lower`` keeps ``i`` resident at every Compute sample outside ``(f, b)``; inside
+it, an OFFLOAD frees it until its prefetch is issued (before Compute of stage ``q``) and a
+RECOMPUTE frees it until ``b``. Activations with an empty gap (``b == f + 1``) are left out:
+no plan can free them at any Compute sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outcore.cost.model import CostModel
+from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
+from outcore.plan.lower import HEAVY, lower
+from outcore.plan.memory import memory_curve
+from outcore.plan.plan import Plan
+from outcore.plan.schedule import Compute
+from outcore.policies.baseline import movable_activations
+
+#: When the candidates' gaps hold at most this many stages in all, the bound model offers
+#: every stage as a prefetch point (exact); beyond, ``BOUND_OPTIONS`` heavy stages.
+EVERY_STAGE_LIMIT = 4000
+BOUND_OPTIONS = 12
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One movable activation (a base tensor and its views' storage).
+
+    ``options`` are the stages before whose Compute its prefetch may be issued (increasing,
+    the last is ``first_backward``: just in time); ``bound_options`` those of the bound
+    model, where option ``j`` stands for every stage in ``(bound_options[j-1],
+    bound_options[j]]``. ``recompute`` is the primal price of
+    recomputing it (its producer's time) or None when the primal model may not recompute it
+    (a random producer, or an input that is not resident at ``first_backward`` in the
+    in-core schedule: lowering would extend that input's life); ``recompute_floor`` is a
+    price no plan can beat (the producer's time shared among its movable outputs).
+    ``leaves`` are the candidates (by tensor id) among the producer's inputs whose gap
+    contains ``first_backward``: they must be resident when the recompute runs.
+    """
+
+    tensor: int
+    nbytes: int
+    produce: int
+    last_forward: int
+    first_backward: int
+    d2h: float
+    h2d: float
+    recompute: float | None
+    recompute_floor: float
+    leaves: tuple[int, ...]
+    options: tuple[int, ...]
+    bound_options: tuple[int, ...] = ()
+    dead_inputs: tuple[tuple[int, int, int], ...] = ()  # (storage, bytes, last use stage)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything the formulation reads; ``op_order[s]`` is the op id of stage ``s``."""
+
+    op_order: tuple[int, ...]
+    op_time: tuple[float, ...]
+    memory: tuple[int, ...]
+    budget: int
+    candidates: tuple[Candidate, ...]
+    copy_engines: int
+
+    @property
+    def stages(self) -> int:
+        return len(self.op_order)
+
+    @property
+    def in_core_time(self) -> float:
+        return float(sum(self.op_time))
+
+    @property
+    def in_core_peak(self) -> int:
+        return max(self.memory, default=0)
+
+
+def stage_order(graph: Graph) -> list[int]:
+    """Op ids in the order ``lower`` runs them (forward first, then the rest)."""
+    fwd = [op.id for op in graph.ops if op.phase is Phase.FORWARD]
+    return fwd + [op.id for op in graph.ops if op.phase is not Phase.FORWARD]
+
+
+def build_problem(graph: Graph, cost: CostModel, budget: int, *,
+                  options: int = 6) -> Problem:
+    """Extract the plain data of planning ``graph`` under ``budget`` on ``cost``.
+
+    ``options`` bounds how many prefetch stages each candidate may choose from (the last
+    ``options - 1`` heavy backward stages before its first backward use, plus that use).
+    """
+    bind = getattr(cost, "bind", None)
+    model: CostModel = bind(graph) if callable(bind) else cost
+    order = stage_order(graph)
+    stage_of = {oid: s for s, oid in enumerate(order)}
+    op_time = tuple(float(model.op_time(graph.ops[oid])) for oid in order)
+    keep = lower(graph, Plan(policy="in-core"))
+    trace = memory_curve(graph, keep)
+    memory = [0] * len(order)
+    for i, ins in enumerate(keep.instructions):
+        if isinstance(ins, Compute):
+            memory[stage_of[ins.op]] = trace.device[i]
+    first_bwd = sum(1 for op in graph.ops if op.phase is Phase.FORWARD)
+    heavy = [s for s in range(first_bwd, len(order))
+             if graph.ops[order[s]].category in HEAVY]
+    spans = _storage_spans(graph, stage_of)
+    movable = movable_activations(graph)
+    per_producer: dict[int, int] = {}
+    for tid in movable:
+        op = graph.tensors[tid].producer
+        if op is not None:
+            per_producer[op] = per_producer.get(op, 0) + 1
+    raw: list[tuple[int, int, int, int]] = []
+    for tid in movable:
+        p, f, b, _ = spans[tid]
+        if b is None or b <= f + 1:
+            continue
+        raw.append((tid, p, f, b))
+    gaps = {tid: (f, b) for tid, _, f, b in raw}
+    every_stage = sum(b - f for _, _, f, b in raw) <= EVERY_STAGE_LIMIT
+    cands = []
+    for tid, p, f, b in raw:
+        producer = graph.producer_op(tid)
+        nbytes = graph.tensors[tid].nbytes
+        price, leaves = _recompute_price(graph, producer.id, b, op_time[stage_of[producer.id]],
+                                         spans, gaps)
+        cands.append(Candidate(
+            tensor=tid, nbytes=nbytes, produce=p, last_forward=f, first_backward=b,
+            d2h=float(model.transfer_time(nbytes, "d2h")),
+            h2d=float(model.transfer_time(nbytes, "h2d")),
+            recompute=price, leaves=leaves,
+            recompute_floor=op_time[stage_of[producer.id]] / per_producer[producer.id],
+            options=_options(heavy, f, b, options),
+            bound_options=tuple(range(f + 1, b + 1)) if every_stage
+            else _options(heavy, f, b, BOUND_OPTIONS),
+            dead_inputs=_dead_inputs(graph, producer.id, b, spans, set(movable))))
+    return Problem(tuple(order), op_time, tuple(memory), budget, tuple(cands),
+                   int(model.copy_engines))
+
+
+def _storage_spans(graph: Graph, stage_of: dict[int, int]
+                   ) -> dict[int, tuple[int, int, int | None, int]]:
+    """Storage id -> (producer stage, last forward use, first backward use or None, last use)
+    over every tensor of the storage (views included)."""
+    spans: dict[int, tuple[int, int, int | None, int]] = {}
+    for storage, members in graph.aliases().items():
+        base = graph.tensors[storage]
+        if base.producer is None or base.kind in STATIC_KINDS:
+            continue
+        p = stage_of[base.producer]
+        forward = [p]
+        backward: list[int] = []
+        for tid in members:
+            for c in graph.tensors[tid].consumers:
+                (forward if graph.ops[c].phase is Phase.FORWARD else backward).append(stage_of[c])
+        last = max(forward + backward)
+        spans[storage] = (p, max(forward), min(backward) if backward else None, last)
+    return spans
+
+
+def _recompute_price(graph: Graph, producer: int, b: int, seconds: float,
+                     spans: dict[int, tuple[int, int, int | None, int]],
+                     gaps: dict[int, tuple[int, int]]) -> tuple[float | None, tuple[int, ...]]:
+    """The primal price of recomputing an output of ``producer`` before stage ``b``, and the
+    candidates that must then be resident (see ``Candidate``)."""
+    op = graph.ops[producer]
+    if op.random or op.category is OpCategory.VIEW:
+        return None, ()
+    leaves = []
+    for inp in op.inputs:
+        t = graph.tensors[inp]
+        if t.kind in STATIC_KINDS:
+            continue
+        span = spans.get(t.storage)
+        if span is None or not span[0] <= b <= span[3]:
+            return None, ()  # dead at b in the in-core schedule: lowering would extend it
+        gap = gaps.get(t.storage)
+        if gap is not None and gap[0] < b < gap[1]:
+            leaves.append(t.storage)
+    return seconds, tuple(sorted(set(leaves)))
+
+
+def _dead_inputs(graph: Graph, producer: int, b: int,
+                 spans: dict[int, tuple[int, int, int | None, int]],
+                 movable: set[int]) -> tuple[tuple[int, int, int], ...]:
+    """Inputs of ``producer`` that no policy may move and that the in-core schedule frees
+    before stage ``b``: (storage, bytes, last use stage)."""
+    out = []
+    for inp in graph.ops[producer].inputs:
+        t = graph.tensors[inp]
+        span = spans.get(t.storage)
+        if t.kind in STATIC_KINDS or span is None or t.storage in movable or span[3] >= b:
+            continue
+        out.append((t.storage, graph.tensors[t.storage].nbytes, span[3]))
+    return tuple(sorted(set(out)))
+
+
+def _options(heavy: list[int], f: int, b: int, count: int) -> tuple[int, ...]:
+    """Prefetch stages for a candidate: up to ``count - 1`` heavy backward stages in
+    ``(f, b)`` closest to ``b``, then ``b`` itself."""
+    import bisect
+
+    hi = bisect.bisect_left(heavy, b)
+    lo = bisect.bisect_right(heavy, f)
+    early = heavy[max(lo, hi - (count - 1)):hi]
+    return (*early, b)

@@ -1,0 +1,48 @@
+"""Brute force over every Plan of a small graph: each movable activation kept, recomputed, or
+offloaded with its prefetch issued before any stage of its gap; the fastest plan that
+verifies and fits, by simulation. The exact model must find it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from outcore.errors import ScheduleError
+from outcore.graph.ir import Graph
+from outcore.plan.lower import lower
+from outcore.plan.memory import memory_curve
+from outcore.plan.plan import Decision, Plan
+from outcore.plan.verify import verify
+from outcore.policies.optimal.problem import build_problem, stage_order
+from outcore.sim import simulate
+
+
+def every_plan(graph: Graph, cost, budget: int):
+    """Yield (plan, step_time) for every plan that verifies and fits ``budget``."""
+    problem = build_problem(graph, cost, budget)
+    order = stage_order(graph)
+    choices = []
+    for c in problem.candidates:
+        opts: list[tuple] = [("keep",), ("recompute",)]
+        opts += [("offload", q) for q in range(c.last_forward + 1, c.first_backward + 1)]
+        choices.append(opts)
+    for combo in itertools.product(*choices):
+        plan = Plan(policy="enumerated", budget=budget)
+        for c, pick in zip(problem.candidates, combo, strict=True):
+            if pick[0] == "recompute":
+                plan.decisions[c.tensor] = Decision.RECOMPUTE
+            elif pick[0] == "offload":
+                plan.decisions[c.tensor] = Decision.OFFLOAD
+                plan.prefetch_at[c.tensor] = order[pick[1]]
+        try:
+            schedule = lower(graph, plan)
+            verify(graph, schedule)
+        except ScheduleError:
+            continue
+        if memory_curve(graph, schedule).peak > budget:
+            continue
+        yield plan, simulate(graph, schedule, cost).step_time
+
+
+def best_time(graph: Graph, cost, budget: int) -> float:
+    return min((t for _, t in every_plan(graph, cost, budget)), default=math.inf)

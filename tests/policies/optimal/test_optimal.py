@@ -1,0 +1,65 @@
+"""outcore-optimal on small graphs: the exact model finds the brute-force optimum, the bound
+never exceeds it, and every plan verifies and fits its budget."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outcore.api import cost_model_for
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.bounds import reference_peaks
+from outcore.plan.memory import memory_curve
+from outcore.plan.verify import verify
+from outcore.policies.optimal import plan_optimal
+from outcore.sim.synthetic import residual_chain
+
+sys.path.insert(0, str(Path(__file__).parent))
+from brute_force import best_time
+
+GRAPH = residual_chain(2, activation_bytes=1 << 30, conv_flops=2e10)
+COST = cost_model_for("v100-pcie")
+PEAK = reference_peaks(GRAPH).liveness
+
+
+def test_exact_model_finds_the_brute_force_optimum():
+    budget = int(PEAK * 0.9)
+    result = plan_optimal(GRAPH, budget, COST)
+    best = best_time(GRAPH, COST, budget)
+    assert result.exact
+    assert result.step_time == pytest.approx(best, rel=1e-9)
+    assert result.lower_bound <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.8])
+def test_the_bound_never_exceeds_the_best_plan(fraction):
+    budget = int(PEAK * fraction)
+    result = plan_optimal(GRAPH, budget, COST)
+    best = best_time(GRAPH, COST, budget)
+    assert result.lower_bound <= best * (1 + 1e-9) <= result.step_time * (1 + 1e-9)
+    assert result.gap == pytest.approx(result.step_time / result.lower_bound - 1)
+
+
+def test_an_infeasible_budget_names_the_lowest_peak():
+    with pytest.raises(InfeasibleBudgetError) as info:
+        plan_optimal(GRAPH, int(PEAK * 0.5), COST)
+    assert info.value.required > int(PEAK * 0.5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(units=st.integers(2, 6), fraction=st.floats(0.55, 1.0),
+       gpu=st.sampled_from(["v100-pcie", "v100-nvlink", "a100"]))
+def test_every_plan_verifies_and_fits(units, fraction, gpu):
+    graph = residual_chain(units, activation_bytes=1 << 28, conv_flops=4e9)
+    cost = cost_model_for(gpu)
+    budget = int(reference_peaks(graph).liveness * fraction)
+    try:
+        result = plan_optimal(graph, budget, cost)
+    except InfeasibleBudgetError as exc:
+        assert exc.required > budget
+        return
+    verify(graph, result.schedule)
+    assert memory_curve(graph, result.schedule).peak <= budget
+    assert result.lower_bound <= result.step_time * (1 + 1e-9)

@@ -41,7 +41,7 @@ def __getattr__(name: str):  # lazy: `import outcore` does not import torch
 
         return outcore.capture
     if name == "compile":
-        from outcore.api import compile
+        from outcore.trainer import compile
 
         return compile
     if name == "backend":

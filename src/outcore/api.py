@@ -13,13 +13,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
-from outcore.capture import capture
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
@@ -27,7 +23,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.policies.registry import PolicyContext, get
-from outcore.units import format_bytes, parse_bytes
+from outcore.units import parse_bytes
 
 DEFAULT_GPU = "v100-pcie"
 DEFAULT_POLICY = "outcore-auto"
@@ -139,106 +135,18 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     return result
 
 
-@dataclass
-class TrainerStats:
-    """What the last ``step`` measured, beside what the plan predicted."""
-
-    predicted_peak: int = 0
-    measured_peak: int = 0
-    step_seconds: float = 0.0
-    steps: int = 0
-    sub_batches: int = 1
-    history: list[float] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        return (f"peak {format_bytes(self.measured_peak)} measured vs "
-                f"{format_bytes(self.predicted_peak)} predicted; "
-                f"step {self.step_seconds * 1e3:.1f} ms")
-
-
-class Trainer:
-    """Runs planned training steps; build it with ``outcore.compile``.
-
-    ``step(x, y)`` runs forward and backward and accumulates gradients into the model's
-    ``.grad`` (call ``optimizer.zero_grad()`` between steps, as with ``loss.backward()``).
-    """
-
-    def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
-                 budget: int | None) -> None:
-        from outcore.runtime.executor import Executor
-
-        self.model = model
-        self.planned = planned
-        self.device = device
-        self.budget = budget
-        self.executor = Executor(planned.graph, planned.schedule, device)
-        self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
-                                  sub_batches=planned.plan.sub_batches)
-
-    @property
-    def plan(self) -> Plan:
-        return self.planned.plan
-
-    def explain(self) -> list[dict[str, Any]]:
-        """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
-        return self.planned.explain()
-
-    def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the loss (a detached scalar)."""
-        from outcore.runtime.subbatch import run_sub_batches
-
-        parts = self.planned.plan.sub_batches
-        if parts > 1:
-            result = run_sub_batches(self.executor, (x, y), parts)
-        else:
-            result = self.executor.run((x, y))
-        self.stats.measured_peak = result.peak_bytes
-        self.stats.step_seconds = result.seconds
-        self.stats.steps += 1
-        self.stats.history.append(float(result.loss))
-        return result.loss
-
-    def close(self) -> None:
-        """Stop the device's copy engines (if any)."""
-        closer = getattr(self.device, "close", None)
-        if closer is not None:
-            closer()
-
-
-def compile(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
-            budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
-            policy: str = "auto", **options: Any) -> Trainer:
-    """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
-
-    Args:
-        model, loss_fn, example_batch: as for ``outcore.capture``: ``loss_fn(model(x), y)``.
-        budget: device memory to stay within (bytes or "12GB"/"11.5GiB"); None = unbounded.
-        device: "cuda", "cpu-emulated" (the accelerator emulated on this CPU, with the
-            budget as its capacity and a copy engine per direction) or "cpu".
-        gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth.
-        policy: a name from ``outcore.policies()``; "auto" = outcore-auto.
-
-    Returns:
-        A Trainer; ``trainer.step(x, y)`` trains one step.
-    """
-    from outcore.runtime.devices import make_device
-
-    limit = None if budget is None else parse_bytes(budget)
-    graph = capture(model, loss_fn, example_batch)
-
-    def recapture(parts: int) -> Graph:
-        from outcore.runtime.subbatch import split_batch
-
-        return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
-
-    planned = plan(graph, limit, policy=policy, gpu=gpu, recapture=recapture, simulate=False,
-                   **options)
-    dev = make_device(device, capacity=limit, gpu=gpu if device == "cpu-emulated" else None)
-    return Trainer(model, planned, dev, limit)
-
-
 def policies() -> list[str]:
     """Every policy name ``plan``/``compile`` accept (plus "auto" for outcore-auto)."""
     from outcore.policies.registry import names
 
     return names()
+
+
+def __getattr__(name: str) -> Any:
+    """``Trainer``, ``TrainerStats`` and ``compile`` live in ``outcore.trainer`` (which imports
+    this module); they are re-exported here lazily."""
+    if name in ("Trainer", "TrainerStats", "compile"):
+        from outcore import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

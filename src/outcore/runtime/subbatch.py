@@ -38,13 +38,15 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
     return [tree_unflatten([c[i] for c in chunks], spec) for i in range(parts)]
 
 
-def run_sub_batches(executor: Executor, batch: Any, parts: int) -> StepResult:
+def run_sub_batches(executor: Executor, batch: Any, parts: int,
+                    loss_scale: float = 1.0) -> StepResult:
     """Run ``executor`` (built for one sub-batch) over ``parts`` sub-batches of ``batch``.
 
     Returns a StepResult whose loss is the mean of the sub-batch losses and whose peak is the
     largest sub-batch peak. Gradients are accumulated into ``.grad`` as they go.
     """
-    results = [executor.run(sub, grad_scale=1.0 / parts) for sub in split_batch(batch, parts)]
+    results = [executor.run(sub, grad_scale=1.0 / parts, loss_scale=loss_scale)
+               for sub in split_batch(batch, parts)]
     loss = torch.stack([r.loss for r in results]).mean()
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results),
                       seconds=sum(r.seconds for r in results))

@@ -42,12 +42,19 @@ class Outcome:
         return not self.problems
 
 
-def in_core_peak(case: Case) -> tuple[int, int]:
-    """(ops, peak bytes) of the step with everything kept and freed at last use."""
+def in_core_peak(case: Case) -> tuple[int, int, int]:
+    """(ops, in-core peak, budget): the peak with everything kept and freed at last use, and
+    the budget the corpus runs at: halfway between the layer-wise lower bound (parameters,
+    inputs, the largest op) and that peak. At tiny sizes parameters and gradients are most
+    of the peak, so half the peak itself is below what any policy can reach."""
+    from outcore.graph.bounds import reference_peaks
+
     model = case.build()
     graph = outcore.capture(model, case.loss_fn, case.batch())
     planned = outcore.plan(graph, None, policy="liveness", simulate=False)
-    return len(graph.ops), planned.predicted_peak
+    floor = reference_peaks(graph).layer_lower_bound
+    peak = planned.predicted_peak
+    return len(graph.ops), peak, floor + (peak - floor) // 2
 
 
 def eager_step(model: nn.Module, case: Case, batch: Any) -> torch.Tensor:
@@ -93,7 +100,17 @@ def _compare(outcome: Outcome, model: nn.Module, reference: nn.Module, loss: tor
 
 
 def check(case: Case, policy: str, budget: int) -> Outcome:
-    """One step of ``case`` under ``policy`` within ``budget`` bytes, against eager."""
+    """One step of ``case`` under ``policy`` within ``budget`` bytes, against eager.
+
+    A policy that cannot reach ``budget`` (InfeasibleBudgetError) is run again at the least
+    budget it named; ``Outcome.budget`` records the budget the step ran at."""
+    try:
+        return _check(case, policy, budget)
+    except outcore.InfeasibleBudgetError as err:
+        return _check(case, policy, err.required)
+
+
+def _check(case: Case, policy: str, budget: int) -> Outcome:
     model = case.build()
     reference = copy.deepcopy(model)
     batch = case.batch()

@@ -19,15 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
 
-from corpus import BY_NAME, CORPUS  # noqa: E402
-from harness import POLICIES, check, in_core_peak  # noqa: E402
+from corpus import BY_NAME, CORPUS
+from harness import POLICIES, check, in_core_peak
 
 
 def _cell(name: str, policy: str, budget: int) -> str:
     try:
         outcome = check(BY_NAME[name], policy, budget)
     except Exception as exc:  # noqa: BLE001 - a failure is a table cell, with its reason
-        return f"{type(exc).__name__}"
+        return f"{type(exc).__name__}: {str(exc)[:60]}".replace("|", "/").replace("\n", " ")
     if outcome.ok:
         return "ok" if outcome.budget <= budget else f"ok@{outcome.budget / budget:.2f}x"
     return "diff: " + outcome.problems[0][:40]

@@ -36,6 +36,7 @@ class Outcome:
     predicted: int = 0
     measured: int = 0
     problems: list[str] = field(default_factory=list)
+    variants: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -57,12 +58,19 @@ def in_core_peak(case: Case) -> tuple[int, int, int]:
     return len(graph.ops), peak, floor + (peak - floor) // 2
 
 
-def eager_step(model: nn.Module, case: Case, batch: Any) -> torch.Tensor:
+def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1) -> torch.Tensor:
+    """One eager step; with ``parts`` sub-batches, as moDNN's gradient accumulation runs it
+    (each sub-batch's loss weighted 1/parts, BatchNorm statistics per sub-batch)."""
+    from outcore.runtime.subbatch import split_batch
+
     model.train()
     torch.manual_seed(7)
-    loss = step_loss(model, case.loss_fn, batch)
-    loss.backward()
-    return loss.detach()
+    losses = []
+    for sub in split_batch(batch, parts) if parts > 1 else [batch]:
+        loss = step_loss(model, case.loss_fn, sub)
+        (loss * (1.0 / parts) if parts > 1 else loss).backward()
+        losses.append(loss.detach())
+    return losses[0] if parts == 1 else torch.stack(losses).mean()
 
 
 def tied_parameters(model: nn.Module) -> set[int]:
@@ -73,29 +81,32 @@ def tied_parameters(model: nn.Module) -> set[int]:
     return {pid for pid, count in seen.items() if count > 1}
 
 
-def _same_grad(p: torch.Tensor, q: torch.Tensor, tied: bool) -> bool:
-    """Bit-exact, except for a tied parameter used three times or more: the joint graph
-    sums its gradient contributions in another order than eager autograd's engine does,
-    which changes the float rounding of the sum (never more than a few ulps)."""
+def _same_grad(p: torch.Tensor, q: torch.Tensor, loose: bool) -> bool:
+    """Bit-exact, except (``loose``) for a tied parameter used three times or more (the
+    joint graph sums its gradient contributions in another order than eager autograd's
+    engine, which changes the float rounding of the sum) and for plans that chose operator
+    algorithms other than the framework's (another summation order by design)."""
     if torch.equal(p, q):
         return True
-    return tied and torch.allclose(p, q, rtol=1e-5, atol=1e-7)
+    return loose and torch.allclose(p, q, rtol=1e-4, atol=1e-6)
 
 
 def _compare(outcome: Outcome, model: nn.Module, reference: nn.Module, loss: torch.Tensor,
              expected: torch.Tensor) -> None:
-    if not torch.equal(loss, expected):
+    loose = bool(outcome.variants)
+    if not (torch.equal(loss, expected) or (loose and torch.allclose(loss, expected))):
         outcome.problems.append(f"loss {float(loss)} != eager {float(expected)}")
     tied = tied_parameters(model)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         if (p.grad is None) != (q.grad is None):
             outcome.problems.append(f"grad of {name}: {p.grad is None} vs eager "
                                     f"{q.grad is None} for None")
-        elif p.grad is not None and not _same_grad(p.grad, q.grad, id(p) in tied):
+        elif p.grad is not None and not _same_grad(p.grad, q.grad, loose or id(p) in tied):
             diff = float((p.grad - q.grad).abs().max())
             outcome.problems.append(f"grad of {name} differs by {diff:.3g}")
     for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
-        if not torch.equal(b, c):
+        if not (torch.equal(b, c) or (loose and b.is_floating_point()
+                                       and torch.allclose(b, c, rtol=1e-4, atol=1e-6))):
             outcome.problems.append(f"buffer {name} differs from eager")
 
 
@@ -103,21 +114,23 @@ def check(case: Case, policy: str, budget: int) -> Outcome:
     """One step of ``case`` under ``policy`` within ``budget`` bytes, against eager.
 
     A policy that cannot reach ``budget`` (InfeasibleBudgetError) is run again at the least
-    budget it named; ``Outcome.budget`` records the budget the step ran at."""
-    try:
-        return _check(case, policy, budget)
-    except outcore.InfeasibleBudgetError as err:
-        return _check(case, policy, err.required)
+    budget it named (a few times: some policies name a lower estimate); ``Outcome.budget``
+    records the budget the step ran at."""
+    for _ in range(4):
+        try:
+            return _check(case, policy, budget)
+        except outcore.InfeasibleBudgetError as err:
+            budget = max(err.required, budget + 1)
+    return _check(case, policy, budget)
 
 
 def _check(case: Case, policy: str, budget: int) -> Outcome:
     model = case.build()
     reference = copy.deepcopy(model)
     batch = case.batch()
-    expected = eager_step(reference, case, batch)
     outcome = Outcome(case.name, policy, budget)
     if policy == "backend":
-        loss = _backend_step(model, case, batch, budget, outcome)
+        loss, variants, parts = _backend_step(model, case, batch, budget, outcome)
     else:
         trainer = outcore.compile(model, case.loss_fn, batch, budget=budget,
                                   device="cpu-emulated", policy=policy)
@@ -128,17 +141,27 @@ def _check(case: Case, policy: str, budget: int) -> Outcome:
             trainer.close()
         outcome.predicted = trainer.stats.predicted_peak
         outcome.measured = trainer.stats.measured_peak
+        variants = _variants([trainer.planned.schedule])
+        parts = trainer.stats.sub_batches
+    expected = eager_step(reference, case, batch, parts)
     if outcome.measured != outcome.predicted:
         outcome.problems.append(f"measured peak {outcome.measured} != predicted "
                                 f"{outcome.predicted}")
     if outcome.predicted > budget:
         outcome.problems.append(f"predicted peak {outcome.predicted} > budget {budget}")
+    outcome.variants = variants
     _compare(outcome, model, reference, loss, expected)
     return outcome
 
 
+def _variants(schedules: list[Any]) -> list[str]:
+    """The operator algorithms other than the framework's a plan chose (opted in by the
+    policy: SuperNeurons and moDNN pick convolution/attention algorithms by workspace)."""
+    return sorted({v for s in schedules for v in s.variants.values() if v != "framework"})
+
+
 def _backend_step(model: nn.Module, case: Case, batch: Any, budget: int,
-                  outcome: Outcome) -> torch.Tensor:
+                  outcome: Outcome) -> tuple[torch.Tensor, list[str], int]:
     torch._dynamo.reset()
     be = outcore.backend(budget, device="cpu-emulated")
     compiled = torch.compile(model, backend=be, dynamic=False)
@@ -156,4 +179,4 @@ def _backend_step(model: nn.Module, case: Case, batch: Any, budget: int,
     if be.graphs:
         outcome.predicted = max(g.stats.predicted_peak for g in be.graphs)
         outcome.measured = max(g.stats.measured_peak for g in be.graphs)
-    return loss.detach()
+    return loss.detach(), _variants([g.planned.schedule for g in be.graphs]), 1

@@ -91,7 +91,6 @@ def test_model_returning_its_loss_from_a_dict_batch(kind):
 
 def test_step_takes_x_y_or_the_batch_and_a_loss_fn_may_read_a_dict_batch():
     model = mlp()
-    reference = copy.deepcopy(model)
     x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
     trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu")
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """The real-model corpus against eager PyTorch: one step per (model, policy) on the
-emulated device, halfway between the model's layer-wise lower bound and its in-core peak (see harness.check for what is compared).
+emulated device, halfway between the model's layer-wise lower bound and its in-core peak
+(see harness.check for what is compared).
 
 The default run takes ``corpus.DEFAULT_SLICE`` under every policy; the whole corpus is marked
 ``corpus`` and run by ``benchmarks/realmodel_corpus.py`` (which writes BENCHMARKS.md's table).

@@ -88,13 +88,13 @@ def _same_grad(p: torch.Tensor, q: torch.Tensor, loose: bool) -> bool:
     algorithms other than the framework's (another summation order by design)."""
     if torch.equal(p, q):
         return True
-    return loose and torch.allclose(p, q, rtol=1e-4, atol=1e-6)
+    return loose and torch.allclose(p, q, rtol=1e-3, atol=1e-5)
 
 
 def _compare(outcome: Outcome, model: nn.Module, reference: nn.Module, loss: torch.Tensor,
              expected: torch.Tensor) -> None:
     loose = bool(outcome.variants)
-    if not (torch.equal(loss, expected) or (loose and torch.allclose(loss, expected))):
+    if not (torch.equal(loss, expected) or (loose and torch.allclose(loss, expected, rtol=1e-3))):
         outcome.problems.append(f"loss {float(loss)} != eager {float(expected)}")
     tied = tied_parameters(model)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
@@ -106,7 +106,7 @@ def _compare(outcome: Outcome, model: nn.Module, reference: nn.Module, loss: tor
             outcome.problems.append(f"grad of {name} differs by {diff:.3g}")
     for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
         if not (torch.equal(b, c) or (loose and b.is_floating_point()
-                                       and torch.allclose(b, c, rtol=1e-4, atol=1e-6))):
+                                       and torch.allclose(b, c, rtol=1e-3, atol=1e-5))):
             outcome.problems.append(f"buffer {name} differs from eager")
 
 

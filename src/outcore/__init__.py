@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from outcore import zoo
-    from outcore.api import compile
     from outcore.compile_backend import backend
+    from outcore.trainer import compile
 
 __version__ = "0.1.0"
 
@@ -58,21 +58,23 @@ __all__ = [
 ]
 
 
-def capture(model: Any, loss_fn: Callable[..., Any], example_batch: Any, *, fake: bool = False,
-            name: str | None = None) -> Graph:
+def capture(model: Any, loss_fn: Callable[..., Any] | None, example_batch: Any, *,
+            fake: bool = False, name: str | None = None, autocast: Any = None) -> Graph:
     """Capture one whole training step of ``model`` as a Graph (imports torch).
 
-    ``loss_fn(model(x), y)`` is traced forward and backward; ``fake=True`` traces with fake
-    tensors (nothing large is allocated). See ``outcore.capture.aot.capture``.
+    ``loss_fn(model(x), y)`` is traced forward and backward (a dict batch calls
+    ``model(**batch)``; ``loss_fn=None`` reads the loss the model returns); ``fake=True``
+    traces with fake tensors (nothing large is allocated); ``autocast``: torch.bfloat16 or
+    torch.float16. See ``outcore.capture.aot.capture``.
     """
     from outcore.capture.aot import capture as capture_step
 
-    return capture_step(model, loss_fn, example_batch, fake=fake, name=name)
+    return capture_step(model, loss_fn, example_batch, fake=fake, name=name, autocast=autocast)
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import outcore` does not import torch
     if name == "compile":
-        from outcore.api import compile
+        from outcore.trainer import compile
 
         return compile
     if name == "backend":

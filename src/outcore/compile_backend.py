@@ -165,6 +165,9 @@ def _signature(joint: fx.GraphModule, roles: list[Role], nodes: NodeMap,
                step: _DynamoStep) -> Signature:
     arguments = [i for i, role in enumerate(roles) if role == "input"]
     sig = Signature(n_inputs=len(roles))
+    for tid, target in nodes.constants.items():  # lifted tensor constants (get_attr)
+        sig.bindings[tid] = ("const", joint.get_buffer(target) if "." in target
+                             else getattr(joint, target))
     for node in joint.graph.nodes:
         if node.op == "placeholder":
             tid, desc = nodes.node_tensors[node], node.meta.get("desc")

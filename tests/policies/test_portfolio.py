@@ -9,7 +9,7 @@ import copy
 import pytest
 
 import outcore
-import outcore.api
+import outcore.trainer
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.lower import lower
@@ -165,7 +165,7 @@ def test_unknown_options_are_refused_before_anything_is_captured(vgg, monkeypatc
     def no_capture(*args, **kwargs):
         raise AssertionError("captured before the options were checked")
 
-    monkeypatch.setattr(outcore.api, "capture", no_capture)
+    monkeypatch.setattr(outcore.trainer, "capture", no_capture)
     model, loss_fn, batch = make("mlp")
     with pytest.raises(ValueError, match="'recompute'"):
         outcore.compile(model, loss_fn, batch, budget=None, device="cpu", policy="pooch",

@@ -128,10 +128,17 @@ class DataDependentBranch(nn.Module):
         return h * 2 if h.sum() > 0 else h
 
 
-def test_data_dependent_control_flow_names_cause_and_way_out():
+def test_data_dependent_control_flow_is_specialised_with_a_guard():
+    batch = (torch.randn(2, 4), torch.randn(2, 4))
+    graph = capture(DataDependentBranch(), nn.functional.mse_loss, batch)
+    assert [g.reader for g in graph.source.guards] == ["__bool__"]
+    assert [t.source for t in graph.tensors if t.source.startswith("guard:")] == ["guard:0"]
+
+
+def test_data_dependent_control_flow_fake_names_cause_and_way_out():
     batch = (torch.randn(2, 4), torch.randn(2, 4))
     with pytest.raises(CaptureError) as err:
-        capture(DataDependentBranch(), nn.functional.mse_loss, batch)
+        capture(DataDependentBranch(), nn.functional.mse_loss, batch, fake=True)
     message = str(err.value)
     assert "one graph" in message and "depend on tensor values" in message
     assert "torch.where" in message

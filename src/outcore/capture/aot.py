@@ -4,44 +4,29 @@ This is the only module that traces torch. It exports the joint forward+backward
 with ``aot_export_joint_with_descriptors`` (always traced with fake tensors, so capturing
 never allocates activations) and converts it to the plain-data IR in ``outcore.graph.ir``.
 
-Calling convention, used everywhere in outcore: ``example_batch = (x, y)`` as a data loader
-yields it; the model is called as ``model(x)`` (``model(*x)`` when x is a tuple) and the loss
-as ``loss_fn(output, y)``.
+Calling conventions (``outcore.capture.batching``): ``(x, y)`` with ``loss_fn(model(x), y)``,
+a dict batch (``model(**batch)``), or ``loss_fn=None`` for a model that returns its own loss.
+Data-dependent Python control flow (``.item()``, ``if tensor:``) is specialised on the
+example's values with guards checked at every step (``outcore.capture.specialize``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._pytree import tree_flatten
 
 from outcore.capture import module_paths
+from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.convert import build_graph
+from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError
 from outcore.graph.ir import Graph
-
-
-class _TrainingStep(nn.Module):
-    """``(x, y) -> (loss,)``: the module that aot_autograd exports."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, x: Any, y: Any) -> tuple[torch.Tensor]:
-        out = self.model(*x) if isinstance(x, tuple) else self.model(x)
-        loss = self.loss_fn(out, y)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise CaptureError("loss_fn(model(x), y) must return a scalar tensor, got "
-                               f"{type(loss).__name__} {getattr(loss, 'shape', '')}")
-        return (loss,)
 
 
 def _existing_fake_mode(values: list[Any]) -> FakeTensorMode | None:
@@ -55,11 +40,14 @@ def _existing_fake_mode(values: list[Any]) -> FakeTensorMode | None:
 def _faked(module: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
     """Temporarily replace every parameter and buffer of ``module`` by a fake twin."""
     saved: list[tuple[nn.Module, str, str, Any]] = []
+    twins: dict[int, nn.Parameter] = {}  # a tied parameter keeps one twin
     for mod in module.modules():
         for name, param in list(mod._parameters.items()):
             if param is None or isinstance(param, FakeTensor):
                 continue
-            mod._parameters[name] = nn.Parameter(mode.from_tensor(param), param.requires_grad)
+            if id(param) not in twins:
+                twins[id(param)] = nn.Parameter(mode.from_tensor(param), param.requires_grad)
+            mod._parameters[name] = twins[id(param)]
             saved.append((mod, "param", name, param))
         for name, buf in list(mod._buffers.items()):
             if buf is None or isinstance(buf, FakeTensor):
@@ -73,26 +61,54 @@ def _faked(module: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
             (mod._parameters if kind == "param" else mod._buffers)[name] = value
 
 
-def capture(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batch: Any, *,
-            fake: bool = False, name: str | None = None) -> Graph:
+@contextlib.contextmanager
+def _state_restored(module: nn.Module) -> Iterator[None]:
+    """Put every parameter and buffer object back where it was when the block ends.
+
+    The export swaps a module's tensors for traced ones and back; a module reachable under
+    two paths (timm's CoaT shares its positional-encoding convolutions between blocks) is
+    swapped twice and restored once, leaving traced tensors in the live model.
+    """
+    mods = list(module.modules(remove_duplicate=False))
+    params = [dict(mod._parameters) for mod in mods]
+    buffers = [dict(mod._buffers) for mod in mods]
+    try:
+        yield
+    finally:
+        for mod, p, b in zip(mods, params, buffers, strict=True):
+            mod._parameters.clear()
+            mod._parameters.update(p)
+            mod._buffers.clear()
+            mod._buffers.update(b)
+
+
+def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
+            fake: bool = False, name: str | None = None,
+            autocast: torch.dtype | None = None) -> Graph:
     """Capture one whole training step of ``model`` as a Graph.
 
     Args:
         model: any ``nn.Module``; it is put in training mode for the capture and restored.
-        loss_fn: ``loss_fn(model(x), y) -> scalar``; a function or an ``nn.Module``.
-        example_batch: ``(x, y)`` as a data loader yields it.
+        loss_fn: ``loss_fn(model(x), y) -> scalar``; a function or an ``nn.Module``; None for
+            a model that returns its own loss (see ``outcore.capture.batching``).
+        example_batch: ``(x, y)`` as a data loader yields it; with ``loss_fn=None`` (or a dict
+            batch) the model's input: a dict (``model(**batch)``), a tuple or a tensor.
         fake: size the step without real tensors: a real model and batch are replaced by fake
             twins (nothing is allocated); a model/batch already built under FakeTensorMode is
             used as it is. A fake graph can be planned and simulated, not executed.
         name: a name for the graph (default: the model's class name).
+        autocast: run the step under ``torch.autocast`` with this dtype (bfloat16 or
+            float16). By default the autocast in effect at the call (``with
+            torch.autocast(...)``) is captured; the graph then holds the casts explicitly.
 
     Returns:
         A validated Graph whose ``source`` is a ``CapturedStep`` the executor can run (when
         the capture was not fake).
 
     Raises:
-        CaptureError: the batch is not ``(x, y)``, the loss is not a scalar, or tracing failed
-            (the message carries torch's reason).
+        CaptureError: the batch does not fit the calling convention, the loss is not a
+            scalar, or tracing failed (the message carries torch's reason, the node and
+            module concerned, and what to change).
 
     Example:
         >>> import torch
@@ -104,25 +120,29 @@ def capture(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not (isinstance(example_batch, (tuple, list)) and len(example_batch) == 2):
-        raise CaptureError("example_batch must be (x, y) as a data loader yields it; got "
+    if loss_fn is not None and not isinstance(example_batch, Mapping) and not (
+            isinstance(example_batch, (tuple, list)) and len(example_batch) == 2):
+        raise CaptureError("example_batch must be (x, y) as a data loader yields it (or a dict, "
+                           "or loss_fn=None for a model returning its own loss); got "
                            f"{type(example_batch).__name__} of length "
                            f"{len(example_batch) if hasattr(example_batch, '__len__') else '?'}")
-    x, y = example_batch
-    step = _TrainingStep(model, loss_fn)
-    leaves = tree_flatten((x, y))[0] + list(step.parameters()) + list(step.buffers())
+    cast = autocast_state(autocast, example_batch, model)
+    step = TrainingStep(model, loss_fn, example_batch, cast)
+    tensors, signature = split_batch_leaves(example_batch)
+    leaves = [*tensors, *step.parameters(), *step.buffers()]
     mode = _existing_fake_mode(leaves)
     is_fake = fake or mode is not None
     was_training = model.training
     model.train()
     try:
-        with contextlib.ExitStack() as stack:
+        with _state_restored(step), contextlib.ExitStack() as stack:
+            args = tuple(tensors)
             if mode is None and fake:
                 mode = FakeTensorMode(allow_non_fake_inputs=False)
                 stack.enter_context(_faked(step, mode))
-                x, y = _fake_batch(mode, (x, y))
+                args = tuple(mode.from_tensor(t) for t in tensors)
             stack.enter_context(module_paths.recording(model))
-            joint = _export(stack, step, (x, y))
+            joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
             graph, nodes = build_graph(gm, name or type(model).__name__)
             graph.meta["module_paths"] = module_paths.op_module_paths(
@@ -130,51 +150,30 @@ def capture(model: nn.Module, loss_fn: Callable[..., torch.Tensor], example_batc
     finally:
         model.train(was_training)
     graph.meta["fake"] = is_fake
-    graph.source = CapturedStep.from_export(gm, graph, step, (x, y), fake=is_fake, nodes=nodes)
+    if cast is not None:
+        graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
+    graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,
+                                            signature=signature, guards=guards)
     return graph
 
 
-def _fake_batch(mode: FakeTensorMode, batch: Any) -> Any:
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v, batch)
-
-
-def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, Any]) -> Any:
-    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-
-    try:
-        return aot_export_joint_with_descriptors(stack, step, args)
-    except CaptureError:
-        raise
-    except Exception as exc:  # torch raises many types here; keep its reason
-        cause = exc
-        while cause.__cause__ is not None and isinstance(cause.__cause__, CaptureError):
-            cause = cause.__cause__
-        if isinstance(cause, CaptureError):
-            raise cause from None
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise CaptureError(f"could not capture the training step as one graph: "
-                           f"{type(exc).__name__}: {first}. {_way_out(exc)}") from exc
-
-
-_DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent", "_local_scalar_dense",
-                   "nonzero", "item()")
-
-
-def _way_out(exc: BaseException) -> str:
-    """What the user can change, for the common reasons a step cannot be one graph."""
-    text = f"{type(exc).__name__} {exc}"
-    if any(marker in text for marker in _DATA_DEPENDENT):
-        return ("The model's control flow or shapes depend on tensor values (an `if` on a "
-                "tensor, `.item()`, `nonzero`), which one static graph cannot hold. Make the "
-                "branch depend on shapes or Python values, use torch.where, or move that part "
-                "out of the model (e.g. into the data loader).")
-    if "Unsupported" in text or "graph break" in text.lower():
-        return ("The model calls something that cannot be traced (a graph break). Rewrite that "
-                "call with torch operations, or keep it out of the model.")
-    return ("Check that model(x) and loss_fn(output, y) run eagerly on the example batch; "
-            "outcore traces them with fake tensors, so code that needs real values fails here.")
+def autocast_state(autocast: torch.dtype | None, batch: Any,
+                   model: nn.Module) -> tuple[str, torch.dtype] | None:
+    """``(device type, dtype)`` of the autocast to capture, or None: the one asked for, else
+    the one in effect now for the device the model's parameters live on."""
+    device_type = next((p.device.type for p in model.parameters()), None)
+    if device_type is None:
+        tensors, _ = split_batch_leaves(batch)
+        device_type = tensors[0].device.type if tensors else "cpu"
+    if device_type == "meta":
+        device_type = "cpu"
+    if autocast is not None:
+        if autocast not in (torch.bfloat16, torch.float16):
+            raise CaptureError(f"autocast must be torch.bfloat16 or torch.float16, got {autocast}")
+        return (device_type, autocast)
+    if torch.is_autocast_enabled(device_type):
+        return (device_type, torch.get_autocast_dtype(device_type))
+    return None
 
 
 def fx_graph_of(graph: Graph) -> fx.GraphModule:

@@ -6,7 +6,13 @@
   with the graph, so equal StorageImpl pointers mean shared memory. The first tensor of a
   storage is its base and carries the bytes; later ones are views with 0 bytes.
 * Kinds come from the export's descriptors: parameters, buffers, plain inputs, the tangent;
-  gradients of parameters, the loss and buffer updates from the output descriptors.
+  gradients of parameters, the loss, buffer updates and specialisation guards (plain outputs
+  after the loss) from the output descriptors.
+* ``get_attr`` nodes are tensor constants the export lifted (masks, position tables, a
+  ``torch.tensor(...)`` built in forward): static tensors of kind BUFFER with source
+  ``const:<attribute>``, read from the GraphModule when the step runs.
+* A node outcore cannot hold raises CaptureError naming the node, the module it came from
+  (``nn_module_stack``) and what to do; never a bare ValueError.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from outcore.errors import CaptureError
 from outcore.graph.categories import categorize
 from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
 
@@ -32,6 +39,7 @@ class NodeMap:
     node_tensors: dict[fx.Node, int] = field(default_factory=dict)  # single-tensor nodes
     op_outputs: dict[fx.Node, list[int | None]] = field(default_factory=dict)  # per return slot
     placeholders: dict[int, Any] = field(default_factory=dict)  # tensor id -> descriptor
+    constants: dict[int, str] = field(default_factory=dict)  # tensor id -> get_attr target
     output_roles: list[tuple[str, int, str]] = field(default_factory=list)  # role, tid, name
 
 
@@ -76,12 +84,23 @@ class _Builder:
         self.map.node_tensors[node] = tid
         self.map.placeholders[tid] = desc
 
+    def constant(self, node: fx.Node) -> None:
+        """A lifted tensor constant (``get_attr``): static, owned by the captured module."""
+        value = _attr(self.gm, str(node.target))
+        if not isinstance(value, torch.Tensor):
+            raise _node_error(node, f"reads the attribute {node.target!r}, a "
+                              f"{type(value).__name__}, where a tensor constant was expected")
+        val = node.meta.get("val", value)
+        tid = self.add_tensor(val, node.name, TensorKind.BUFFER, None, f"const:{node.target}")
+        self.map.node_tensors[node] = tid
+        self.map.constants[tid] = str(node.target)
+
     def call(self, node: fx.Node) -> None:
         if node.target is operator.getitem:
             parent, index = node.args
             if not isinstance(parent, fx.Node) or not isinstance(index, int):
-                raise TypeError(f"getitem node {node.name} must read (node, int), got "
-                                 f"({type(parent).__name__}, {type(index).__name__})")
+                raise _node_error(node, f"reads ({type(parent).__name__}, "
+                                  f"{type(index).__name__}); a getitem must read (node, int)")
             slot = self.map.op_outputs[parent][index]
             if slot is not None:
                 self.map.node_tensors[node] = slot
@@ -90,6 +109,8 @@ class _Builder:
         oid = len(self.ops)
         phase = _phase(node)
         kind = TensorKind.ACTIVATION if phase is Phase.FORWARD else TensorKind.GRADIENT
+        if "val" not in node.meta:
+            raise _node_error(node, "has no traced value (meta['val']), so its size is unknown")
         val = node.meta["val"]
         outputs: list[int] = []
         if isinstance(val, (tuple, list)):
@@ -116,7 +137,7 @@ class _Builder:
         self.ops.append(Op(id=oid, name=node.name, target=target, phase=phase,
                            category=category, inputs=inputs, outputs=outputs,
                            flops=_flops(node), bytes_touched=self._bytes(inputs, outputs),
-                           random=_is_random(target, phase),
+                           random=_is_random(node, target),
                            variant_options=_variant_options(node, target)))
         self.map.op_nodes.append(node)
 
@@ -125,7 +146,7 @@ class _Builder:
         for arg in node.all_input_nodes:
             tid = self.map.node_tensors.get(arg)
             if tid is None:
-                raise ValueError(f"op {node.name} reads {arg.name}, which is not a tensor")
+                raise _node_error(node, f"reads {arg.name} ({arg.op}), which holds no tensor")
             if tid not in seen:
                 seen.append(tid)
         return seen
@@ -144,8 +165,7 @@ class _Builder:
         descs = node.meta.get("desc") or []
         values = node.args[0]
         if not isinstance(values, (tuple, list)):
-            raise TypeError(f"output node {node.name} must return a tuple or list, got "
-                             f"{type(values).__name__}")
+            raise _node_error(node, f"returns a {type(values).__name__}, not a tuple or list")
         result: list[int] = []
         for value, desc in zip(values, descs, strict=False):
             if not isinstance(value, fx.Node):
@@ -161,6 +181,10 @@ class _Builder:
                                                f"input:{getattr(desc.mutated_input, 'idx', '?')}")
                 self.tensors[tid].kind = TensorKind.OUTPUT
                 self.tensors[tid].source = f"update:{name}"
+            elif getattr(desc, "idx", 0) > 0:  # a specialisation guard (after the loss)
+                role, name = "guard", str(desc.idx - 1)
+                self.tensors[tid].kind = TensorKind.OUTPUT
+                self.tensors[tid].source = f"guard:{name}"
             else:
                 role, name = "loss", "loss"
                 self.tensors[tid].kind = TensorKind.OUTPUT
@@ -228,9 +252,57 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
     return options
 
 
-def _is_random(target: str, phase: Phase) -> bool:
-    """Ops that draw from the RNG: forward dropout/bernoulli/rand*, never their backward."""
-    return "backward" not in target and any(m in target for m in _RANDOM_MARKERS)
+def _is_random(node: fx.Node, target: str) -> bool:
+    """Ops that draw from the RNG: those ATen tags ``nondeterministic_seeded`` (dropout,
+    bernoulli, rand*, randn*, randint*, normal, multinomial, ...), by name the ones it does
+    not tag, and attention with a dropout probability above 0; never a backward."""
+    if "backward" in target:
+        return False
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return True
+    if any(m in target for m in _RANDOM_MARKERS):
+        return True
+    dropout = _argument(node, "dropout_p")
+    return isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and dropout > 0
+
+
+def _argument(node: fx.Node, name: str) -> Any:
+    """The value of the argument ``name`` of an ATen call (by its schema), or None."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) else None
+    return None
+
+
+def _attr(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _module_of(node: fx.Node) -> str:
+    """The module a node came from, from ``nn_module_stack`` (innermost last)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "no module (the loss or top-level code)"
+    path, cls = list(stack.values())[-1]
+    name = getattr(cls, "__name__", str(cls))
+    return f"{path} ({name})"
+
+
+def _node_error(node: fx.Node, what: str) -> CaptureError:
+    return CaptureError(
+        f"cannot capture node {node.name} ({node.op} {_target_name(node.target)}) from module "
+        f"{_module_of(node)}: it {what}. Way out: run that part outside the model (e.g. in the "
+        "data loader), rewrite it with plain torch operations, or report the node kind to "
+        "outcore with this message.")
 
 
 def _itemsize(dtype: str) -> int:
@@ -263,10 +335,13 @@ def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
             builder.placeholder(node)
         elif node.op == "call_function":
             builder.call(node)
+        elif node.op == "get_attr":
+            builder.constant(node)
         elif node.op == "output":
             outputs = builder.output(node)
         else:
-            raise ValueError(f"unexpected node {node.op} {node.name} in the joint graph")
+            raise _node_error(node, f"is a {node.op} node, which the joint graph should not "
+                              "contain")
     graph = Graph(tensors=builder.tensors, ops=builder.ops, outputs=outputs, name=name)
     graph.validate()
     _mark_categories(graph)

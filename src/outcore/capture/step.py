@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten
 
+from outcore.capture.batching import BatchSignature, split_batch_leaves
 from outcore.capture.convert import NodeMap
+from outcore.capture.specialize import ScalarGuard
+from outcore.errors import OutcoreError
 from outcore.graph.ir import Graph
+
+
+class SpecializationMismatch(OutcoreError):
+    """A step read a tensor value different from the one its graph was specialised on."""
+
+
+class BatchMismatch(OutcoreError):
+    """A batch does not match the signature (structure, shapes, dtypes) the step was
+    captured with."""
 
 _MODEL_PREFIX = "model."
 
@@ -24,7 +35,9 @@ class CapturedStep:
         nodes: how FX nodes map to IR tensors and ops.
         step_module: the ``(x, y) -> (loss,)`` wrapper whose parameters the graph reads.
         fake: True when the capture used fake tensors only (the graph cannot be executed).
-        batch_spec: number of flattened leaves in ``(x, y)``.
+        batch_leaves: number of tensors in the batch (the graph's plain inputs).
+        signature: the batch signature captured (None for a graph not from a batch).
+        guards: the values the step was specialised on (``outcore.capture.specialize``).
     """
 
     gm: fx.GraphModule
@@ -32,6 +45,8 @@ class CapturedStep:
     step_module: nn.Module
     fake: bool
     batch_leaves: int
+    signature: BatchSignature | None = None
+    guards: list[ScalarGuard] = field(default_factory=list)
 
     @property
     def op_nodes(self) -> list[fx.Node]:
@@ -40,25 +55,63 @@ class CapturedStep:
 
     @classmethod
     def from_export(cls, gm: fx.GraphModule, graph: Graph, step: nn.Module, batch: Any,
-                    fake: bool, nodes: NodeMap | None = None) -> CapturedStep:
-        leaves = tree_flatten(batch)[0]
+                    fake: bool, nodes: NodeMap | None = None,
+                    signature: BatchSignature | None = None,
+                    guards: list[ScalarGuard] | None = None) -> CapturedStep:
+        """``batch``: the flat tensors the export was called with (or a pytree of them)."""
+        tensors, _ = split_batch_leaves(batch)
         return cls(gm=gm, nodes=nodes if nodes is not None else NodeMap(), step_module=step,
-                   fake=fake, batch_leaves=len(leaves))
+                   fake=fake, batch_leaves=len(tensors), signature=signature,
+                   guards=list(guards or []))
+
+    def batch_tensors(self, batch: Any) -> list[torch.Tensor]:
+        """The graph inputs of ``batch``, checked against the captured signature.
+
+        Raises:
+            BatchMismatch: another structure, constant, shape or dtype (the message names
+                the first difference and what to do).
+        """
+        tensors, sig = split_batch_leaves(batch)
+        if self.signature is None:
+            if len(tensors) != self.batch_leaves:
+                raise BatchMismatch(f"the batch has {len(tensors)} tensors but the step was "
+                                    f"captured with {self.batch_leaves}; pass a batch shaped "
+                                    "like the example")
+            return tensors
+        if sig != self.signature:
+            raise BatchMismatch(f"this batch {sig.describe()} does not match the captured "
+                                f"signature {self.signature.describe()} (structure, constants, "
+                                "shapes or dtypes); Trainer.step captures and plans each new "
+                                "signature, an Executor runs only the one it was built for")
+        return tensors
+
+    def check_guards(self, outputs: dict[int, torch.Tensor]) -> None:
+        """Raise SpecializationMismatch when a guard output differs from its recorded value."""
+        for role, tid, name in self.nodes.output_roles:
+            if role != "guard":
+                continue
+            guard = self.guards[int(name)]
+            if not guard.holds(outputs[tid]):
+                raise SpecializationMismatch(
+                    f"the step was specialised on a tensor value read with .{guard.reader}() "
+                    f"being {guard.value!r}, and this batch reads otherwise; capture it again "
+                    "for this batch (Trainer.step does so by itself)")
 
     # -- binding real values -------------------------------------------------------------------
-    def static_values(self, graph: Graph, batch: Any) -> dict[int, torch.Tensor]:
+    def static_values(self, graph: Graph, batch: Any,
+                      loss_scale: float = 1.0) -> dict[int, torch.Tensor]:
         """Tensor id -> real tensor for every placeholder, for a batch ``(x, y)``.
 
         Parameters and buffers come from the live module (so an optimizer's updates are seen);
-        the tangent (d loss / d loss) is a fresh scalar one.
+        the tangent (d loss / d loss) is a fresh scalar ``loss_scale`` (1: plain gradients;
+        a GradScaler's scale: scaled gradients, as ``scaler.scale(loss).backward()`` gives).
         """
         params = dict(self.step_module.named_parameters(remove_duplicate=False))
         buffers = dict(self.step_module.named_buffers(remove_duplicate=False))
-        leaves = tree_flatten(batch)[0]
-        if len(leaves) != self.batch_leaves:
-            raise ValueError(f"the batch has {len(leaves)} tensors but the step was captured "
-                             f"with {self.batch_leaves}; pass (x, y) shaped like the example")
+        leaves = self.batch_tensors(batch)
         values: dict[int, torch.Tensor] = {}
+        for tid, target in self.nodes.constants.items():
+            values[tid] = _attr(self.gm, target)
         for tid, desc in self.nodes.placeholders.items():
             cls = type(desc).__name__
             if cls == "ParamAOTInput":
@@ -69,13 +122,21 @@ class CapturedStep:
                 values[tid] = leaves[desc.idx]
             elif cls == "TangentAOTInput":
                 loss = graph.tensors[graph.by_name("tangents_1").id]
-                values[tid] = torch.ones(loss.shape, dtype=getattr(torch, loss.dtype))
+                values[tid] = torch.full(loss.shape, loss_scale, dtype=getattr(torch, loss.dtype))
             else:
                 raise ValueError(f"unknown graph input {graph.tensors[tid].name}: {desc!r}")
         return values
 
     def parameter(self, name: str) -> nn.Parameter:
+        """The live parameter ``name`` of the step module."""
         return dict(self.step_module.named_parameters(remove_duplicate=False))[name]
 
     def buffer(self, name: str) -> torch.Tensor:
         return dict(self.step_module.named_buffers(remove_duplicate=False))[name]
+
+
+def _attr(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

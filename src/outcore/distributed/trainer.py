@@ -26,13 +26,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from outcore.api import PlannedStep, Trainer
 from outcore.distributed.group import DistributedError, RankContext
 from outcore.distributed.reducer import BucketReducer
 from outcore.plan.grad_buckets import GradBucket
+from outcore.planned import PlannedStep
+from outcore.trainer import PlannedTrainer
 
 
-class DataParallelTrainer(Trainer):
+class DataParallelTrainer(PlannedTrainer):
     """A Trainer on one rank of a data-parallel group (module doc); built by
     ``outcore.compile(..., distributed=True)``."""
 

@@ -188,7 +188,7 @@ class Executor:
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
-            timed: bool = False, measure: bool = True) -> StepResult:
+            timed: bool = False, measure: bool = True, loss_scale: float = 1.0) -> StepResult:
         """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees.
 
         ``timed=True`` also records the wall time of every instruction, from its start to
@@ -198,12 +198,13 @@ class Executor:
         ``StepResult.transfers`` is the device's transfer statistics for this step, when
         the device keeps them (``stats()``). ``measure=False`` runs without the memory
         tracker (``peak_bytes`` is then 0); only allowed on a device without a capacity to
-        enforce.
+        enforce. ``loss_scale`` seeds the backward with that value instead of 1 (loss
+        scaling: the gradients come out multiplied by it).
         """
         if not measure and self.capacity is not None:
             raise OutcoreError("measure=False would skip enforcing the device's capacity; "
                                "use a device without one (e.g. device='cpu')")
-        values = self.step.static_values(self.graph, batch)
+        values = self.step.static_values(self.graph, batch, loss_scale)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
         hook = self.grad_hook
@@ -239,6 +240,7 @@ class Executor:
         if timed:
             self._timings(rt.marks, end, result)
         self._collect(outputs, result)
+        self.step.check_guards(outputs)  # a specialised step whose values changed: not applied
         if apply:
             self.apply(result, outputs, grad_scale)
         return result

@@ -92,7 +92,8 @@ def loss_weight(executor: Executor, parts: int) -> float:
     return 1.0 / parts
 
 
-def run_sub_batches(executor: Executor, batch: Any, parts: int) -> StepResult:
+def run_sub_batches(executor: Executor, batch: Any, parts: int,
+                    loss_scale: float = 1.0) -> StepResult:
     """Run ``executor`` (built for one sub-batch) over ``parts`` sub-batches of ``batch``.
 
     Returns a StepResult whose loss is the sub-batch losses combined as the loss reduces
@@ -107,7 +108,7 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int) -> StepResult:
     saved: dict[str, torch.Tensor] = {}  # buffers as they were, restored if a sub-batch fails
     try:
         for sub in split_batch(batch, parts, dims):
-            result = executor.run(sub, apply=False)
+            result = executor.run(sub, apply=False, loss_scale=loss_scale)
             if not saved and result.buffers:
                 saved = {n: b.clone() for n, b in executor.named_buffers(result.buffers)}
             executor.apply_buffers(result)

@@ -1,0 +1,69 @@
+"""The real-model corpus: one step per (model, policy) against eager, as a table.
+
+Runs every model of ``tests/realmodels/corpus.py`` under every policy of
+``tests/realmodels/harness.POLICIES`` (six outcore policies and the torch.compile backend) on
+``cpu-emulated``, halfway between the model's layer-wise lower bound and its in-core peak
+(a policy that cannot reach that runs at the least budget it names), and prints a Markdown
+table: model, ops, in-core peak, budget, and per policy ``ok`` or what failed.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/realmodel_corpus.py [--only a,b] \\
+        [--out corpus.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
+
+from corpus import BY_NAME, CORPUS
+from harness import POLICIES, check, in_core_peak
+
+
+def _cell(name: str, policy: str, budget: int) -> str:
+    try:
+        outcome = check(BY_NAME[name], policy, budget)
+    except Exception as exc:  # noqa: BLE001 - a failure is a table cell, with its reason
+        return f"{type(exc).__name__}: {str(exc)[:60]}".replace("|", "/").replace("\n", " ")
+    if outcome.ok:
+        return "ok" if outcome.budget <= budget else f"ok@{outcome.budget / budget:.2f}x"
+    return "diff: " + outcome.problems[0][:40]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--out", default="", help="also write the table to this file")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else [c.name for c in CORPUS]
+    header = ["model", "ops", "in-core peak", "budget", *POLICIES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    print("\n".join(lines), flush=True)
+    passed = total = 0
+    start = time.perf_counter()
+    for name in names:
+        try:
+            ops, peak, budget = in_core_peak(BY_NAME[name])
+        except Exception as exc:  # noqa: BLE001
+            cells = [name, "-", "-", "-", *[f"capture: {type(exc).__name__}"] * len(POLICIES)]
+        else:
+            results = [_cell(name, policy, budget) for policy in POLICIES]
+            cells = [name, str(ops), f"{peak / 2**20:.2f} MiB", f"{budget / 2**20:.2f} MiB",
+                     *results]
+        total += len(POLICIES)
+        passed += sum(c.startswith("ok") for c in cells[4:])
+        line = "| " + " | ".join(cells) + " |"
+        lines.append(line)
+        print(line, flush=True)
+    summary = (f"\n{passed}/{total} pairs pass ({100 * passed / max(total, 1):.1f}%) in "
+               f"{time.perf_counter() - start:.0f} s")
+    print(summary)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n" + summary + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The calling conventions of the ecosystem: how a batch reaches the model and the loss.
+
+Two conventions, chosen by ``loss_fn``:
+
+* ``loss_fn`` given: the batch is ``(x, y)`` as a data loader yields it. The model is called
+  as ``model(x)``, ``model(*x)`` when x is a tuple or list, ``model(**x)`` when x is a dict,
+  and the loss is ``loss_fn(output, y)``. A batch that is a dict (a Hugging Face data
+  collator's) is passed whole: ``model(**batch)`` and ``loss_fn(output, batch)``.
+* ``loss_fn=None``: the model computes its own loss. The batch is the model's input:
+  ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, ``model(batch)``
+  otherwise; the loss is read from the output (``loss_of``).
+
+Outputs may be tensors, ``ModelOutput``s, dicts, tuples or dataclasses; a ``loss_fn`` gets
+them as the model returned them.
+
+A batch is flattened with ``torch.utils._pytree``: its tensors become the graph's inputs, in
+flattening order; every other leaf (a bool, an int, None) is a constant of the captured
+step. ``BatchSignature`` is what must match for a captured step to run a batch: the tree
+structure, the constants, and each tensor's shape, dtype and device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from outcore.errors import CaptureError
+
+LossFn = Callable[..., Any] | None
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else
+    ``model(inputs)``."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """The loss a model (or a loss function) returned: a scalar tensor; the ``loss`` of a
+    ``ModelOutput``, a dict or a dataclass; or the first element of a tuple or list.
+
+    Raises:
+        CaptureError: no scalar loss can be found (the message says what was returned).
+    """
+    found: Any = output
+    if isinstance(output, Mapping):
+        found = output.get("loss")
+    elif isinstance(output, (tuple, list)) and not _is_namedtuple(output):
+        found = output[0] if output else None
+    elif not isinstance(output, torch.Tensor):
+        found = getattr(output, "loss", None)
+        if found is None and dataclasses.is_dataclass(output):
+            found = next((getattr(output, f.name) for f in dataclasses.fields(output)
+                          if f.name == "loss"), None)
+    if not isinstance(found, torch.Tensor) or found.dim() != 0:
+        shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
+        raise CaptureError(
+            f"no scalar loss found in the output ({type(output).__name__}; its loss is "
+            f"{shape}). With loss_fn=None the model must return its loss: a scalar tensor, a "
+            "ModelOutput/dict/dataclass with a 'loss' (Hugging Face models do when the batch "
+            "has 'labels'), or a tuple whose first element is the loss. Otherwise pass a "
+            "loss_fn(output, y).")
+    return found
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields") and hasattr(value, "loss")
+
+
+def step_loss(model: nn.Module, loss_fn: LossFn, batch: Any) -> torch.Tensor:
+    """The loss of one training step on ``batch`` under the module's conventions (eager)."""
+    if loss_fn is None:
+        return loss_of(call_model(model, batch))
+    if isinstance(batch, Mapping):
+        return loss_of(loss_fn(call_model(model, batch), batch))
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        size = len(batch) if hasattr(batch, "__len__") else "?"
+        raise CaptureError(
+            f"with a loss_fn the batch must be (x, y) as a data loader yields it, or a dict; "
+            f"got {type(batch).__name__} of length {size}. For a model that computes its own "
+            "loss pass loss_fn=None and the model's input as the batch.")
+    x, y = batch
+    return loss_of(loss_fn(call_model(model, x), y))
+
+
+@dataclass(frozen=True)
+class BatchSignature:
+    """What a batch must match to run a captured step: structure, constants, tensors.
+
+    Attributes:
+        spec: the pytree structure of the batch.
+        constants: every non-tensor leaf, by flat position (they are baked into the graph).
+        tensors: per tensor leaf, in order: (shape, dtype, device type).
+    """
+
+    spec: TreeSpec
+    constants: tuple[tuple[int, Any], ...]
+    tensors: tuple[tuple[tuple[int, ...], torch.dtype, str], ...]
+
+    def describe(self) -> str:
+        """A short human-readable form (for errors and stats)."""
+        parts = [f"{list(s)}:{str(d).removeprefix('torch.')}" for s, d, _ in self.tensors]
+        return f"({', '.join(parts)})"
+
+
+def split_batch_leaves(batch: Any) -> tuple[list[torch.Tensor], BatchSignature]:
+    """The batch's tensors (the graph inputs, in order) and its signature."""
+    leaves, spec = tree_flatten(batch)
+    tensors: list[torch.Tensor] = []
+    consts: list[tuple[int, Any]] = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
+        else:
+            consts.append((i, _hashable(leaf)))
+    sig = BatchSignature(spec=spec, constants=tuple(consts),
+                         tensors=tuple((tuple(int(s) for s in t.shape), t.dtype, t.device.type)
+                                       for t in tensors))
+    return tensors, sig
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+class TrainingStep(nn.Module):
+    """``(*batch tensors) -> (loss, *guards)``: the module that aot_autograd exports.
+
+    The batch is rebuilt from its tensors and the constants recorded in ``signature``; the
+    step runs under ``autocast`` when one is given (``(device_type, dtype)``).
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, example: Any,
+                 autocast: tuple[str, torch.dtype] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        leaves, spec = tree_flatten(example)
+        self._spec = spec
+        self._constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        self._is_tensor = [isinstance(v, torch.Tensor) for v in leaves]
+        self.autocast = autocast
+        #: while specialising (``outcore.capture.specialize``): the tensors whose values the
+        #: step read; they become extra outputs (guards) after the loss.
+        self.guard_sink: list[torch.Tensor] | None = None
+
+    def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
+        """The batch of the example's structure with these tensors in it."""
+        given = iter(tensors)
+        leaves = [next(given) if is_t else c
+                  for is_t, c in zip(self._is_tensor, self._constants, strict=True)]
+        return tree_unflatten(leaves, self._spec)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        batch = self.rebuild(tensors)
+        if self.guard_sink is not None:
+            self.guard_sink.clear()  # one pass of tracing: its own reads
+        if self.autocast is None:
+            loss = step_loss(self.model, self.loss_fn, batch)
+        else:
+            device_type, dtype = self.autocast
+            with torch.autocast(device_type, dtype=dtype):
+                loss = step_loss(self.model, self.loss_fn, batch)
+        return (loss, *(self.guard_sink or ()))
+
+
+def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:
+    """The batch a ``Trainer.step(*args)`` call means: ``step(x, y)`` is ``(x, y)``;
+    ``step(batch)`` is the batch itself."""
+    if len(args) == 1:
+        return args[0]
+    if len(args) == 2 and loss_fn is not None:
+        return (args[0], args[1])
+    raise TypeError(f"step() takes the batch, or x and y; got {len(args)} arguments"
+                    if loss_fn is not None else
+                    f"step() takes one batch (the model's input) when loss_fn is None; got "
+                    f"{len(args)} arguments")

@@ -1,0 +1,205 @@
+"""Export a training step, specialising data-dependent Python control flow on its values.
+
+A model that reads a tensor's value in Python (``if mask.all():``, ``.item()``, ``int(t)``,
+``t.tolist()``) cannot be one static graph: tracing with fake tensors stops at
+``aten._local_scalar_dense``. Hugging Face models do this on their inputs (BART checks its
+padding mask). When a value is the same at every step, outcore specialises on it:
+
+1. the step runs once eagerly (no gradient; RNG state and buffers restored afterwards), and
+   every value read this way is recorded, in order;
+2. the step is exported again with those reads answered by the recorded values, and each
+   tensor read becomes an extra output of the graph (a *guard*);
+3. every executed step compares the guards with the recorded values before anything is
+   applied (``CapturedStep.check_guards``); on a mismatch the step raises
+   ``SpecializationMismatch`` and the Trainer captures and plans the step again for the new
+   values.
+
+A fake capture (``fake=True``) has no values to specialise on: it keeps the CaptureError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.errors import CaptureError
+
+#: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
+_READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+_DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent",
+                   "_local_scalar_dense", "nonzero", "item()")
+
+
+@dataclass(frozen=True)
+class ScalarGuard:
+    """One value the captured step was specialised on: how it was read and what it was."""
+
+    reader: str
+    value: Any
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
+        return bool(getattr(tensor, self.reader)() == self.value)
+
+
+@contextlib.contextmanager
+def _patched(hook: Callable[[str, Callable[..., Any], torch.Tensor], Any]) -> Iterator[None]:
+    """Route every reader through ``hook(reader, original, tensor)`` for the duration."""
+    originals = {name: getattr(torch.Tensor, name) for name in _READERS}
+
+    def make(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def reader(self: torch.Tensor) -> Any:
+            return hook(name, original, self)
+        return reader
+
+    try:
+        for name in _READERS:
+            setattr(torch.Tensor, name, make(name))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[ScalarGuard]:
+    """Run ``step`` once eagerly without gradient and return every value it read."""
+    seen: list[ScalarGuard] = []
+    depth = [0]
+
+    def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
+        if depth[0]:  # a reader calling another (tolist -> item): record the outer one
+            return original(tensor)
+        depth[0] += 1
+        try:
+            value = original(tensor)
+        finally:
+            depth[0] -= 1
+        seen.append(ScalarGuard(name, value))
+        return value
+
+    buffers = [(b, b.detach().clone()) for b in step.buffers()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        with torch.no_grad(), _patched(hook):
+            step(*args)
+    finally:
+        with torch.no_grad():
+            for buf, saved in buffers:
+                buf.copy_(saved)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return seen
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {"__bool__": bool, "__int__": int,
+                                              "__index__": int, "__float__": float}
+
+
+@contextlib.contextmanager
+def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[None]:
+    """Answer each read with the next recorded value; the tensor read goes to ``sink``."""
+    def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
+        # the export traces the step more than once; TrainingStep.forward empties the sink
+        # at the start of each pass, so the sink's length is the position in this pass
+        if len(sink) >= len(guards):
+            raise CaptureError(
+                f"the model read more tensor values (.{name}()) while tracing than when it ran "
+                "eagerly, so outcore cannot specialise on them; make the branch depend on "
+                "shapes or Python values, or use torch.where")
+        guard = guards[len(sink)]
+        sink.append(tensor.detach())
+        return _CONVERT.get(name, _same)(guard.value)
+
+    with _patched(hook):
+        yield
+    if len(sink) != len(guards):
+        raise CaptureError("the traced step read fewer tensor values than the eager run; "
+                           "outcore cannot specialise this model's control flow")
+
+
+def export_step(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...],
+                fake: bool) -> tuple[Any, list[ScalarGuard]]:
+    """Export ``step(*args)`` as one joint graph; specialise on read values when needed.
+
+    Returns the export and the guards it was specialised on (empty when it was not).
+    """
+    first = contextlib.ExitStack()  # the export's modes stay entered only if it succeeds
+    try:
+        result = _export(first, step, args)
+    except CaptureError as err:
+        first.close()
+        if fake or not _is_data_dependent(err):
+            raise
+    else:
+        stack.enter_context(first)
+        return result, []
+    guards = record_reads(step, args)
+    if not guards:
+        raise CaptureError("tracing needed a tensor's value but the eager step read none; "
+                           + _way_out_text(data_dependent=True))
+    sink: list[torch.Tensor] = []
+    setattr(step, "guard_sink", sink)  # noqa: B010 - read by TrainingStep.forward
+    try:
+        with replaying(guards, sink):
+            return _export(stack, step, args), guards
+    finally:
+        setattr(step, "guard_sink", None)  # noqa: B010
+
+
+def _is_data_dependent(err: BaseException) -> bool:
+    text = f"{err} {err.__cause__}"
+    return any(marker in text for marker in _DATA_DEPENDENT)
+
+
+def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...]) -> Any:
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    try:
+        return aot_export_joint_with_descriptors(stack, step, args)
+    except CaptureError:
+        raise
+    except Exception as exc:  # torch raises many types here; keep its reason
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, CaptureError):
+            cause = cause.__cause__
+        if isinstance(cause, CaptureError):
+            raise cause from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CaptureError(f"could not capture the training step as one graph: "
+                           f"{type(exc).__name__}: {first}. {_way_out(exc)}") from exc
+
+
+def _way_out(exc: BaseException) -> str:
+    """What the user can change, for the common reasons a step cannot be one graph."""
+    text = f"{type(exc).__name__} {exc}"
+    if any(marker in text for marker in _DATA_DEPENDENT):
+        return _way_out_text(data_dependent=True)
+    if "Unsupported" in text or "graph break" in text.lower():
+        return ("The model calls something that cannot be traced (a graph break). Rewrite that "
+                "call with torch operations, or keep it out of the model.")
+    return _way_out_text(data_dependent=False)
+
+
+def _way_out_text(data_dependent: bool) -> str:
+    if data_dependent:
+        return ("The model's control flow or shapes depend on tensor values (an `if` on a "
+                "tensor, `.item()`, `nonzero`). outcore specialises on the example's values "
+                "when the capture is real; with fake=True it cannot. Make the branch depend on "
+                "shapes or Python values, use torch.where, or move that part out of the model "
+                "(e.g. into the data loader).")
+    return ("Check that model(x) and loss_fn(output, y) run eagerly on the example batch; "
+            "outcore traces them with fake tensors, so code that needs real values fails here.")

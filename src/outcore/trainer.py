@@ -1,0 +1,401 @@
+"""``outcore.compile`` and the Trainer it returns: planned training steps, one plan per signature.
+
+The Trainer keeps a bounded LRU cache of planned steps keyed by the *step signature*:
+
+* the batch's structure, constants and per-tensor shape, dtype and device (the last, smaller
+  batch of an epoch or another sequence length is another signature);
+* each parameter's dtype, device and ``requires_grad`` (freezing a layer invalidates);
+* the autocast the step runs under (``compile(..., autocast=...)`` or the one in effect at
+  the ``step`` call).
+
+A step whose signature is not cached is captured and planned again under the same budget
+and policy (``stats.replans`` counts those after the first; ``stats.cache_size`` bounds the
+cache, least recently used first out). A step specialised on tensor values
+(``outcore.capture.specialize``) whose values changed is captured again for the new ones.
+
+``model.eval()`` is honoured: while the model is not training, ``step`` runs the forward
+eagerly under ``torch.no_grad()`` and returns the loss, without a plan, a budget or
+gradients (``stats.eval_steps`` counts them).
+
+Mixed precision: the autocast is captured into the graph (its casts are explicit ATen ops), so
+the executor runs with autocast off. Loss scaling for float16 works with
+``torch.amp.GradScaler``: ``trainer.step(batch, scaler=scaler)`` seeds the backward with the
+scaler's scale (as ``scaler.scale(loss).backward()`` does), then ``scaler.step(optimizer)``
+and ``scaler.update()`` unscale, skip steps with inf/NaN gradients and adapt the scale as
+they do in eager PyTorch. The returned loss is unscaled.
+
+A failed step leaves the model as it was (``outcore.runtime.failsafe``); ``close()`` or
+``with outcore.compile(...) as trainer:`` stops the device's copy engines.
+``PlannedTrainer`` runs one fixed planned step (no signature cache); data parallel
+(``outcore.distributed``) builds on it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.capture.aot import autocast_state, capture
+from outcore.capture.batching import LossFn, batch_of, split_batch_leaves, step_loss
+from outcore.capture.step import SpecializationMismatch
+from outcore.errors import InvalidArgumentError
+from outcore.graph.ir import Graph
+from outcore.plan.plan import Plan
+from outcore.planned import MACHINE, PlannedStep, plan
+from outcore.units import format_bytes
+
+DEFAULT_CACHE_SIZE = 8
+
+
+@dataclass
+class TrainerStats:
+    """What the last ``step`` measured, beside what its plan predicted.
+
+    ``captures``: steps captured and planned (the first and every re-plan); ``replans``: those
+    after the first (a new signature or a failed specialisation guard); ``cache_hits``: steps
+    that reused a cached plan; ``evictions``: plans dropped from the full cache;
+    ``eval_steps``: eager no-grad steps taken while the model was in eval mode;
+    ``signature``: the batch signature of the last training step; ``notes``: what the plan
+    changed in what the step computes (sub-batches) and how it was chosen.
+    """
+
+    predicted_peak: int = 0
+    measured_peak: int = 0
+    step_seconds: float = 0.0
+    steps: int = 0
+    sub_batches: int = 1
+    history: list[float] = field(default_factory=list)
+    captures: int = 0
+    replans: int = 0
+    cache_hits: int = 0
+    evictions: int = 0
+    eval_steps: int = 0
+    signature: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        text = (f"peak {format_bytes(self.measured_peak)} measured vs "
+                f"{format_bytes(self.predicted_peak)} predicted; "
+                f"step {self.step_seconds * 1e3:.1f} ms; {self.replans} re-plans")
+        if self.sub_batches > 1:
+            text += f"; {self.sub_batches} sub-batches (opted in)"
+        return text
+
+
+@dataclass
+class _Entry:
+    planned: PlannedStep
+    executor: Any  # outcore.runtime.executor.Executor
+
+
+class Trainer:
+    """Runs planned training steps; build it with ``outcore.compile``.
+
+    ``step(x, y)`` or ``step(batch)`` runs forward and backward and accumulates gradients
+    into the model's ``.grad`` (call ``optimizer.zero_grad()`` between steps, as with
+    ``loss.backward()``); it returns the loss, detached.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
+                 device: Any, budget: int | None, policy: str = "auto",
+                 gpu: str | None = None, autocast: torch.dtype | None = None,
+                 cache_size: int = DEFAULT_CACHE_SIZE, options: dict[str, Any] | None = None,
+                 allow_sub_batches: bool | None = None, cache: bool | None = None,
+                 host_budget: int | str | None = MACHINE, device_kind: str = "cpu") -> None:
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be at least 1, got {cache_size}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.device = device
+        self.budget = budget
+        self.policy = policy
+        self.gpu = gpu
+        self.autocast = autocast
+        self.cache_size = cache_size
+        self.options = dict(options or {})
+        self.allow_sub_batches = allow_sub_batches
+        self.cache = cache
+        self.host_budget = host_budget
+        self.device_kind = device_kind
+        self.stats = TrainerStats()
+        self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._current = self._entry(example_batch)
+
+    # -- what the current plan is ----------------------------------------------------------
+    @property
+    def planned(self) -> PlannedStep:
+        """The planned step of the last signature used."""
+        return self._current.planned
+
+    @property
+    def executor(self) -> Any:
+        """The executor of the last signature used."""
+        return self._current.executor
+
+    @property
+    def plan(self) -> Plan:
+        return self._current.planned.plan
+
+    def explain(self) -> list[dict[str, Any]]:
+        """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
+        return self._current.planned.explain()
+
+    # -- stepping --------------------------------------------------------------------------
+    def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
+        """One training step on ``(x, y)`` or on one batch; returns the loss (detached).
+
+        ``scaler``: a ``torch.amp.GradScaler``; the gradients come out scaled by its scale,
+        for ``scaler.step(optimizer)`` to unscale. In eval mode (``model.eval()``) the forward
+        runs eagerly without gradient instead.
+        """
+        batch = batch_of(args, self.loss_fn)
+        if not self.model.training:
+            return self._eval_step(batch)
+        scale = 1.0
+        if scaler is not None and scaler.is_enabled():
+            scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
+        entry = self._entry(batch)
+        try:
+            result = self._run(entry, batch, scale)
+        except SpecializationMismatch:
+            entry = self._entry(batch, fresh=True)
+            result = self._run(entry, batch, scale)
+        self.stats.measured_peak = result.peak_bytes
+        self.stats.step_seconds = result.seconds
+        self.stats.steps += 1
+        self.stats.history.append(float(result.loss))
+        return result.loss
+
+    def _run(self, entry: _Entry, batch: Any, scale: float = 1.0) -> Any:
+        from outcore.runtime.subbatch import run_sub_batches
+
+        parts = entry.planned.plan.sub_batches
+        # the graph holds the captured autocast's casts; an ambient autocast must not recast
+        with torch.autocast(self._device_type(batch), enabled=False):
+            if parts > 1:
+                return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
+            return entry.executor.run(batch, loss_scale=scale)
+
+    def _eval_step(self, batch: Any) -> torch.Tensor:
+        cast = autocast_state(self.autocast, batch, self.model)
+        with torch.no_grad():
+            if cast is None:
+                loss = step_loss(self.model, self.loss_fn, batch)
+            else:
+                with torch.autocast(cast[0], dtype=cast[1]):
+                    loss = step_loss(self.model, self.loss_fn, batch)
+        self.stats.eval_steps += 1
+        return loss.detach()
+
+    # -- the plan cache --------------------------------------------------------------------
+    def signature(self, batch: Any) -> Hashable:
+        """The cache key of a training step on ``batch`` (see the module docstring)."""
+        _, batch_sig = split_batch_leaves(batch)
+        params = tuple((p.dtype, p.device.type, p.requires_grad)
+                       for p in self.model.parameters())
+        return (batch_sig, params, autocast_state(self.autocast, batch, self.model))
+
+    def _entry(self, batch: Any, fresh: bool = False) -> _Entry:
+        key = self.signature(batch)
+        entry = None if fresh else self._cache.get(key)
+        if entry is not None:
+            self._cache.move_to_end(key)
+            self.stats.cache_hits += 1
+        else:
+            entry = self._prepare(batch)
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+                self.stats.evictions += 1
+        self._current = entry
+        self.stats.predicted_peak = entry.planned.predicted_peak
+        self.stats.sub_batches = entry.planned.plan.sub_batches
+        self.stats.signature = split_batch_leaves(batch)[1].describe()
+        self.stats.notes = list(entry.planned.notes)
+        return entry
+
+    def _prepare(self, batch: Any) -> _Entry:
+        """Capture and plan a step for ``batch``'s signature."""
+        from outcore import progress
+        from outcore.hardware import default_gpu
+        from outcore.runtime.executor import Executor
+        from outcore.runtime.subbatch import split_batch
+
+        with progress.task(f"capturing {type(self.model).__name__}"):
+            graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast)
+        dims = self.options.get("batch_dims")
+
+        def recapture(parts: int) -> Graph:
+            return capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
+                           autocast=self.autocast)
+
+        planned = plan(graph, self.budget, policy=self.policy,
+                       gpu=self.gpu or default_gpu(graph, self.device_kind),
+                       recapture=recapture, simulate=False,
+                       allow_sub_batches=self.allow_sub_batches, cache=self.cache,
+                       host_budget=self.host_budget, **self.options)
+        reserve = getattr(self.device, "reserve_host", None)
+        if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
+            self.device.pool.limit = planned.host_budget
+            reserve(planned.host_sizes)
+        if self.stats.captures:
+            self.stats.replans += 1
+        self.stats.captures += 1
+        return _Entry(planned, Executor(planned.graph, planned.schedule, self.device))
+
+    def _device_type(self, batch: Any) -> str:
+        tensors, _ = split_batch_leaves(batch)
+        return tensors[0].device.type if tensors else "cpu"
+
+    def close(self) -> None:
+        """Stop the device's copy engines (if any); idempotent. A trainer that is never
+        closed stops them when it is garbage-collected or the interpreter exits."""
+        _close(self.device)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close(device: Any) -> None:
+    closer = getattr(device, "close", None)
+    if closer is not None:
+        closer()
+
+
+class PlannedTrainer:
+    """Runs one planned step, for batches shaped like the example (no signature cache).
+
+    ``outcore.distributed.DataParallelTrainer`` builds on it: each rank plans its share once.
+    ``step(x, y)`` raises BatchMismatchError (a ValueError) before running anything when the
+    batch's shapes or dtypes differ from the captured example's.
+    """
+
+    def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
+                 budget: int | None) -> None:
+        from outcore.runtime.executor import Executor
+
+        self.model = model
+        self.planned = planned
+        self.device = device
+        self.budget = budget
+        self.executor = Executor(planned.graph, planned.schedule, device)
+        self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
+                                  sub_batches=planned.plan.sub_batches,
+                                  notes=list(planned.notes))
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    def explain(self) -> list[dict[str, Any]]:
+        """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
+        return self.planned.explain()
+
+    def step(self, x: Any, y: Any) -> torch.Tensor:
+        """One training step on ``(x, y)``; returns the loss (a detached scalar)."""
+        from outcore.batch_check import check_batch
+        from outcore.runtime.subbatch import run_sub_batches
+
+        parts = self.planned.plan.sub_batches
+        check_batch(self.planned.graph, (x, y), parts)
+        if parts > 1:
+            result = run_sub_batches(self.executor, (x, y), parts)
+        else:
+            result = self.executor.run((x, y))
+        self.stats.measured_peak = result.peak_bytes
+        self.stats.step_seconds = result.seconds
+        self.stats.steps += 1
+        self.stats.history.append(float(result.loss))
+        return result.loss
+
+    def close(self) -> None:
+        """Stop the device's copy engines (if any); idempotent."""
+        _close(self.device)
+
+    def __enter__(self) -> PlannedTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
+            budget: int | str | None = "6GiB", device: str = "cuda", gpu: str | None = None,
+            policy: str = "auto", autocast: torch.dtype | None = None,
+            cache_size: int = DEFAULT_CACHE_SIZE, allow_sub_batches: bool | None = None,
+            cache: bool | None = None, host_budget: int | str | None = MACHINE,
+            distributed: Any = False, **options: Any) -> Any:
+    """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
+
+    Every argument is checked before the capture (``InvalidArgumentError`` subclasses).
+
+    Args:
+        model, loss_fn, example_batch: as for ``outcore.capture``: ``loss_fn(model(x), y)``;
+            a dict batch (``model(**batch)``); or ``loss_fn=None`` for a model returning its
+            own loss (a Hugging Face model given ``labels``).
+        budget: device memory to stay within (bytes or "12GB"/"11.5GiB"); None = unbounded.
+        device: "cuda", "cpu-emulated" (the accelerator emulated on this CPU, with the
+            budget as its capacity and a copy engine per direction) or "cpu".
+        gpu: hardware profile for planning and, on "cpu-emulated", for the link bandwidth;
+            default: the GPU that is there on "cuda" (``outcore.hardware.default_gpu``).
+        policy: a name from ``outcore.policies()``; "auto" = outcore-auto.
+        autocast: torch.bfloat16 or torch.float16 to train under ``torch.autocast``; by
+            default the autocast in effect at this call (``with torch.autocast(...)``).
+        cache_size: how many planned signatures (batch shapes, dtypes, frozen parameters)
+            the Trainer keeps; a new one is captured and planned on its first step.
+        allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
+            unless True or policy="modnn"); announced and shown in ``stats.notes``.
+        cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
+        host_budget: host bytes the host copies may hold (default: what this machine or its
+            cgroup allows; see ``plan``). On "cuda" the pinned host pool is reserved for the
+            plan's host copies at once and never grows past this budget.
+        distributed: data parallel (``outcore.distributed``): True (the default process
+            group, initialised from torchrun's environment if needed) or a
+            ``torch.distributed`` ProcessGroup. ``example_batch`` is then this rank's share
+            as ``(x, y)``; gradients are averaged over the ranks. Extra options:
+            ``bucket_cap`` (bytes), ``timeout`` (a timedelta), ``host`` (a multi-GPU host
+            profile).
+
+    Returns:
+        A Trainer; ``trainer.step(x, y)`` or ``trainer.step(batch)`` trains one step (a
+        ``DataParallelTrainer`` with ``distributed``).
+    """
+    from outcore.runtime.devices import make_device
+    from outcore.validation import check_budget, check_device, check_gpu, check_policy
+
+    limit = check_budget(budget)
+    check_device(device)
+    gpu = check_gpu(gpu)
+    dp_options = ("bucket_cap", "timeout", "host") if distributed not in (False, None) else ()
+    check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
+    if distributed is not False and distributed is not None:
+        from outcore.distributed import compile_data_parallel
+
+        if loss_fn is None:
+            raise InvalidArgumentError(None, "a loss_fn with distributed=", "Data parallel "
+                                       "takes (x, y) batches and loss_fn(model(x), y) for now.")
+        return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
+                                     budget=budget, device=device, gpu=gpu, policy=policy,
+                                     **options)
+    if autocast is None:
+        autocast_now = autocast_state(None, example_batch, model)
+        autocast = autocast_now[1] if autocast_now is not None else None
+    trainer_device = make_device(device, capacity=limit,
+                                 gpu=gpu if device == "cpu-emulated" else None)
+    try:
+        return Trainer(model, loss_fn, example_batch, device=trainer_device, budget=limit,
+                       policy=policy, gpu=gpu, autocast=autocast, cache_size=cache_size,
+                       options=options, allow_sub_batches=allow_sub_batches, cache=cache,
+                       host_budget=host_budget, device_kind=device)
+    except BaseException:
+        _close(trainer_device)
+        raise

@@ -1,0 +1,269 @@
+"""The real-model corpus: tiny random-init torchvision, timm and Hugging Face models.
+
+Each ``Case`` builds its model and an example batch (seeded, so two calls give equal models)
+and names its calling convention: ``loss_fn`` for ``(x, y)`` batches, None for a model that
+returns its own loss from a dict batch (Hugging Face with ``labels``). Sizes are tiny so one
+step runs on the CPU in well under a second; the architectures are the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tv_compat import import_torchvision
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus model: ``build()`` and ``batch()`` are deterministic (seeded)."""
+
+    name: str
+    family: str  # "torchvision" | "timm" | "hf"
+    make_model: Callable[[], nn.Module]
+    make_batch: Callable[[], Any]
+    loss_fn: Callable[..., torch.Tensor] | None = F.cross_entropy
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(0)
+        return self.make_model()
+
+    def batch(self) -> Any:
+        torch.manual_seed(1)
+        return self.make_batch()
+
+
+def images(size: int = 32, n: int = 2, classes: int = 10) -> Callable[[], Any]:
+    return lambda: (torch.randn(n, 3, size, size), torch.randint(0, classes, (n,)))
+
+
+# -- torchvision -------------------------------------------------------------------------------
+def _tv(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        tv = import_torchvision()
+        return getattr(tv.models, name)(num_classes=10, **kwargs)
+    return build
+
+
+def _tv_vit() -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                             hidden_dim=32, mlp_dim=64, num_classes=10, dropout=0.1,
+                             attention_dropout=0.1)
+
+
+def _tv_swin() -> nn.Module:
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2],
+                           window_size=[4, 4], stochastic_depth_prob=0.1, num_classes=10)
+
+
+def _tv_convnext() -> nn.Module:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    return ConvNeXt([CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)],
+                    stochastic_depth_prob=0.1, num_classes=10)
+
+
+def _tv_densenet() -> nn.Module:
+    from torchvision.models.densenet import DenseNet
+
+    return DenseNet(growth_rate=8, block_config=(2, 2, 2), num_init_features=16,
+                    num_classes=10, drop_rate=0.1)
+
+
+def _with_tv(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def wrapped() -> nn.Module:
+        import_torchvision()
+        return build()
+    return wrapped
+
+
+TORCHVISION = [
+    Case("tv_resnet18", "torchvision", _tv("resnet18"), images()),
+    Case("tv_resnet50", "torchvision", _tv("resnet50"), images()),
+    Case("tv_resnext", "torchvision", _tv("resnext50_32x4d"), images()),
+    Case("tv_densenet", "torchvision", _with_tv(_tv_densenet), images()),
+    Case("tv_mobilenet_v2", "torchvision", _tv("mobilenet_v2"), images()),
+    Case("tv_mobilenet_v3", "torchvision", _tv("mobilenet_v3_small"), images()),
+    Case("tv_efficientnet_b0", "torchvision", _tv("efficientnet_b0"), images()),
+    Case("tv_convnext", "torchvision", _with_tv(_tv_convnext), images()),
+    Case("tv_vit", "torchvision", _with_tv(_tv_vit), images()),
+    Case("tv_swin", "torchvision", _with_tv(_tv_swin), images()),
+    Case("tv_regnet", "torchvision", _tv("regnet_y_400mf"), images()),
+    Case("tv_shufflenet", "torchvision", _tv("shufflenet_v2_x0_5"), images()),
+    Case("tv_inception_v3", "torchvision",
+         _tv("inception_v3", aux_logits=False, init_weights=False), images(75)),
+    Case("tv_googlenet", "torchvision",
+         _tv("googlenet", aux_logits=False, init_weights=False), images()),
+    Case("tv_mnasnet", "torchvision", _tv("mnasnet0_5"), images()),
+    Case("tv_squeezenet", "torchvision", _tv("squeezenet1_1"), images(64)),
+]
+
+
+# -- timm --------------------------------------------------------------------------------------
+def _timm(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import_torchvision()  # timm imports torchvision
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    return build
+
+
+_DP = {"drop_path_rate": 0.1}
+TIMM = [
+    Case("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", img_size=32, patch_size=8,
+                                        depth=2, **_DP), images()),
+    Case("timm_deit_ls", "timm", _timm("vit_tiny_patch16_224", img_size=32, patch_size=8,
+                                       depth=2, init_values=1e-5, **_DP), images()),
+    Case("timm_cait", "timm", _timm("cait_xxs24_224", img_size=32, patch_size=8, depth=2,
+                                    depth_token_only=1, **_DP), images()),
+    Case("timm_convnext_atto", "timm", _timm("convnext_atto", ls_init_value=1e-6, **_DP),
+         images()),
+    Case("timm_coat_lite", "timm", _timm("coat_lite_tiny", img_size=32), images()),
+    Case("timm_efficientnet", "timm", _timm("efficientnet_b0", **_DP), images()),
+    Case("timm_mobilenetv3", "timm", _timm("mobilenetv3_small_050", **_DP), images()),
+    Case("timm_resnet10t", "timm", _timm("resnet10t", **_DP), images()),
+    Case("timm_regnetx", "timm", _timm("regnetx_002", **_DP), images()),
+    Case("timm_mixer", "timm", _timm("mixer_s16_224", img_size=32, num_blocks=2,
+                                     **_DP), images()),
+    Case("timm_poolformer", "timm", _timm("poolformer_s12", **_DP), images()),
+    Case("timm_swin", "timm", _timm("swin_tiny_patch4_window7_224", img_size=32,
+                                    window_size=4, depths=(1, 1), num_heads=(1, 2),
+                                    embed_dim=16, **_DP), images()),
+    Case("timm_ghostnet", "timm", _timm("ghostnet_050"), images()),
+    Case("timm_edgenext", "timm", _timm("edgenext_xx_small", **_DP), images(64)),
+]
+
+
+# -- Hugging Face transformers -----------------------------------------------------------------
+VOCAB = 96
+
+
+def _tokens(seq: int = 16, n: int = 2, labels: bool = True,
+            mask: bool = True) -> Callable[[], Any]:
+    def make() -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, VOCAB, (n, seq))
+        batch = {"input_ids": ids}
+        if mask:
+            batch["attention_mask"] = torch.ones(n, seq, dtype=torch.long)
+        if labels:
+            batch["labels"] = ids.clone()
+        return batch
+    return make
+
+
+def _seq2seq(seq: int = 12, n: int = 2) -> Callable[[], Any]:
+    def make() -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.randint(3, VOCAB, (n, seq)),
+                "attention_mask": torch.ones(n, seq, dtype=torch.long),
+                "labels": torch.randint(3, VOCAB, (n, seq - 2))}
+    return make
+
+
+def _hf(model_cls: str, config_cls: str, **config: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import_torchvision()  # transformers imports torchvision when it is installed
+        import transformers
+
+        cfg = getattr(transformers, config_cls)(**config)
+        return getattr(transformers, model_cls)(cfg)
+    return build
+
+
+_DEC = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,
+        "eos_token_id": 2}
+_ENC = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
+        "pad_token_id": 0}
+_S2S = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64, "max_position_embeddings": 64, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2}
+
+
+def _audio_features() -> Any:
+    return {"input_features": torch.randn(2, 16, 32),
+            "labels": torch.randint(3, VOCAB, (2, 6))}
+
+
+def _wave() -> Any:
+    return {"input_values": torch.randn(2, 1600), "labels": torch.randint(0, 3, (2,))}
+
+
+def _pixels() -> Any:
+    return {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.randint(0, 10, (2,))}
+
+
+HF = [
+    Case("hf_gpt2", "hf", _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_embd=32,
+                              n_layer=2, n_head=2, n_positions=64, bos_token_id=1,
+                              eos_token_id=2), _tokens(), None),
+    Case("hf_llama", "hf", _hf("LlamaForCausalLM", "LlamaConfig", **_DEC), _tokens(), None),
+    Case("hf_mistral", "hf", _hf("MistralForCausalLM", "MistralConfig", **_DEC), _tokens(),
+         None),
+    Case("hf_qwen2", "hf", _hf("Qwen2ForCausalLM", "Qwen2Config", **_DEC), _tokens(), None),
+    Case("hf_gemma", "hf", _hf("GemmaForCausalLM", "GemmaConfig", head_dim=8, **_DEC),
+         _tokens(), None),
+    Case("hf_phi", "hf", _hf("PhiForCausalLM", "PhiConfig", **_DEC), _tokens(), None),
+    Case("hf_gpt_neox", "hf", _hf("GPTNeoXForCausalLM", "GPTNeoXConfig", **{
+        k: v for k, v in _DEC.items() if k != "num_key_value_heads"}), _tokens(), None),
+    Case("hf_opt", "hf", _hf("OPTForCausalLM", "OPTConfig", vocab_size=VOCAB, hidden_size=32,
+                             ffn_dim=64, num_hidden_layers=2, num_attention_heads=2,
+                             max_position_embeddings=64, word_embed_proj_dim=32,
+                             pad_token_id=0, bos_token_id=1, eos_token_id=2), _tokens(),
+         None),
+    Case("hf_bert", "hf", _hf("BertForMaskedLM", "BertConfig", **_ENC), _tokens(), None),
+    Case("hf_roberta", "hf", _hf("RobertaForMaskedLM", "RobertaConfig", **{
+        **_ENC, "pad_token_id": 1, "max_position_embeddings": 66}), _tokens(), None),
+    Case("hf_distilbert", "hf", _hf("DistilBertForMaskedLM", "DistilBertConfig",
+                                    vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2,
+                                    hidden_dim=64, max_position_embeddings=64, pad_token_id=0),
+         _tokens(), None),
+    Case("hf_albert", "hf", _hf("AlbertForMaskedLM", "AlbertConfig", embedding_size=16,
+                                **_ENC), _tokens(), None),
+    Case("hf_electra", "hf", _hf("ElectraForMaskedLM", "ElectraConfig", embedding_size=16,
+                                 **_ENC), _tokens(), None),
+    Case("hf_t5", "hf", _hf("T5ForConditionalGeneration", "T5Config", vocab_size=VOCAB,
+                            d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16,
+                            decoder_start_token_id=0, pad_token_id=0), _seq2seq(), None),
+    Case("hf_bart", "hf", _hf("BartForConditionalGeneration", "BartConfig", **_S2S),
+         _seq2seq(), None),
+    Case("hf_vit", "hf", _hf("ViTForImageClassification", "ViTConfig", image_size=32,
+                             patch_size=8, hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=2, intermediate_size=64, num_labels=10),
+         _pixels, None),
+    Case("hf_whisper", "hf", _hf("WhisperForConditionalGeneration", "WhisperConfig",
+                                 vocab_size=VOCAB, d_model=32, encoder_layers=1,
+                                 decoder_layers=1, encoder_attention_heads=2,
+                                 decoder_attention_heads=2, encoder_ffn_dim=64,
+                                 decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
+                                 max_target_positions=32, pad_token_id=0, bos_token_id=1,
+                                 eos_token_id=2, decoder_start_token_id=1),
+         _audio_features, None),
+    Case("hf_wav2vec2", "hf", _hf("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config",
+                                  vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64,
+                                  conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
+                                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                                  num_labels=3, mask_time_prob=0.0, layerdrop=0.0),
+         _wave, None),  # LayerDrop draws in Python (`if torch.rand(()) < p`): see the report
+]
+
+CORPUS: list[Case] = [*TORCHVISION, *TIMM, *HF]
+BY_NAME = {case.name: case for case in CORPUS}
+
+#: The slice in the default test run: BatchNorm and dropout (DenseNet), lifted constants and
+#: stochastic depth (Swin), drop-path and layer scale (timm ViT), a model returning its own
+#: loss from a dict batch (Llama) and value specialisation (BART).
+DEFAULT_SLICE = ["tv_densenet", "tv_swin", "timm_deit_ls", "hf_llama", "hf_bart"]

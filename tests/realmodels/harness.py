@@ -1,0 +1,182 @@
+"""One corpus model, one training step under one policy, compared with eager PyTorch.
+
+``check(case, policy)`` builds the model twice from one seed, runs one eager step and one step
+through ``outcore.compile`` on ``cpu-emulated`` at half the model's in-core peak (``liveness``:
+everything kept, freed at last use), and returns what differs: the loss, each gradient, each
+buffer (BatchNorm statistics updated once), and whether the measured peak equals the
+predicted one within the budget. ``policy="backend"`` runs the step through
+``torch.compile(model, backend=outcore.backend(...))`` instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import outcore
+from outcore.capture.batching import call_model, loss_of, step_loss
+
+from corpus import Case
+
+POLICIES = ["outcore-auto", "offload-all", "recompute-cheap", "superneurons", "pooch", "modnn",
+            "backend"]
+
+
+@dataclass
+class Outcome:
+    """What one (model, policy) pair showed; ``ok`` when nothing differs."""
+
+    case: str
+    policy: str
+    budget: int = 0
+    predicted: int = 0
+    measured: int = 0
+    problems: list[str] = field(default_factory=list)
+    variants: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def in_core_peak(case: Case) -> tuple[int, int, int]:
+    """(ops, in-core peak, budget): the peak with everything kept and freed at last use, and
+    the budget the corpus runs at: halfway between the layer-wise lower bound (parameters,
+    inputs, the largest op) and that peak. At tiny sizes parameters and gradients are most
+    of the peak, so half the peak itself is below what any policy can reach."""
+    from outcore.graph.bounds import reference_peaks
+
+    model = case.build()
+    graph = outcore.capture(model, case.loss_fn, case.batch())
+    planned = outcore.plan(graph, None, policy="liveness", simulate=False)
+    floor = reference_peaks(graph).layer_lower_bound
+    peak = planned.predicted_peak
+    return len(graph.ops), peak, floor + (peak - floor) // 2
+
+
+def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1) -> torch.Tensor:
+    """One eager step; with ``parts`` sub-batches, as moDNN's gradient accumulation runs it
+    (each sub-batch's loss weighted 1/parts, BatchNorm statistics per sub-batch)."""
+    from outcore.runtime.subbatch import split_batch
+
+    model.train()
+    torch.manual_seed(7)
+    losses = []
+    for sub in split_batch(batch, parts) if parts > 1 else [batch]:
+        loss = step_loss(model, case.loss_fn, sub)
+        (loss * (1.0 / parts) if parts > 1 else loss).backward()
+        losses.append(loss.detach())
+    return losses[0] if parts == 1 else torch.stack(losses).mean()
+
+
+def tied_parameters(model: nn.Module) -> set[int]:
+    """ids of parameters reachable under more than one name (tied embeddings)."""
+    seen: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    return {pid for pid, count in seen.items() if count > 1}
+
+
+def _same_grad(p: torch.Tensor, q: torch.Tensor, loose: bool) -> bool:
+    """Bit-exact, except (``loose``) for a tied parameter used three times or more (the
+    joint graph sums its gradient contributions in another order than eager autograd's
+    engine, which changes the float rounding of the sum) and for plans that chose operator
+    algorithms other than the framework's (another summation order by design)."""
+    if torch.equal(p, q):
+        return True
+    return loose and torch.allclose(p, q, rtol=1e-3, atol=1e-5)
+
+
+def _compare(outcome: Outcome, model: nn.Module, reference: nn.Module, loss: torch.Tensor,
+             expected: torch.Tensor) -> None:
+    loose = bool(outcome.variants)
+    if not (torch.equal(loss, expected) or (loose and torch.allclose(loss, expected, rtol=1e-3))):
+        outcome.problems.append(f"loss {float(loss)} != eager {float(expected)}")
+    tied = tied_parameters(model)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if (p.grad is None) != (q.grad is None):
+            outcome.problems.append(f"grad of {name}: {p.grad is None} vs eager "
+                                    f"{q.grad is None} for None")
+        elif p.grad is not None and not _same_grad(p.grad, q.grad, loose or id(p) in tied):
+            diff = float((p.grad - q.grad).abs().max())
+            outcome.problems.append(f"grad of {name} differs by {diff:.3g}")
+    for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
+        if not (torch.equal(b, c) or (loose and b.is_floating_point()
+                                       and torch.allclose(b, c, rtol=1e-3, atol=1e-5))):
+            outcome.problems.append(f"buffer {name} differs from eager")
+
+
+def check(case: Case, policy: str, budget: int) -> Outcome:
+    """One step of ``case`` under ``policy`` within ``budget`` bytes, against eager.
+
+    A policy that cannot reach ``budget`` (InfeasibleBudgetError) is run again at the least
+    budget it named (a few times: some policies name a lower estimate); ``Outcome.budget``
+    records the budget the step ran at."""
+    for _ in range(4):
+        try:
+            return _check(case, policy, budget)
+        except outcore.InfeasibleBudgetError as err:
+            budget = max(err.required, budget + 1)
+    return _check(case, policy, budget)
+
+
+def _check(case: Case, policy: str, budget: int) -> Outcome:
+    model = case.build()
+    reference = copy.deepcopy(model)
+    batch = case.batch()
+    outcome = Outcome(case.name, policy, budget)
+    if policy == "backend":
+        loss, variants, parts = _backend_step(model, case, batch, budget, outcome)
+    else:
+        trainer = outcore.compile(model, case.loss_fn, batch, budget=budget,
+                                  device="cpu-emulated", policy=policy)
+        try:
+            torch.manual_seed(7)
+            loss = trainer.step(batch)
+        finally:
+            trainer.close()
+        outcome.predicted = trainer.stats.predicted_peak
+        outcome.measured = trainer.stats.measured_peak
+        variants = _variants([trainer.planned.schedule])
+        parts = trainer.stats.sub_batches
+    expected = eager_step(reference, case, batch, parts)
+    if outcome.measured != outcome.predicted:
+        outcome.problems.append(f"measured peak {outcome.measured} != predicted "
+                                f"{outcome.predicted}")
+    if outcome.predicted > budget:
+        outcome.problems.append(f"predicted peak {outcome.predicted} > budget {budget}")
+    outcome.variants = variants
+    _compare(outcome, model, reference, loss, expected)
+    return outcome
+
+
+def _variants(schedules: list[Any]) -> list[str]:
+    """The operator algorithms other than the framework's a plan chose (opted in by the
+    policy: SuperNeurons and moDNN pick convolution/attention algorithms by workspace)."""
+    return sorted({v for s in schedules for v in s.variants.values() if v != "framework"})
+
+
+def _backend_step(model: nn.Module, case: Case, batch: Any, budget: int,
+                  outcome: Outcome) -> tuple[torch.Tensor, list[str], int]:
+    torch._dynamo.reset()
+    be = outcore.backend(budget, device="cpu-emulated")
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    try:
+        torch.manual_seed(7)
+        if case.loss_fn is None:
+            loss = loss_of(call_model(compiled, batch))
+        else:
+            x, y = batch
+            loss = case.loss_fn(call_model(compiled, x), y)
+        loss.backward()
+    finally:
+        be.close()
+        torch._dynamo.reset()
+    if be.graphs:
+        outcome.predicted = max(g.stats.predicted_peak for g in be.graphs)
+        outcome.measured = max(g.stats.measured_peak for g in be.graphs)
+    return loss.detach(), _variants([g.planned.schedule for g in be.graphs]), 1

@@ -1,0 +1,325 @@
+"""Calling conventions, plan cache, eval mode, mixed precision and node kinds, against eager."""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import outcore
+from outcore.capture.batching import loss_of
+from outcore.capture.convert import build_graph
+from outcore.capture.step import BatchMismatch
+from outcore.errors import CaptureError
+from outcore.runtime.executor import Executor
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+
+
+def same_grads(model: nn.Module, reference: nn.Module) -> None:
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.equal(p.grad, q.grad), f"gradient of {name} differs from eager"
+
+
+def step_both(trainer: outcore.Trainer, model: nn.Module, reference: nn.Module, batch,
+              eager, seed: int = 3, **kwargs) -> torch.Tensor:
+    model.zero_grad()
+    reference.zero_grad()
+    torch.manual_seed(seed)
+    loss = trainer.step(batch, **kwargs)
+    torch.manual_seed(seed)
+    expected = eager(reference, batch)
+    expected.backward()
+    assert torch.equal(loss, expected.detach())
+    same_grads(model, reference)
+    return loss
+
+
+@dataclass
+class Out:
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+class SelfLoss(nn.Module):
+    """Returns its own loss in the form ``kind`` names (the ecosystem's output types)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.net = mlp()
+        self.kind = kind
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor, scale: float = 1.0):
+        logits = self.net(features) * scale
+        loss = F.cross_entropy(logits, labels)
+        if self.kind == "dict":
+            return {"logits": logits, "loss": loss}
+        if self.kind == "ordered":
+            return OrderedDict(loss=loss, logits=logits)
+        if self.kind == "tuple":
+            return (loss, logits)
+        return Out(loss, logits)
+
+
+def dict_batch(n: int = 6) -> dict:
+    torch.manual_seed(1)
+    return {"features": torch.randn(n, 8), "labels": torch.randint(0, 3, (n,)), "scale": 2.0}
+
+
+@pytest.mark.parametrize("kind", ["dict", "ordered", "tuple", "dataclass"])
+def test_model_returning_its_loss_from_a_dict_batch(kind):
+    model = SelfLoss(kind)
+    reference = copy.deepcopy(model)
+    batch = dict_batch()
+    trainer = outcore.compile(model, None, batch, budget=None, device="cpu",
+                              policy="recompute-cheap")
+
+    def eager(m, b):
+        return loss_of(m(**b))
+
+    step_both(trainer, model, reference, batch, eager)
+
+
+def test_step_takes_x_y_or_the_batch_and_a_loss_fn_may_read_a_dict_batch():
+    model = mlp()
+    x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
+    trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu")
+    torch.manual_seed(0)
+    first = trainer.step(x, y)
+    torch.manual_seed(0)
+    second = trainer.step((x, y))
+    assert torch.equal(first, second)
+    assert trainer.stats.captures == 1
+
+    def by_dict(out, batch):
+        return F.cross_entropy(out["logits"], batch["labels"])
+
+    wrapped = SelfLoss("dict")
+    ref = copy.deepcopy(wrapped)
+    batch = dict_batch()
+    t2 = outcore.compile(wrapped, by_dict, batch, budget=None, device="cpu")
+    step_both(t2, wrapped, ref, batch, lambda m, b: by_dict(m(**b), b))
+
+
+def test_new_shapes_are_replanned_and_cached_lru():
+    model = mlp()
+    reference = copy.deepcopy(model)
+    full = (torch.randn(8, 8), torch.randint(0, 3, (8,)))
+    last = (torch.randn(5, 8), torch.randint(0, 3, (5,)))
+    trainer = outcore.compile(model, F.cross_entropy, full, budget="64KiB", device="cpu",
+                              cache_size=1)
+
+    def eager(m, b):
+        return F.cross_entropy(m(b[0]), b[1])
+
+    step_both(trainer, model, reference, full, eager)
+    assert (trainer.stats.replans, trainer.stats.cache_hits) == (0, 1)
+    step_both(trainer, model, reference, last, eager)
+    assert trainer.stats.replans == 1 and trainer.stats.signature.startswith("([5, 8]")
+    assert trainer.stats.measured_peak == trainer.stats.predicted_peak <= 64 * 1024
+    step_both(trainer, model, reference, full, eager)
+    assert (trainer.stats.replans, trainer.stats.evictions) == (2, 2)  # cache of one
+
+
+def test_other_dtype_is_replanned_not_a_raw_error():
+    model = mlp().double()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(4, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu")
+    step_both(trainer, model, reference, batch, lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    model.float()
+    reference.float()
+    single = (batch[0].float(), batch[1])
+    step_both(trainer, model, reference, single, lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    assert trainer.stats.replans == 1
+
+
+def test_an_executor_refuses_a_batch_of_another_signature_by_name():
+    model = mlp()
+    graph = outcore.capture(model, F.cross_entropy, (torch.randn(4, 8), torch.tensor([0, 1, 2, 0])))
+    planned = outcore.plan(graph, None, policy="keep-all", simulate=False)
+    executor = Executor(planned.graph, planned.schedule)
+    with pytest.raises(BatchMismatch, match=r"\[3, 8\]:float32.*does not match.*\[4, 8\]"):
+        executor.run((torch.randn(3, 8), torch.tensor([0, 1, 2])))
+
+
+def test_freezing_parameters_invalidates_the_plan():
+    model = mlp()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(6, 8), torch.randint(0, 3, (6,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu")
+
+    def eager(m, b):
+        return F.cross_entropy(m(b[0]), b[1])
+
+    step_both(trainer, model, reference, batch, eager)
+    for m in (model, reference):
+        m[0].weight.requires_grad_(False)
+        m[0].weight.grad = None
+    step_both(trainer, model, reference, batch, eager)
+    assert trainer.stats.replans == 1 and model[0].weight.grad is None
+
+
+def test_eval_mode_runs_an_eager_no_grad_forward():
+    model = mlp()
+    batch = (torch.randn(6, 8), torch.randint(0, 3, (6,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu")
+    model.eval()
+    loss = trainer.step(*batch)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(batch[0]), batch[1])
+    assert torch.equal(loss, expected)
+    assert all(p.grad is None for p in model.parameters())
+    assert (trainer.stats.eval_steps, trainer.stats.steps, trainer.stats.captures) == (1, 0, 1)
+
+
+class Branchy(nn.Module):
+    """Data-dependent Python control flow, as Hugging Face models have on their inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        if bool((x > 0).all()):
+            return h * 2
+        return h - float(x.abs().max().item())
+
+
+def test_value_specialised_step_is_guarded_and_recaptured():
+    torch.manual_seed(0)
+    model = Branchy()
+    reference = copy.deepcopy(model)
+    positive = (torch.rand(3, 4) + 0.1, torch.randn(3, 4))
+    mixed = (torch.randn(3, 4), torch.randn(3, 4))
+
+    def eager(m, b):
+        return F.mse_loss(m(b[0]), b[1])
+
+    trainer = outcore.compile(model, F.mse_loss, positive, budget=None, device="cpu")
+    step_both(trainer, model, reference, positive, eager)
+    step_both(trainer, model, reference, mixed, eager)  # the guard fails: captured again
+    assert trainer.stats.replans == 1
+    step_both(trainer, model, reference, (-mixed[0].abs() - 1, mixed[1]), eager)
+    assert trainer.stats.replans == 2  # same branch, other max: a value guard, not a shape
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("how", ["context", "argument"])
+def test_autocast_gradients_equal_eager_under_the_same_autocast(dtype, how):
+    model = mlp()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(6, 8), torch.randint(0, 3, (6,)))
+    if how == "context":
+        with torch.autocast("cpu", dtype=dtype):
+            trainer = outcore.compile(model, F.cross_entropy, batch, budget=None,
+                                      device="cpu", policy="recompute-cheap")
+    else:
+        trainer = outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu",
+                                  policy="recompute-cheap", autocast=dtype)
+    casts = [t for t in trainer.planned.graph.tensors if t.dtype == str(dtype)[6:]]
+    assert casts, "the graph holds the autocast's low-precision tensors"
+
+    def eager(m, b):
+        with torch.autocast("cpu", dtype=dtype):
+            return F.cross_entropy(m(b[0]), b[1])
+
+    step_both(trainer, model, reference, batch, eager)
+
+
+def test_bfloat16_model_and_grad_scaler():
+    model = mlp().to(torch.bfloat16)
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(6, 8, dtype=torch.bfloat16), torch.randint(0, 3, (6,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu",
+                              policy="offload-all")
+    graph = trainer.planned.graph
+    assert {t.dtype for t in graph.tensors if t.kind == "activation"} >= {"bfloat16"}
+    scaler = outcore_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    torch.manual_seed(0)
+    loss = trainer.step(batch, scaler=outcore_scaler)
+    torch.manual_seed(0)
+    expected = F.cross_entropy(reference(batch[0]), batch[1])
+    ref_scaler.scale(expected).backward()
+    assert torch.equal(loss, expected.detach())
+    same_grads(model, reference)
+    for s, m in ((scaler, model), (ref_scaler, reference)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        s.step(opt)
+        s.update()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+class Kinds(nn.Module):
+    """Node kinds real models produce: padding_idx, tied and frozen weights, integer inputs,
+    in-place buffer updates, out= ops, a tensor constant and attention with dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 8, padding_idx=0)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(8, 20, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.frozen(self.embed(ids))
+        self.steps += 1
+        self.ema.mul_(0.9).add_(h.detach().mean((0, 1)), alpha=0.1)
+        scale = torch.tensor([1.0, 0.5, 0.25, 2.0, 1.0, 0.5, 0.25, 2.0])
+        pad = torch.empty(ids.shape)
+        torch.eq(ids, 0, out=pad)  # an out= op (on a tensor needing no gradient)
+        tmp = h * scale + pad.unsqueeze(-1)
+        q = tmp.view(tmp.shape[0], tmp.shape[1], 2, 4).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3)
+        return self.head(a.transpose(1, 2).reshape_as(h))
+
+
+@pytest.mark.parametrize("policy", ["keep-all", "recompute-cheap", "offload-all"])
+def test_node_kinds_of_real_models_equal_eager(policy):
+    torch.manual_seed(0)
+    model = Kinds()
+    reference = copy.deepcopy(model)
+    ids = torch.tensor([[0, 3, 5, 0, 7], [2, 0, 9, 11, 0]])
+    batch = (ids, ids)
+
+    def loss_fn(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    trainer = outcore.compile(model, loss_fn, batch, budget=None, device="cpu", policy=policy)
+    graph = trainer.planned.graph
+    assert any(t.source.startswith("const:") for t in graph.tensors)
+    assert sum(op.random for op in graph.ops) >= 1, "attention with dropout is a random op"
+    step_both(trainer, model, reference, batch, lambda m, b: loss_fn(m(b[0]), b[1]))
+    for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
+        assert torch.equal(b, c), f"buffer {name} updated otherwise than eager"
+    assert int(model.steps) == 1
+    assert model.frozen.weight.grad is None
+
+
+def test_a_node_outcore_cannot_hold_names_node_module_and_way_out():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(2)
+    y = g.call_module("block", (x,))
+    y.meta["nn_module_stack"] = {"block": ("model.block", nn.ReLU)}
+    g.output((y,))
+    gm = fx.GraphModule({"block": nn.ReLU()}, g)
+    with pytest.raises(CaptureError, match=r"node block \(call_module.*model\.block \(ReLU\)"
+                                           r".*Way out"):
+        build_graph(gm, "bad")

@@ -68,8 +68,7 @@ def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
                 "BatchNorm buffers differ from eager PyTorch's")
     return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
             "batch-coupled layers, so gradients equal the full batch's up to summation order "
-            "when the loss is a mean over samples (a sum-reduced loss is scaled by 1/"
-            f"{parts})")
+            "(each sub-batch weighted as the loss reduces: 1/k for a mean, 1 for a sum)")
 
 
 def announce_split(graph: Graph, parts: int) -> str:

@@ -49,11 +49,11 @@ from torch import nn
 
 from outcore.capture.aot import autocast_state, capture
 from outcore.capture.batching import LossFn, batch_of, split_batch_leaves, step_loss
-from outcore.capture.step import SpecializationMismatch
 from outcore.capture.hooks import check_hooks
+from outcore.capture.step import SpecializationMismatch
 from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
-from outcore.log import announce
 from outcore.graph.ir import Graph
+from outcore.log import announce
 from outcore.plan.plan import Plan
 from outcore.planned import MACHINE, PlannedStep, plan
 from outcore.units import format_bytes

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from outcore.capture import module_paths
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.convert import build_graph
+from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError
@@ -145,6 +146,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             stack.enter_context(module_paths.recording(model))
             joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
+            repair_layouts(gm)  # real kernels' layouts where fake ones differ
             graph, nodes = build_graph(gm, name or type(model).__name__)
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])

@@ -96,7 +96,9 @@ class Emitter:
                     else f"rt.save_rng({oid}, lambda: {call})")
         self.lines.append(f"rt.begin({oid}, {op.name!r})")
         slots = self.step.nodes.op_outputs.get(node)
-        if slots is None:
+        if slots is None and not op.outputs:  # run for its effect (a check)
+            self.lines.append(call)
+        elif slots is None:
             (tid,) = op.outputs
             target = f"v{tid}" if tid in new else "_dup"
             self.lines.append(f"{target} = {call}")

@@ -35,7 +35,8 @@ _SENSITIVE = frozenset({
 })
 
 
-def _is_sensitive(target: Any) -> bool:
+def is_layout_sensitive(target: Any) -> bool:
+    """Whether an op's result depends on its first input's strides (a view, as_strided)."""
     packet = getattr(target, "overloadpacket", None)
     name = getattr(packet, "__name__", "")
     return getattr(target, "namespace", "") == "aten" and name in _SENSITIVE
@@ -45,7 +46,7 @@ def layout_bases(graph: Graph, op_nodes: Sequence[fx.Node]) -> set[int]:
     """Ids of the base tensors (storage owners) read by a layout-sensitive op."""
     bases: set[int] = set()
     for op, node in zip(graph.ops, op_nodes, strict=True):
-        if not _is_sensitive(node.target) or not op.inputs:
+        if not is_layout_sensitive(node.target) or not op.inputs:
             continue
         first = node.args[0] if node.args else None
         if isinstance(first, fx.Node):
@@ -69,6 +70,14 @@ def relayout(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     """``value`` itself when it already has ``stride``; else a copy laid out with it."""
     if same_layout(value.stride(), value.shape, stride):
         return value
+    out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
+    out.copy_(value)
+    return out
+
+
+def relayout_copy(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """A new tensor equal to ``value``, laid out with ``stride`` (``capture.layouts``'s
+    explicit copy: always a new storage, as the graph counts it)."""
     out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
     out.copy_(value)
     return out

@@ -257,12 +257,7 @@ class Trainer:
                        recapture=recapture, simulate=False,
                        allow_sub_batches=self.allow_sub_batches, cache=self.cache,
                        host_budget=self.host_budget, **self.options)
-        if planned.plan.sub_batches > 1 and any(split_batch_leaves(batch)[1].requires_grad):
-            raise UnsupportedModelError(
-                f"the plan splits the batch into {planned.plan.sub_batches} sub-batches, and a "
-                "batch tensor requires grad: its gradient is not assembled from sub-batches "
-                "yet. Pass allow_sub_batches=False (or another policy than modnn), or a "
-                "larger budget.")
+        _refuse_split_input_grads(planned.plan.sub_batches, batch)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget
@@ -286,6 +281,15 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refuse_split_input_grads(parts: int, batch: Any) -> None:
+    """Before anything runs: a batch tensor's gradient is not assembled from sub-batches."""
+    if parts > 1 and any(split_batch_leaves(batch)[1].requires_grad):
+        raise UnsupportedModelError(
+            f"the plan splits the batch into {parts} sub-batches, and a batch tensor requires "
+            "grad: its gradient is not assembled from sub-batches yet. Pass "
+            "allow_sub_batches=False (or another policy than modnn), or a larger budget.")
 
 
 def _close(device: Any) -> None:
@@ -330,6 +334,7 @@ class PlannedTrainer:
 
         parts = self.planned.plan.sub_batches
         check_batch(self.planned.graph, (x, y), parts)
+        _refuse_split_input_grads(parts, (x, y))
         if parts > 1:
             result = run_sub_batches(self.executor, (x, y), parts)
         else:

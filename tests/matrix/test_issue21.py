@@ -17,6 +17,7 @@ import outcore
 from outcore.errors import (
     BatchMismatchError,
     EvalModeWarning,
+    InfeasibleBudgetError,
     OutcoreError,
     ProfileDtypeWarning,
     UnsupportedModelError,
@@ -218,3 +219,32 @@ def test_a_bfloat16_model_on_a_profile_without_bfloat16_is_priced_not_refused() 
     want.backward()
     torch.testing.assert_close(got, want.detach())
     assert_grads_equal(model, ref)
+
+
+def test_an_input_gradient_under_sub_batches_is_refused_before_anything_runs() -> None:
+    """Item 5 with a split batch: refused at compile time, naming the way out."""
+    from outcore.graph.bounds import reference_peaks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(5) for m in (nn.Linear(64, 64), nn.ReLU())],
+                          nn.Linear(64, 4))
+    x, y = torch.randn(64, 64), torch.randint(0, 4, (64,))
+    graph = outcore.capture(model, F.cross_entropy, (x, y))
+    peak = outcore.plan(graph, None, policy="liveness", simulate=False).predicted_peak
+    low = reference_peaks(graph).layer_lower_bound
+    budget = low + (peak - low) // 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split = outcore.compile(model, F.cross_entropy, (x, y), budget=budget,
+                                device="cpu-emulated", allow_sub_batches=True)
+        assert split.plan.sub_batches > 1  # the premise: this budget splits the batch
+        fixed = PlannedTrainer(model, split.planned, split.device, budget)
+        with pytest.raises(UnsupportedModelError, match="allow_sub_batches=False"):
+            fixed.step(x.clone().requires_grad_(), y)
+        split.close()
+        # refused either way before anything runs: no split plan is found for a batch whose
+        # tensor requires grad (sub-batch capture), or the split plan is refused by name
+        with pytest.raises((UnsupportedModelError, InfeasibleBudgetError)):
+            outcore.compile(model, F.cross_entropy, (x.requires_grad_(), y), budget=budget,
+                            device="cpu-emulated", allow_sub_batches=True)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())

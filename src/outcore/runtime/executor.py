@@ -317,8 +317,8 @@ class Executor:
         """Commit gradients and buffer updates named as in ``StepResult``, all or nothing;
         ``inputs``: the batch tensors named ``input:<index>`` that gradients go to."""
         module = self.step.step_module
-        params = {n.removeprefix("model."): p
-                  for n, p in module.named_parameters(remove_duplicate=False)}
+        params: dict[str, torch.Tensor] = {
+            n.removeprefix("model."): p for n, p in module.named_parameters(remove_duplicate=False)}
         params.update(inputs or {})
         owned = {n.removeprefix("model."): b
                  for n, b in module.named_buffers(remove_duplicate=False)}

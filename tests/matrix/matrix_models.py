@@ -5,8 +5,10 @@ issue 21: modules registered under several names and tied weights; norms over ev
 (transposed, permuted, channels_last, on the raw input, frozen in eval); convolution kinds and
 memory formats; inputs with and without ``requires_grad``; frozen sub-modules; eval-mode
 models; random ops; integer inputs; bfloat16 and float16 models; permute chains and elided
-``contiguous``. ``xfail`` maps a policy to the issue item that still breaks the case there
-(strict: it flips when fixed).
+``contiguous``. ``xfail`` maps a policy to the open item that still breaks the case there
+(strict: it flips when fixed): an item of issue 21 left to another helper, or a bug this
+matrix found and that is not fixed yet. (The conv kinds pass under moDNN at this budget;
+issue 21 item 4's failures need other shapes and budgets; its own variant tests cover them.)
 """
 
 from __future__ import annotations
@@ -210,7 +212,10 @@ ALL_POLICIES = ['keep-all', 'liveness', 'offload-all', 'recompute-cheap', 'vdnn-
 _BAG = ("found by this matrix, not fixed: the real _embedding_bag kernel's offset2bag has one "
         "more element than the fake one, so the measured peak exceeds the predicted by 8 B")
 _DROP7 = "issue 21 item 7 (dropout under sub-batches draws other random numbers than eager)"
-_CONV4 = "issue 21 item 4 (moDNN conv variants outside what they can compute)"
+_GN = ("found by this matrix, not fixed: superneurons' plan for a GroupNorm over a transposed "
+       "activation measures 128 B (one mean/rstd output) above its predicted peak")
+_COUPLED = ("sub-batches (issue 21 items 6/7/9, another helper's area): a model that couples "
+            "the samples outside BatchNorm (a mean over the batch) is split all the same")
 
 CASES: list[Case] = [
     Case("mlp", lambda: _mlp(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
@@ -227,7 +232,7 @@ CASES: list[Case] = [
     Case("instancenorm-transposed", lambda: SeqNorm(nn.InstanceNorm1d(32, affine=True)),
          lambda: (torch.randn(8, 10, 16), labels(8))),
     Case("groupnorm-transposed", lambda: SeqNorm(nn.GroupNorm(4, 32)),
-         lambda: (torch.randn(8, 10, 16), labels(8))),
+         lambda: (torch.randn(8, 10, 16), labels(8)), xfail={"superneurons": _GN}),
     Case("layernorm-permuted", lambda: LastDimNorm(nn.LayerNorm(10)),
          lambda: (torch.randn(8, 10, 16), labels(8)), every_policy=True),
     Case("rmsnorm-permuted", lambda: LastDimNorm(nn.RMSNorm(10)),
@@ -239,16 +244,15 @@ CASES: list[Case] = [
          every_policy=True),
     Case("convbn-cl-input-only", ConvBN,
          lambda: (torch.randn(4, 3, 12, 12).to(memory_format=CL), labels(4))),
-    Case("conv1d", lambda: _conv(1, 4, 8, padding=1), lambda: (torch.randn(4, 4, 20), labels(4)),
-         xfail={"modnn": _CONV4}),
+    Case("conv1d", lambda: _conv(1, 4, 8, padding=1), lambda: (torch.randn(4, 4, 20), labels(4)),),
     Case("conv2d-grouped", lambda: _conv(2, 8, 16, groups=4),
-         lambda: (torch.randn(4, 8, 10, 10), labels(4)), xfail={"modnn": _CONV4}),
+         lambda: (torch.randn(4, 8, 10, 10), labels(4))),
     Case("conv2d-depthwise", lambda: _conv(2, 8, 8, groups=8, padding=1),
-         lambda: (torch.randn(4, 8, 10, 10), labels(4)), xfail={"modnn": _CONV4}),
+         lambda: (torch.randn(4, 8, 10, 10), labels(4))),
     Case("conv2d-dilated-strided", lambda: _conv(2, 3, 8, dilation=2, stride=2, padding=2),
-         lambda: (torch.randn(4, 3, 16, 16), labels(4)), xfail={"modnn": _CONV4}),
+         lambda: (torch.randn(4, 3, 16, 16), labels(4))),
     Case("conv3d", lambda: _conv(3, 2, 4, padding=1),
-         lambda: (torch.randn(2, 2, 6, 6, 6), labels(2)), xfail={"modnn": _CONV4}),
+         lambda: (torch.randn(2, 2, 6, 6, 6), labels(2))),
     Case("convtranspose2d", lambda: nn.Sequential(
         nn.ConvTranspose2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
         _Lambda(lambda h: h.mean((2, 3))), nn.Linear(8, 4)),
@@ -266,10 +270,12 @@ CASES: list[Case] = [
                                        nn.Linear(32, 32), nn.Dropout(0.3), nn.Linear(32, 4)),
          lambda: (torch.randn(16, 20), labels(16)), every_policy=True,
          xfail={"modnn": _DROP7}),
-    Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8))),
+    Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
+         xfail={"modnn": _COUPLED}),
     Case("embedding-bag", lambda: IntFeatures(bag=True),
          lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
-         xfail=dict.fromkeys(ALL_POLICIES, _BAG)),
+         # recompute-cheap's peak falls elsewhere: it measures what it predicts
+         xfail=dict.fromkeys(set(ALL_POLICIES) - {"recompute-cheap"}, _BAG)),
     Case("bf16", lambda: _mlp(nn.Linear(20, 32), nn.GELU(), nn.LayerNorm(32),
                               nn.Linear(32, 4)).to(torch.bfloat16),
          lambda: (torch.randn(16, 20, dtype=torch.bfloat16), labels(16)),

@@ -212,8 +212,9 @@ ALL_POLICIES = ['keep-all', 'liveness', 'offload-all', 'recompute-cheap', 'vdnn-
 _BAG = ("found by this matrix, not fixed: the real _embedding_bag kernel's offset2bag has one "
         "more element than the fake one, so the measured peak exceeds the predicted by 8 B")
 _DROP7 = "issue 21 item 7 (dropout under sub-batches draws other random numbers than eager)"
-_GN = ("found by this matrix, not fixed: superneurons' plan for a GroupNorm over a transposed "
-       "activation measures 128 B (one mean/rstd output) above its predicted peak")
+_GN = ("found by this matrix, not fixed (plan/residency, superneurons): GroupNorm's mean is "
+       "recomputed while a detach() alias of the old one is still live; the replay counts one "
+       "storage, the real run holds two (+128 B over the predicted peak)")
 _COUPLED = ("sub-batches (issue 21 items 6/7/9, another helper's area): a model that couples "
             "the samples outside BatchNorm (a mean over the batch) is split all the same")
 

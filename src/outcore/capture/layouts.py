@@ -32,7 +32,7 @@ from torch._prims_common import (
     make_contiguous_strides_for,
 )
 
-from outcore.runtime.layout import is_layout_sensitive, relayout_copy, same_layout
+from outcore.runtime.layout import relayout_copy, same_layout
 
 Stride = tuple[int, ...]
 
@@ -89,27 +89,6 @@ def _output_node(node: fx.Node, index: int) -> fx.Node | None:
         if user.target is operator.getitem and user.args[1] == index:
             return user
     return None
-
-
-def _storage(node: fx.Node) -> int | None:
-    val = node.meta.get("val")
-    return val.untyped_storage()._cdata if isinstance(val, torch.Tensor) else None
-
-
-def sensitive_reads(node: fx.Node) -> bool:
-    """Whether a layout-sensitive op reads ``node``, directly or through views of it."""
-    key = _storage(node)
-    todo, seen = [node], {node}
-    while todo:
-        for user in todo.pop().users:
-            if user in seen or user.op != "call_function":
-                continue
-            seen.add(user)
-            if is_layout_sensitive(user.target) and user.args and user.args[0] in seen | {node}:
-                return True
-            if key is not None and _storage(user) == key:  # a view: its readers count too
-                todo.append(user)
-    return False
 
 
 def repair_layouts(gm: fx.GraphModule) -> int:

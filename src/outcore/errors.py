@@ -183,6 +183,12 @@ class OutputPathError(OutcoreError):
     leaves the requested folder)."""
 
 
+class UnsupportedModelError(OutcoreError):
+    """The model or batch uses a feature whose effect a planned step cannot reproduce as
+    eager PyTorch would (a gradient hook on a parameter, an input gradient under
+    sub-batches); raised before anything is written, with what to change."""
+
+
 class OutcoreWarning(UserWarning):
     """Base of outcore's warnings (each is also logged on the ``outcore`` logger)."""
 
@@ -199,3 +205,12 @@ class ReplanWarning(OutcoreWarning):
 
 class BudgetUnitWarning(OutcoreWarning):
     """A budget given as a bare number in a string ("12"): read as bytes."""
+
+
+class EvalModeWarning(OutcoreWarning):
+    """A training step on a model in eval mode: gradients of the eval-mode model are
+    computed (as ``loss.backward()`` would); evaluation belongs under ``torch.no_grad()``."""
+
+
+class ProfileDtypeWarning(OutcoreWarning):
+    """A hardware profile has no peak for a dtype; the nearest dtype it has prices it."""

@@ -13,9 +13,16 @@ and policy (``stats.replans`` counts those after the first; ``stats.cache_size``
 cache, least recently used first out). A step specialised on tensor values
 (``outcore.capture.specialize``) whose values changed is captured again for the new ones.
 
-``model.eval()`` is honoured: while the model is not training, ``step`` runs the forward
-eagerly under ``torch.no_grad()`` and returns the loss, without a plan, a budget or
-gradients (``stats.eval_steps`` counts them).
+The step computes what the model computes in the state the user left it: each module's
+``training`` flag is part of the signature (``model.eval()``, or a backbone whose BatchNorm
+layers were frozen with ``.eval()``, is captured again in that state: running statistics
+used and not updated, dropout off), and gradients are computed as ``loss.backward()``
+would, also in eval mode (with an ``EvalModeWarning`` once, as a reminder). Under
+``torch.no_grad()`` ``step`` runs the forward eagerly and returns the loss, without a plan,
+a budget or gradients (``stats.eval_steps`` counts them): the validation loop.
+Gradient hooks on parameters or modules, which a planned step would never call, are
+refused (``outcore.capture.hooks``); a batch tensor with ``requires_grad=True`` gets its
+``.grad`` as in eager PyTorch.
 
 Mixed precision: the autocast is captured into the graph (its casts are explicit ATen ops), so
 the executor runs with autocast off. Loss scaling for float16 works with
@@ -42,9 +49,11 @@ from torch import nn
 
 from outcore.capture.aot import autocast_state, capture
 from outcore.capture.batching import LossFn, batch_of, split_batch_leaves, step_loss
+from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
-from outcore.errors import InvalidArgumentError
+from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
 from outcore.graph.ir import Graph
+from outcore.log import announce
 from outcore.plan.plan import Plan
 from outcore.planned import MACHINE, PlannedStep, plan
 from outcore.units import format_bytes
@@ -123,6 +132,7 @@ class Trainer:
         self.host_budget = host_budget
         self.device_kind = device_kind
         self.stats = TrainerStats()
+        self._warned_eval = False
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(example_batch)
 
@@ -154,8 +164,13 @@ class Trainer:
         runs eagerly without gradient instead.
         """
         batch = batch_of(args, self.loss_fn)
-        if not self.model.training:
+        if not torch.is_grad_enabled():
             return self._eval_step(batch)
+        if not self.model.training and not self._warned_eval:
+            self._warned_eval = True
+            announce("the model is in eval mode: this step computes the eval-mode model's "
+                     "gradients, as loss.backward() would; to evaluate without gradients, "
+                     "call trainer.step under torch.no_grad()", EvalModeWarning)
         scale = 1.0
         if scaler is not None and scaler.is_enabled():
             scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
@@ -198,9 +213,11 @@ class Trainer:
         _, batch_sig = split_batch_leaves(batch)
         params = tuple((p.dtype, p.device.type, p.requires_grad)
                        for p in self.model.parameters())
-        return (batch_sig, params, autocast_state(self.autocast, batch, self.model))
+        modes = tuple(m.training for m in self.model.modules())
+        return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model))
 
     def _entry(self, batch: Any, fresh: bool = False) -> _Entry:
+        check_hooks(self.model)
         key = self.signature(batch)
         entry = None if fresh else self._cache.get(key)
         if entry is not None:
@@ -240,6 +257,7 @@ class Trainer:
                        recapture=recapture, simulate=False,
                        allow_sub_batches=self.allow_sub_batches, cache=self.cache,
                        host_budget=self.host_budget, **self.options)
+        _refuse_split_input_grads(planned.plan.sub_batches, batch)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget
@@ -263,6 +281,15 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refuse_split_input_grads(parts: int, batch: Any) -> None:
+    """Before anything runs: a batch tensor's gradient is not assembled from sub-batches."""
+    if parts > 1 and any(split_batch_leaves(batch)[1].requires_grad):
+        raise UnsupportedModelError(
+            f"the plan splits the batch into {parts} sub-batches, and a batch tensor requires "
+            "grad: its gradient is not assembled from sub-batches yet. Pass "
+            "allow_sub_batches=False (or another policy than modnn), or a larger budget.")
 
 
 def _close(device: Any) -> None:
@@ -307,6 +334,7 @@ class PlannedTrainer:
 
         parts = self.planned.plan.sub_batches
         check_batch(self.planned.graph, (x, y), parts)
+        _refuse_split_input_grads(parts, (x, y))
         if parts > 1:
             result = run_sub_batches(self.executor, (x, y), parts)
         else:

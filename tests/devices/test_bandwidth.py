@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from outcore.errors import ProfileError
+from outcore.cost.profiles import _nearest_priced
+from outcore.errors import ProfileDtypeWarning, ProfileError
 from outcore.runtime.devices.bandwidth import (
     bandwidth_for_gpu,
     cpu_flops,
@@ -59,5 +60,7 @@ def test_bandwidth_for_gpu_names_missing_data() -> None:
     pytest.importorskip("outcore.cost.profiles")
     with pytest.raises(ProfileError, match="no-such-gpu"):
         bandwidth_for_gpu("no-such-gpu", cpu=1e11)
-    with pytest.raises(ProfileError, match=r"int8|float8"):
-        bandwidth_for_gpu("v100-pcie", dtype="float8_e4m3fn")
+    _nearest_priced.cache_clear()  # the warning is given once per process
+    with pytest.warns(ProfileDtypeWarning, match="float8_e4m3fn"):  # priced, not refused
+        priced = bandwidth_for_gpu("v100-pcie", dtype="float8_e4m3fn", cpu=1e11)
+    assert priced == bandwidth_for_gpu("v100-pcie", dtype="float16", cpu=1e11)

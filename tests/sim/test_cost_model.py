@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from outcore.cost.model import DEFAULT_EFFICIENCY, AnalyticCostModel, CostModel
-from outcore.cost.profiles import HardwareProfile, get_profile
-from outcore.errors import ProfileError
+from outcore.cost.profiles import HardwareProfile, _nearest_priced, get_profile
+from outcore.errors import ProfileDtypeWarning, ProfileError
 from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
 
 PROFILE = HardwareProfile("toy", 1 << 30, {"float32": 1e12, "bfloat16": 4e12}, 1e11,
@@ -81,10 +81,13 @@ def test_bind_prices_each_op_in_its_own_dtype() -> None:
     model.op_time(graph.ops[1])  # int64 output, float input: priced, no error
 
 
-def test_a_dtype_the_profile_cannot_price_is_refused_at_bind() -> None:
-    with pytest.raises(ProfileError, match="float16"):
-        AnalyticCostModel(PROFILE).bind(tiny_graph("float16"))
-    with pytest.raises(ProfileError, match="tf32"):
+def test_a_dtype_the_profile_lacks_is_priced_from_the_nearest_with_a_warning() -> None:
+    _nearest_priced.cache_clear()  # the warning is given once per process
+    graph = tiny_graph("float16")
+    with pytest.warns(ProfileDtypeWarning, match="'toy'.*'float16'.*bfloat16"):
+        model = AnalyticCostModel(PROFILE, efficiency={"matmul": 1.0}, fill_time=0).bind(graph)
+    assert model.op_time(graph.ops[0]) == pytest.approx(1e-5 + 1.0)  # the bf16 peak
+    with pytest.warns(ProfileDtypeWarning, match="'tf32'.*float32"):
         AnalyticCostModel(get_profile("v100-pcie"), dtype="tf32")
 
 

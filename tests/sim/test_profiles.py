@@ -10,12 +10,13 @@ import pytest
 from outcore.cost.profiles import (
     KNOWN_DTYPES,
     HardwareProfile,
+    _nearest_priced,
     get_profile,
     load_profiles,
     profile_names,
     profiles,
 )
-from outcore.errors import ProfileError
+from outcore.errors import ProfileDtypeWarning, ProfileError
 
 NAMES = ["k40c", "titan-x-maxwell", "titan-xp", "v100-pcie", "v100-nvlink", "a100-40gb",
          "a100-80gb", "h100", "h200"]
@@ -95,9 +96,19 @@ def test_direct_construction_is_checked_too() -> None:
         HardwareProfile("x", 0, {"float32": 1e12}, 1e11, 1e9, 1e9, 2, 0.0)
 
 
-def test_peak_of_an_unpriced_dtype_says_what_to_add() -> None:
-    with pytest.raises(ProfileError, match=r"peak_tflops\.bfloat16"):
-        get_profile("v100-pcie").peak("torch.bfloat16")
+def test_peak_of_an_unpriced_dtype_is_the_nearest_priced_one_and_says_what_to_add() -> None:
+    _nearest_priced.cache_clear()  # the warning is given once per process
+    v100 = get_profile("v100-pcie")
+    with pytest.warns(ProfileDtypeWarning, match=r"peak_tflops\.bfloat16"):
+        assert v100.peak("torch.bfloat16") == v100.peak("float32")  # no bf16 units on Volta
+    with pytest.warns(ProfileDtypeWarning, match="float8_e4m3fn"):
+        assert v100.peak("float8_e4m3fn") == v100.peak("float16")
+
+
+@pytest.mark.parametrize("name", ["a100-40gb", "a100-80gb", "h100", "h200"])
+def test_every_shipped_profile_of_a_bf16_gpu_prices_bf16(name: str) -> None:
+    """Ampere and later have bfloat16 units: their profiles must say how fast."""
+    assert "bfloat16" in get_profile(name).peak_flops
     assert get_profile("h100").peak("torch.bfloat16") == pytest.approx(989.4e12)
 
 

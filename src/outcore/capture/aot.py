@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from outcore.capture import module_paths
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.convert import build_graph
+from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError
@@ -88,7 +89,9 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     """Capture one whole training step of ``model`` as a Graph.
 
     Args:
-        model: any ``nn.Module``; it is put in training mode for the capture and restored.
+        model: any ``nn.Module``, captured in the state it is in: each module's ``training``
+            flag decides what it computes (dropout, BatchNorm batch or running statistics),
+            as in eager PyTorch.
         loss_fn: ``loss_fn(model(x), y) -> scalar``; a function or an ``nn.Module``; None for
             a model that returns its own loss (see ``outcore.capture.batching``).
         example_batch: ``(x, y)`` as a data loader yields it; with ``loss_fn=None`` (or a dict
@@ -132,8 +135,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     leaves = [*tensors, *step.parameters(), *step.buffers()]
     mode = _existing_fake_mode(leaves)
     is_fake = fake or mode is not None
-    was_training = model.training
-    model.train()
+    modes = [(mod, mod.training) for mod in model.modules()]
     try:
         with _state_restored(step), contextlib.ExitStack() as stack:
             args = tuple(tensors)
@@ -144,11 +146,13 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             stack.enter_context(module_paths.recording(model))
             joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
+            repair_layouts(gm)  # real kernels' layouts where fake ones differ
             graph, nodes = build_graph(gm, name or type(model).__name__)
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])
-    finally:
-        model.train(was_training)
+    finally:  # whatever the model ran, its training flags are the user's
+        for mod, training in modes:
+            mod.training = training
     graph.meta["fake"] = is_fake
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"

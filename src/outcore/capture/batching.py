@@ -101,15 +101,20 @@ class BatchSignature:
         spec: the pytree structure of the batch.
         constants: every non-tensor leaf, by flat position (they are baked into the graph).
         tensors: per tensor leaf, in order: (shape, dtype, device type).
+        requires_grad: per tensor leaf, whether it asks for a gradient (its ``.grad`` is
+            then computed, as ``loss.backward()`` computes it).
     """
 
     spec: TreeSpec
     constants: tuple[tuple[int, Any], ...]
     tensors: tuple[tuple[tuple[int, ...], torch.dtype, str], ...]
+    requires_grad: tuple[bool, ...] = ()
 
     def describe(self) -> str:
         """A short human-readable form (for errors and stats)."""
-        parts = [f"{list(s)}:{str(d).removeprefix('torch.')}" for s, d, _ in self.tensors]
+        grads = self.requires_grad or (False,) * len(self.tensors)
+        parts = [f"{list(s)}:{str(d).removeprefix('torch.')}{' (requires grad)' if g else ''}"
+                 for (s, d, _), g in zip(self.tensors, grads, strict=True)]
         return f"({', '.join(parts)})"
 
 
@@ -125,7 +130,8 @@ def split_batch_leaves(batch: Any) -> tuple[list[torch.Tensor], BatchSignature]:
             consts.append((i, _hashable(leaf)))
     sig = BatchSignature(spec=spec, constants=tuple(consts),
                          tensors=tuple((tuple(int(s) for s in t.shape), t.dtype, t.device.type)
-                                       for t in tensors))
+                                       for t in tensors),
+                         requires_grad=tuple(bool(t.requires_grad) for t in tensors))
     return tensors, sig
 
 

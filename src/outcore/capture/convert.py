@@ -109,9 +109,9 @@ class _Builder:
         oid = len(self.ops)
         phase = _phase(node)
         kind = TensorKind.ACTIVATION if phase is Phase.FORWARD else TensorKind.GRADIENT
-        if "val" not in node.meta:
+        if "val" not in node.meta and not _returns_nothing(node):
             raise _node_error(node, "has no traced value (meta['val']), so its size is unknown")
-        val = node.meta["val"]
+        val = node.meta.get("val")  # None: an op run for its effect (``_assert_async``)
         outputs: list[int] = []
         if isinstance(val, (tuple, list)):
             slots: list[int | None] = []
@@ -192,6 +192,13 @@ class _Builder:
             self.map.output_roles.append((role, tid, name))
             result.append(tid)
         return result
+
+
+def _returns_nothing(node: fx.Node) -> bool:
+    """An ATen op whose schema returns nothing (``aten._assert_async``: a check, kept so
+    that the step raises where eager does)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and not schema.returns
 
 
 def _masked_outputs(node: fx.Node) -> set[int]:

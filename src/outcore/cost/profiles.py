@@ -32,6 +32,20 @@ KNOWN_DTYPES = frozenset({
     "float64", "float32", "tf32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8",
 })
 
+#: For a dtype a profile lacks, the dtypes that price it, nearest first (a GPU without
+#: bfloat16 units runs bfloat16 math at its float32 rate; float8 and int8 on a GPU without
+#: them fall back to its 16-bit units). Any other dtype is priced as float32, which every
+#: profile has.
+NEAREST_DTYPES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "bfloat16": ("float32", "float16"),
+    "float16": ("bfloat16", "float32"),
+    "tf32": ("float32",),
+    "float8_e4m3fn": ("float8_e5m2", "float16", "bfloat16"),
+    "float8_e5m2": ("float8_e4m3fn", "float16", "bfloat16"),
+    "int8": ("float16", "bfloat16"),
+    "float64": ("float32",),
+})
+
 #: Name of the measured profile of this machine.
 THIS_CPU = "this-cpu"
 
@@ -104,14 +118,14 @@ class HardwareProfile:
 
     # -- queries ---------------------------------------------------------------------------
     def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for ``dtype``; ProfileError naming the dtypes this profile knows."""
+        """Peak FLOP/s for ``dtype``. A dtype the profile gives no peak for is priced at the
+        peak of its nearest dtype (``NEAREST_DTYPES``; bfloat16 on a V100 runs at its
+        float32 rate), with a ``ProfileDtypeWarning`` once per profile and dtype: a
+        missing number makes a plan approximate, never impossible."""
         key = dtype.removeprefix("torch.")
-        if key not in self.peak_flops:
-            raise ProfileError(
-                f"hardware profile {self.name!r} gives no peak for dtype {key!r}; it knows "
-                f"{sorted(self.peak_flops)}. Add peak_tflops.{key} to the profile or model "
-                "the graph in one of those dtypes.")
-        return self.peak_flops[key]
+        if key in self.peak_flops:
+            return self.peak_flops[key]
+        return self.peak_flops[_nearest_priced(self.name, key, tuple(sorted(self.peak_flops)))]
 
     def bandwidth(self, direction: str) -> float:
         """Host-link bytes/s for ``direction`` ("h2d" or "d2h")."""
@@ -189,6 +203,20 @@ class HardwareProfile:
         if self.efficiency:
             doc["efficiency"] = dict(self.efficiency)
         return doc
+
+
+@cache
+def _nearest_priced(profile: str, dtype: str, priced: tuple[str, ...]) -> str:
+    """The dtype that prices ``dtype`` on ``profile`` (which gives peaks for ``priced``);
+    announced once per profile and dtype (the cache), as a ``ProfileDtypeWarning``."""
+    from outcore.errors import ProfileDtypeWarning
+    from outcore.log import announce
+
+    chosen = next((d for d in NEAREST_DTYPES.get(dtype, ()) if d in priced), "float32")
+    announce(f"hardware profile {profile!r} gives no peak for dtype {dtype!r}; pricing it at "
+             f"the {chosen} peak (add peak_tflops.{dtype} to the profile for exact times)",
+             ProfileDtypeWarning, stacklevel=4)
+    return chosen
 
 
 def _check_peaks(name: str, peaks: Mapping[str, float]) -> dict[str, float]:

@@ -28,6 +28,7 @@ from outcore.capture.step import CapturedStep
 from outcore.graph.ir import Graph
 from outcore.plan.residency import NONE, Step, no_workspace, residency_steps
 from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
+from outcore.runtime.layout import layout_bases, recorded_stride, relayout
 
 
 @dataclass
@@ -45,8 +46,22 @@ class Emitter:
         self.graph = graph
         self.step = step
         self.impls = impls
-        self.globals: dict[str, Any] = {}
+        self.globals: dict[str, Any] = {"_relayout": relayout}
         self.lines: list[str] = []
+        #: tensor id -> the stride capture recorded, for each base a layout-sensitive op reads
+        self.strides: dict[int, tuple[int, ...]] = {}
+        bases = layout_bases(graph, step.op_nodes)
+        for node, tid in step.nodes.node_tensors.items():
+            stride = recorded_stride(node.meta.get("val"))
+            if tid in bases and stride is not None:
+                self.strides[tid] = stride
+
+    def bind_layout(self, tid: int) -> None:
+        """After ``v{tid}`` is bound: give it its recorded layout if a view relies on it
+        (``outcore.runtime.layout``)."""
+        stride = self.strides.get(tid)
+        if stride is not None:
+            self.lines.append(f"v{tid} = _relayout(v{tid}, {stride!r})")
 
     def arg(self, value: Any, oid: int, counter: list[int]) -> str:
         if isinstance(value, fx.Node):
@@ -81,18 +96,25 @@ class Emitter:
                     else f"rt.save_rng({oid}, lambda: {call})")
         self.lines.append(f"rt.begin({oid}, {op.name!r})")
         slots = self.step.nodes.op_outputs.get(node)
-        if slots is None:
+        if slots is None and not op.outputs:  # run for its effect (a check)
+            self.lines.append(call)
+        elif slots is None:
             (tid,) = op.outputs
             target = f"v{tid}" if tid in new else "_dup"
             self.lines.append(f"{target} = {call}")
             if target == "_dup":
                 self.lines.append("del _dup")
+            else:
+                self.bind_layout(tid)
         else:
             self.lines.append(f"_o = {call}")
             for idx, slot in enumerate(slots):
                 if slot is not None and slot in new:
                     self.lines.append(f"v{slot} = _o[{idx}]")
             self.lines.append("del _o")
+            for slot in slots:
+                if slot is not None and slot in new:
+                    self.bind_layout(slot)
 
     def emit(self, ins: Instruction, step: Step, notify: frozenset[int] = frozenset()) -> None:
         """Append the code of one instruction, given its step of the replay; after a Compute
@@ -134,7 +156,9 @@ def generate(graph: Graph, schedule: Schedule,
     em = Emitter(graph, step, impls or {})
     steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
     static = list(next(steps).made_resident)
-    em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
+    for tid in static:
+        em.lines.append(f"v{tid} = inputs[{tid}]")
+        em.bind_layout(tid)
     for ins, at in zip(schedule.instructions, steps, strict=True):
         em.emit(ins, at, notify)
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")

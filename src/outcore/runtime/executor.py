@@ -55,6 +55,26 @@ class StepResult:
     instruction_seconds: list[float] = field(default_factory=list)
     transfers: TransferStats | None = None
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: batch tensor index (flat, as the graph's inputs) -> its gradient, for the batch
+    #: tensors that require one
+    input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+#: How the capture names the gradient of the batch's i-th tensor (``input:<i>``).
+INPUT_PREFIX = "input:"
+
+
+def _check_input_leaves(leaves: list[torch.Tensor]) -> None:
+    """Refuse, before anything runs, a batch tensor that requires grad but is not a leaf:
+    eager PyTorch would carry its gradient back into the autograd graph that made it, which
+    a planned step (run without autograd) cannot reach."""
+    for i, t in enumerate(leaves):
+        if t.requires_grad and t.grad_fn is not None:
+            raise OutcoreError(
+                f"batch tensor {i} requires grad and was computed by autograd "
+                f"({type(t.grad_fn).__name__}): outcore cannot carry its gradient back into "
+                "the graph that made it. Move that computation into the model, or pass a "
+                "leaf (t.detach().requires_grad_()) and backpropagate its .grad yourself.")
 
 
 class GradHook(Protocol):
@@ -204,6 +224,8 @@ class Executor:
         if not measure and self.capacity is not None:
             raise OutcoreError("measure=False would skip enforcing the device's capacity; "
                                "use a device without one (e.g. device='cpu')")
+        leaves = self.step.batch_tensors(batch)
+        _check_input_leaves(leaves)
         values = self.step.static_values(self.graph, batch, loss_scale)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
@@ -242,7 +264,7 @@ class Executor:
         self._collect(outputs, result)
         self.step.check_guards(outputs)  # a specialised step whose values changed: not applied
         if apply:
-            self.apply(result, outputs, grad_scale)
+            self.apply(result, outputs, grad_scale, inputs=leaves)
         return result
 
     def _timings(self, marks: list[float], end: float, result: StepResult) -> None:
@@ -259,29 +281,45 @@ class Executor:
         for role, tid, name in self.step.nodes.output_roles:
             if role == "loss":
                 result.loss = outputs[tid]
+            elif role == "grad" and name.startswith(INPUT_PREFIX):
+                result.input_grads[int(name.removeprefix(INPUT_PREFIX))] = outputs[tid]
             elif role == "grad":
                 result.grads[name.removeprefix("model.")] = outputs[tid]
             elif role == "buffer":
                 result.buffers[name.removeprefix("model.")] = outputs[tid]
 
     def apply(self, result: StepResult, outputs: dict[int, torch.Tensor] | None = None,
-              grad_scale: float = 1.0) -> None:
+              grad_scale: float = 1.0, inputs: list[torch.Tensor] | None = None) -> None:
         """Accumulate ``result``'s gradients (times ``grad_scale``) into ``.grad`` and write
         its buffer updates, all or nothing (``outcore.runtime.failsafe.commit``).
 
+        ``inputs``: the batch's tensors, whose ``.grad`` receives ``result.input_grads``
+        (a batch tensor with ``requires_grad=True``, as ``loss.backward()`` fills it).
         A gradient laid out like its parameter is used as it is (no copy), as autograd's
         AccumulateGrad does; another layout is copied into the parameter's layout."""
+        grads = dict(result.grads)
+        targets: dict[str, torch.Tensor] = {}
+        if result.input_grads:
+            if inputs is None:
+                raise OutcoreError("the step computed input gradients but was not given the "
+                                   "batch's tensors to write them to")
+            for idx, g in result.input_grads.items():
+                grads[f"{INPUT_PREFIX}{idx}"] = g
+                targets[f"{INPUT_PREFIX}{idx}"] = inputs[idx]
         with torch.no_grad():
-            grads = {n: g if grad_scale == 1.0 else g * grad_scale
-                     for n, g in result.grads.items()}
-        self.apply_grads(grads, result.buffers)
+            if grad_scale != 1.0:
+                grads = {n: g * grad_scale for n, g in grads.items()}
+        self.apply_grads(grads, result.buffers, targets)
 
     def apply_grads(self, grads: dict[str, torch.Tensor],
-                    buffers: dict[str, torch.Tensor] | None = None) -> None:
-        """Commit gradients and buffer updates named as in ``StepResult``, all or nothing."""
+                    buffers: dict[str, torch.Tensor] | None = None,
+                    inputs: dict[str, torch.Tensor] | None = None) -> None:
+        """Commit gradients and buffer updates named as in ``StepResult``, all or nothing;
+        ``inputs``: the batch tensors named ``input:<index>`` that gradients go to."""
         module = self.step.step_module
-        params = {n.removeprefix("model."): p
-                  for n, p in module.named_parameters(remove_duplicate=False)}
+        params: dict[str, torch.Tensor] = {
+            n.removeprefix("model."): p for n, p in module.named_parameters(remove_duplicate=False)}
+        params.update(inputs or {})
         owned = {n.removeprefix("model."): b
                  for n, b in module.named_buffers(remove_duplicate=False)}
         commit(params, grads, owned, buffers or {})

@@ -64,7 +64,7 @@ def bandwidth_for_gpu(name: str, dtype: str = "float32",
     from outcore.cost.profiles import get_profile
 
     profile = get_profile(name)
-    gpu = profile.peak(dtype)  # ProfileError naming the dtypes it knows
+    gpu = profile.peak(dtype)  # a dtype it lacks: its nearest, with a ProfileDtypeWarning
     if cpu is None:
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):

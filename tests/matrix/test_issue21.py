@@ -1,0 +1,250 @@
+"""Regression tests of issue 21's cases, each reproducing the report first: BatchNorm on the
+raw input (3), input gradients (5), a smaller last batch (8), the model's own training flags
+and user hooks (9), a bfloat16 model on a profile without bfloat16 (10)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from matrix_models import FrozenBackbone
+from torch import nn
+
+import outcore
+from outcore.errors import (
+    BatchMismatchError,
+    EvalModeWarning,
+    InfeasibleBudgetError,
+    OutcoreError,
+    ProfileDtypeWarning,
+    UnsupportedModelError,
+)
+from outcore.trainer import PlannedTrainer
+
+
+def mlp(*extra: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*extra, nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def data(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return torch.randn(n, 20), torch.randint(0, 4, (n,))
+
+
+def eager(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int = 5) -> torch.Tensor:
+    torch.manual_seed(seed)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def assert_grads_equal(a: nn.Module, b: nn.Module) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    for (name, b1), b2 in zip(a.named_buffers(), b.buffers(), strict=True):
+        torch.testing.assert_close(b1, b2, msg=name)
+
+
+@pytest.mark.parametrize("policy", ["superneurons", "pooch", "vdnn-all", "recompute-cheap"])
+def test_batchnorm_on_the_raw_input_whose_gradient_nobody_needs(policy: str) -> None:
+    """Item 3: native_batch_norm_backward with output_mask [False, True, True] returns None
+    for the input's gradient; no policy may treat it as a tensor."""
+    model = mlp(nn.BatchNorm1d(20))
+    ref = copy.deepcopy(model)
+    x, y = data()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget="1TB", device="cpu-emulated",
+                         policy=policy) as tr:
+        torch.testing.assert_close(tr.step(x, y), eager(ref, x, y))
+    assert_grads_equal(model, ref)
+
+
+@pytest.mark.parametrize("policy", ["superneurons", "outcore-auto"])
+def test_an_input_that_requires_grad_gets_eagers_grad(policy: str) -> None:
+    """Item 5: x.grad as loss.backward() computes it (saliency, adversarial training), also
+    accumulated over two steps; parameters' grads as eager's."""
+    model, ref = mlp(), mlp()
+    x, y = data()
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with outcore.compile(model, F.cross_entropy, (xs, y), budget="1TB", device="cpu-emulated",
+                         policy=policy) as tr:
+        for _ in range(2):
+            tr.step(xs, y)
+            eager(ref, xr, y)
+    assert xs.grad is not None
+    torch.testing.assert_close(xs.grad, xr.grad)
+    assert_grads_equal(model, ref)
+
+
+def test_requires_grad_on_the_input_is_part_of_the_signature() -> None:
+    model, ref = mlp(), mlp()
+    x, y = data()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr:
+        tr.step(x, y)
+        eager(ref, x, y)
+        xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        tr.step(xs, y)
+        eager(ref, xr, y)
+        assert tr.stats.replans == 1
+    torch.testing.assert_close(xs.grad, xr.grad)
+
+
+def test_an_input_made_by_autograd_is_refused_before_anything_is_written() -> None:
+    model = mlp()
+    x, y = data()
+    scale = torch.ones(20, requires_grad=True)
+    with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr, \
+            pytest.raises(OutcoreError, match="computed by autograd"):
+        tr.step(x * scale, y)
+    assert all(p.grad is None for p in model.parameters()) and scale.grad is None
+
+
+def test_a_smaller_last_batch_is_planned_again_and_matches_eager() -> None:
+    """Item 8: 16 at compile time, 5 at the last step."""
+    model, ref = mlp(), mlp()
+    x, y = data()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget="1TB", device="cpu-emulated",
+                         policy="superneurons") as tr:
+        tr.step(x, y)
+        eager(ref, x, y)
+        torch.testing.assert_close(tr.step(x[:5], y[:5]), eager(ref, x[:5], y[:5]))
+        assert tr.stats.replans == 1
+        fixed = PlannedTrainer(model, tr._cache[tr.signature((x, y))].planned, tr.device, None)
+        with pytest.raises(BatchMismatchError, match=r"\(5, 20\).*expected shape \(16, 20\)"):
+            fixed.step(x[:5], y[:5])
+    assert_grads_equal(model, ref)
+
+
+@pytest.mark.parametrize("policy", ["superneurons", "outcore-auto"])
+def test_a_model_in_eval_mode_trains_as_eager_computes_it(policy: str) -> None:
+    """Item 9: dropout off and BatchNorm running statistics used (not updated) in eval mode;
+    grads as eager's, with a reminder that evaluation belongs under no_grad."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.Dropout(0.5), nn.BatchNorm1d(32), nn.ReLU(),
+                          nn.Linear(32, 4))
+    model[2].running_mean.uniform_()
+    model.eval()
+    ref = copy.deepcopy(model)
+    x, y = data()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget="1TB", device="cpu-emulated",
+                         policy=policy) as tr, pytest.warns(EvalModeWarning, match="torch.no_grad"):
+        got = tr.step(x, y)
+    torch.testing.assert_close(got, eager(ref, x, y))
+    assert_grads_equal(model, ref)
+    assert not model.training and not model[1].training
+
+
+def test_training_flags_changed_between_steps_are_captured_again() -> None:
+    """Item 9: a backbone whose BatchNorm layers were frozen with .eval() (running stats
+    used, not updated), then the whole model trained, then evaluated: one capture each."""
+    model = FrozenBackbone()
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 4, (4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EvalModeWarning)
+        with outcore.compile(model, F.cross_entropy, (x, y), budget="1TB",
+                             device="cpu-emulated", policy="superneurons") as tr:
+            for flip in (None, "train", "eval"):
+                for m in (model, ref):
+                    if flip is not None:
+                        m.train(flip == "train")
+                torch.manual_seed(3)
+                got = tr.step(x, y)
+                torch.testing.assert_close(got, eager(ref, x, y, seed=3))
+                assert_grads_equal(model, ref)
+            assert tr.stats.replans == 2
+
+
+def test_under_no_grad_a_step_is_an_eager_evaluation() -> None:
+    model = mlp(nn.Dropout(0.5))
+    x, y = data()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr:
+        model.eval()
+        with torch.no_grad():
+            loss = tr.step(x, y)
+            expected = F.cross_entropy(model(x), y)
+    assert torch.equal(loss, expected)
+    assert all(p.grad is None for p in model.parameters())
+    assert (tr.stats.eval_steps, tr.stats.steps) == (1, 0)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "post-accumulate", "module-backward"])
+def test_a_gradient_hook_is_refused_at_compile_and_at_step(kind: str) -> None:
+    """Item 9: hooks a planned step would never call are refused, naming the parameter."""
+    def add_hook(model: nn.Module) -> None:
+        if kind == "tensor":
+            model[0].weight.register_hook(lambda g: g * 2)
+        elif kind == "post-accumulate":
+            model[0].weight.register_post_accumulate_grad_hook(lambda p: None)
+        else:
+            model[0].register_full_backward_hook(lambda m, gi, go: None)
+
+    x, y = data()
+    model = mlp()
+    add_hook(model)
+    with pytest.raises(UnsupportedModelError, match="'0"):
+        outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu")
+    model = mlp()
+    with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr:
+        add_hook(model)
+        with pytest.raises(UnsupportedModelError, match="never be called"):
+            tr.step(x, y)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_bfloat16_model_on_a_profile_without_bfloat16_is_priced_not_refused() -> None:
+    """Item 10: v100-pcie has no bfloat16 peak; it is priced at its nearest (float32)."""
+    from outcore.cost.profiles import _nearest_priced
+
+    _nearest_priced.cache_clear()
+    model = mlp().to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    x, y = data()
+    x = x.to(torch.bfloat16)
+
+    def loss_fn(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.float(), t)
+
+    with pytest.warns(ProfileDtypeWarning, match="'v100-pcie'.*'bfloat16'"):
+        tr = outcore.compile(model, loss_fn, (x, y), budget="1TB", gpu="v100-pcie",
+                             device="cpu-emulated", policy="pooch")
+    with tr:
+        got = tr.step(x, y)
+    want = loss_fn(ref(x), y)
+    want.backward()
+    torch.testing.assert_close(got, want.detach())
+    assert_grads_equal(model, ref)
+
+
+def test_an_input_gradient_under_sub_batches_is_refused_before_anything_runs() -> None:
+    """Item 5 with a split batch: refused at compile time, naming the way out."""
+    from outcore.graph.bounds import reference_peaks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(5) for m in (nn.Linear(64, 64), nn.ReLU())],
+                          nn.Linear(64, 4))
+    x, y = torch.randn(64, 64), torch.randint(0, 4, (64,))
+    graph = outcore.capture(model, F.cross_entropy, (x, y))
+    peak = outcore.plan(graph, None, policy="liveness", simulate=False).predicted_peak
+    low = reference_peaks(graph).layer_lower_bound
+    budget = low + (peak - low) // 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split = outcore.compile(model, F.cross_entropy, (x, y), budget=budget,
+                                device="cpu-emulated", allow_sub_batches=True)
+        assert split.plan.sub_batches > 1  # the premise: this budget splits the batch
+        fixed = PlannedTrainer(model, split.planned, split.device, budget)
+        with pytest.raises(UnsupportedModelError, match="allow_sub_batches=False"):
+            fixed.step(x.clone().requires_grad_(), y)
+        split.close()
+        # refused either way before anything runs: no split plan is found for a batch whose
+        # tensor requires grad (sub-batch capture), or the split plan is refused by name
+        with pytest.raises((UnsupportedModelError, InfeasibleBudgetError)):
+            outcore.compile(model, F.cross_entropy, (x.requires_grad_(), y), budget=budget,
+                            device="cpu-emulated", allow_sub_batches=True)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())

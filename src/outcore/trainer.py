@@ -225,6 +225,7 @@ class Trainer:
         from outcore import progress
         from outcore.hardware import default_gpu
         from outcore.runtime.executor import Executor
+        from outcore.runtime.loss_split import loss_form
         from outcore.runtime.subbatch import split_batch
 
         with progress.task(f"capturing {type(self.model).__name__}"):
@@ -232,8 +233,10 @@ class Trainer:
         dims = self.options.get("batch_dims")
 
         def recapture(parts: int) -> Graph:
-            return capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
-                           autocast=self.autocast)
+            sub = capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
+                          autocast=self.autocast)
+            loss_form(sub)  # a loss that cannot be split exactly: this size is unavailable
+            return sub
 
         planned = plan(graph, self.budget, policy=self.policy,
                        gpu=self.gpu or default_gpu(graph, self.device_kind),

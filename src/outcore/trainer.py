@@ -226,6 +226,7 @@ class Trainer:
         from outcore.hardware import default_gpu
         from outcore.runtime.executor import Executor
         from outcore.runtime.loss_split import loss_form
+        from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch
 
         with progress.task(f"capturing {type(self.model).__name__}"):
@@ -250,7 +251,12 @@ class Trainer:
         if self.stats.captures:
             self.stats.replans += 1
         self.stats.captures += 1
-        return _Entry(planned, Executor(planned.graph, planned.schedule, self.device))
+        executor = Executor(planned.graph, planned.schedule, self.device)
+        if planned.plan.sub_batches > 1:  # random ops: eager's draws, or say they cannot
+            text = prepare_random(executor, planned.plan.sub_batches)
+            if text is not None:
+                planned.notes.append(text)
+        return _Entry(planned, executor)
 
     def _device_type(self, batch: Any) -> str:
         tensors, _ = split_batch_leaves(batch)

@@ -14,6 +14,10 @@ Nothing is applied until every sub-batch has run: gradients are summed in a priv
 buffer and added to ``.grad`` once at the end, so a failure in any sub-batch leaves the
 model's ``.grad`` and buffers as they were before the step.
 
+Random ops (dropout) draw the full batch's random numbers and keep each sub-batch's rows, the
+same masks as eager for the same seed (``outcore.runtime.sub_batch_rng``; where that cannot
+be done the step draws per sub-batch and says so).
+
 BatchNorm: statistics are computed per sub-batch (as with any smaller batch), so gradients
 differ from the full batch; running statistics are updated once per sub-batch, i.e. k times
 per step with the module's momentum. moDNN only plans this when asked (see its docstring).
@@ -30,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from outcore.graph.batch_dims import input_batch_dims
 from outcore.runtime.executor import Executor, StepResult
 from outcore.runtime.loss_split import sub_batch_weights
+from outcore.runtime.sub_batch_rng import install
 
 def split_batch(batch: Any, parts: int, dims: Sequence[int] | None = None) -> list[Any]:
     """Split every tensor of ``batch`` along its batch dimension into ``parts`` equal chunks
@@ -75,8 +80,13 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
     results: list[StepResult] = []
     losses: list[torch.Tensor] = []
     saved: dict[str, torch.Tensor] = {}  # buffers as they were, restored if a sub-batch fails
+    rng = install(executor, parts)  # random ops draw eager's numbers (rows of one full draw)
+    if rng is not None:
+        rng.begin_step(parts)
     try:
-        for sub, weight in zip(subs, weights, strict=True):
+        for i, (sub, weight) in enumerate(zip(subs, weights, strict=True)):
+            if rng is not None:
+                rng.sub_batch(i)
             result = executor.run(sub, apply=False, loss_scale=loss_scale)
             if not saved and result.buffers:
                 saved = {n: b.clone() for n, b in executor.named_buffers(result.buffers)}
@@ -90,6 +100,9 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
         if saved:
             executor.apply_grads({}, saved)
         raise
+    finally:
+        if rng is not None:
+            rng.end_step()
     loss = torch.stack(losses).sum() if losses else torch.zeros_like(results[0].loss)
     executor.apply_grads(sums)
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results), grads=sums,

@@ -33,7 +33,7 @@ class Record(TorchDispatchMode):
         super().__init__()
         self.draws: list[torch.Tensor] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         kind = _kind(func)
         if kind == "dropout":
@@ -56,7 +56,7 @@ class Replay(TorchDispatchMode):
         b = full.shape[0] // self.parts
         return full[self.index * b:(self.index + 1) * b]
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = _kind(func)
         if kind == "dropout":

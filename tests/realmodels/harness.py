@@ -65,6 +65,7 @@ def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1,
     ``full_draws`` (outcore said its random ops draw eager's numbers), each sub-batch's
     random ops use their rows of the full batch's draws (``eager_draws``)."""
     from eager_draws import Replay, record_draws
+
     from outcore.runtime.subbatch import split_batch
 
     model.train()

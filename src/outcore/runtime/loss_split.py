@@ -92,7 +92,7 @@ class _Walk:
                   if type(desc).__name__ == "PlainAOTInput"}
         self.batch: set[fx.Node] = set()
         for node in step.gm.graph.nodes:
-            if node.op == "placeholder" and step.nodes.node_tensors.get(node) in leaves \
+            if (node.op == "placeholder" and step.nodes.node_tensors.get(node) in leaves) \
                     or any(a in self.batch for a in node.all_input_nodes):
                 self.batch.add(node)
 
@@ -113,11 +113,9 @@ class _Walk:
                 return self._ratio(node)
             raise _refuse(f"{node.name!r} ({target}) combines two batch-dependent values")
         if target in _MEAN or target in _SUM:
-            if target.endswith("dim") or target.endswith("dim_IntList"):
-                kept = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-                if _numel(node) != 1 and not kept:
-                    raise _refuse(f"{node.name!r} reduces to a {tuple(_val(node).shape)} tensor, "
-                                  "not a scalar over samples")
+            if _numel(node) != 1:
+                raise _refuse(f"{node.name!r} reduces to a {tuple(_val(node).shape)} tensor, "
+                              "not a scalar over samples")
             return [Term("mean" if target in _MEAN else "sum", node.name)]
         position = REDUCTION_ARG.get(target)
         if position is not None:
@@ -222,10 +220,10 @@ def _denominator(step: CapturedStep, graph: Graph, term: Term, batch: Any) -> fl
     if _name(node.target) not in _NLL:
         return float(_evaluate(step, graph, node, batch))
     target_node, weight_node = node.args[1], node.args[2]
-    ignore = node.args[4] if len(node.args) > 4 else -100
+    ignore = int(node.args[4]) if len(node.args) > 4 else -100  # type: ignore[arg-type]
     assert isinstance(target_node, fx.Node)
     target = _evaluate(step, graph, target_node, batch)
-    kept = target != ignore
+    kept = torch.ne(target, ignore)
     if not isinstance(weight_node, fx.Node):
         return float(kept.sum())
     weight = _evaluate(step, graph, weight_node, batch)

@@ -36,6 +36,7 @@ from outcore.runtime.executor import Executor, StepResult
 from outcore.runtime.loss_split import sub_batch_weights
 from outcore.runtime.sub_batch_rng import install
 
+
 def split_batch(batch: Any, parts: int, dims: Sequence[int] | None = None) -> list[Any]:
     """Split every tensor of ``batch`` along its batch dimension into ``parts`` equal chunks
     (copies, each with its own storage).

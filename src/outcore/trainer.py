@@ -236,7 +236,7 @@ class Trainer:
         def recapture(parts: int) -> Graph:
             sub = capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
                           autocast=self.autocast)
-            loss_form(sub)  # a loss that cannot be split exactly: this size is unavailable
+            loss_form(sub, graph)  # a loss that cannot be split exactly: size unavailable
             return sub
 
         planned = plan(graph, self.budget, policy=self.policy,

@@ -90,6 +90,7 @@ class _Walk:
         self.step = step
         leaves = {tid for tid, desc in step.nodes.placeholders.items()
                   if type(desc).__name__ == "PlainAOTInput"}
+        self.constants: list[int | float] = []  # numbers the loss is scaled by, walk order
         self.batch: set[fx.Node] = set()
         for node in step.gm.graph.nodes:
             if (node.op == "placeholder" and step.nodes.node_tensors.get(node) in leaves) \
@@ -106,6 +107,7 @@ class _Walk:
                 and _name(args[0].target) in _NLL and args[1] == 0:
             return [self._nll(args[0])]
         if target in _SCALED:
+            self.constants += [a for a in args if isinstance(a, (int, float))]
             batch_args = [a for a in args if isinstance(a, fx.Node) and a in self.batch]
             if len(batch_args) == 1 and (target != "aten.div.Tensor" or batch_args[0] is args[0]):
                 return self.terms(batch_args[0])
@@ -168,12 +170,25 @@ def loss_node(step: CapturedStep, graph: Graph) -> fx.Node:
     raise _refuse(f"the loss tensor {graph.tensors[tid].name!r} has no FX node")
 
 
-def loss_form(graph: Graph) -> list[Term]:
-    """The loss's reductions over samples (module docstring); LossSplitError otherwise."""
+def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
+    """The loss's reductions over samples (module docstring); LossSplitError otherwise.
+
+    ``full``: the same step captured at the full batch; a number the loss is scaled by that
+    differs between the two (``loss.sum() / x.shape[0]``, ``reduction="batchmean"``) is
+    refused, since the sub-batch graph has the sub-batch's number baked in."""
     step = graph.source
     if not isinstance(step, CapturedStep):
         raise CaptureError("this graph has no captured step to read the loss from")
-    terms = _Walk(step).terms(loss_node(step, graph))
+    walk = _Walk(step)
+    terms = walk.terms(loss_node(step, graph))
+    if full is not None and isinstance(full.source, CapturedStep):
+        other = _Walk(full.source)
+        other.terms(loss_node(full.source, full))
+        if other.constants != walk.constants:
+            raise _refuse(f"it is scaled by numbers that change with the batch size "
+                          f"({other.constants} at the full batch, {walk.constants} at a "
+                          "sub-batch; e.g. loss.sum() / x.shape[0] or reduction='batchmean'); "
+                          "use a mean over samples")
     kinds = {t.kind for t in terms}
     if "sum" in kinds and len(kinds) > 1:
         summed = next(t for t in terms if t.kind == "sum")

@@ -182,11 +182,11 @@ def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
     walk = _Walk(step)
     terms = walk.terms(loss_node(step, graph))
     if full is not None and isinstance(full.source, CapturedStep):
-        other = _Walk(full.source)
-        other.terms(loss_node(full.source, full))
-        if other.constants != walk.constants:
+        at_full = _Walk(full.source)
+        at_full.terms(loss_node(full.source, full))
+        if at_full.constants != walk.constants:
             raise _refuse(f"it is scaled by numbers that change with the batch size "
-                          f"({other.constants} at the full batch, {walk.constants} at a "
+                          f"({at_full.constants} at the full batch, {walk.constants} at a "
                           "sub-batch; e.g. loss.sum() / x.shape[0] or reduction='batchmean'); "
                           "use a mean over samples")
     kinds = {t.kind for t in terms}

@@ -5,8 +5,10 @@ with gradient accumulation. That changes what the step computes wherever the sam
 batch are coupled: BatchNorm normalises each sub-batch with its own statistics and updates
 its running statistics ``k`` times (``num_batches_tracked`` grows by ``k``). Without
 batch-coupled layers the accumulated gradients equal the full batch's only up to the order
-of the floating-point sums, and only for a loss that is a mean over samples (what
-``run_sub_batches`` weights for); outcore cannot prove the latter from the graph, so it
+of the floating-point sums, for a loss whose reduction over samples is read from the trace
+(``outcore.runtime.loss_split``: mean, sum, NLL/cross entropy with ``ignore_index``, class
+weights or label smoothing; another loss is refused), and random ops draw eager's numbers
+only where the full batch's draw fits (``outcore.runtime.sub_batch_rng``); so outcore
 never splits unless asked:
 
 * ``allow_sub_batches=True`` (``outcore.plan``/``compile``/``backend``, or the CLI's
@@ -68,7 +70,8 @@ def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
                 "BatchNorm buffers differ from eager PyTorch's")
     return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
             "batch-coupled layers, so gradients equal the full batch's up to summation order "
-            "(each sub-batch weighted as the loss reduces: 1/k for a mean, 1 for a sum)")
+            "(each sub-batch weighted as the traced loss reduces: 1/k for a mean, 1 for a "
+            "sum, its share of the targets' count or weight for NLL/cross entropy)")
 
 
 def announce_split(graph: Graph, parts: int) -> str:

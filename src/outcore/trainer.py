@@ -242,6 +242,8 @@ class Trainer:
         from outcore import progress
         from outcore.hardware import default_gpu
         from outcore.runtime.executor import Executor
+        from outcore.runtime.loss_split import loss_form
+        from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch
 
         with progress.task(f"capturing {type(self.model).__name__}"):
@@ -249,8 +251,10 @@ class Trainer:
         dims = self.options.get("batch_dims")
 
         def recapture(parts: int) -> Graph:
-            return capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
-                           autocast=self.autocast)
+            sub = capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
+                          autocast=self.autocast)
+            loss_form(sub, graph)  # a loss that cannot be split exactly: size unavailable
+            return sub
 
         planned = plan(graph, self.budget, policy=self.policy,
                        gpu=self.gpu or default_gpu(graph, self.device_kind),
@@ -265,7 +269,12 @@ class Trainer:
         if self.stats.captures:
             self.stats.replans += 1
         self.stats.captures += 1
-        return _Entry(planned, Executor(planned.graph, planned.schedule, self.device))
+        executor = Executor(planned.graph, planned.schedule, self.device)
+        if planned.plan.sub_batches > 1:  # random ops: eager's draws, or say they cannot
+            text = prepare_random(executor, planned.plan.sub_batches)
+            if text is not None:
+                planned.notes.append(text)
+        return _Entry(planned, executor)
 
     def _device_type(self, batch: Any) -> str:
         tensors, _ = split_batch_leaves(batch)

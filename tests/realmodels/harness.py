@@ -58,16 +58,29 @@ def in_core_peak(case: Case) -> tuple[int, int, int]:
     return len(graph.ops), peak, floor + (peak - floor) // 2
 
 
-def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1) -> torch.Tensor:
+def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1,
+               full_draws: bool = False) -> torch.Tensor:
     """One eager step; with ``parts`` sub-batches, as moDNN's gradient accumulation runs it
-    (each sub-batch's loss weighted 1/parts, BatchNorm statistics per sub-batch)."""
+    (each sub-batch's loss weighted 1/parts, BatchNorm statistics per sub-batch). With
+    ``full_draws`` (outcore said its random ops draw eager's numbers), each sub-batch's
+    random ops use their rows of the full batch's draws (``eager_draws``)."""
+    from eager_draws import Replay, record_draws
+
     from outcore.runtime.subbatch import split_batch
 
     model.train()
     torch.manual_seed(7)
+    draws: list[torch.Tensor] | None = None
+    if parts > 1 and full_draws:
+        twin = copy.deepcopy(model)  # the recording forward must not touch BatchNorm's stats
+        draws = record_draws(lambda: step_loss(twin, case.loss_fn, batch))
     losses = []
-    for sub in split_batch(batch, parts) if parts > 1 else [batch]:
-        loss = step_loss(model, case.loss_fn, sub)
+    for i, sub in enumerate(split_batch(batch, parts) if parts > 1 else [batch]):
+        if draws is not None:
+            with Replay(draws, i, parts):
+                loss = step_loss(model, case.loss_fn, sub)
+        else:
+            loss = step_loss(model, case.loss_fn, sub)
         (loss * (1.0 / parts) if parts > 1 else loss).backward()
         losses.append(loss.detach())
     return losses[0] if parts == 1 else torch.stack(losses).mean()
@@ -129,6 +142,7 @@ def _check(case: Case, policy: str, budget: int) -> Outcome:
     reference = copy.deepcopy(model)
     batch = case.batch()
     outcome = Outcome(case.name, policy, budget)
+    full_draws = False
     if policy == "backend":
         loss, variants, parts = _backend_step(model, case, batch, budget, outcome)
     else:
@@ -143,7 +157,8 @@ def _check(case: Case, policy: str, budget: int) -> Outcome:
         outcome.measured = trainer.stats.measured_peak
         variants = _variants([trainer.planned.schedule])
         parts = trainer.stats.sub_batches
-    expected = eager_step(reference, case, batch, parts)
+        full_draws = any("same masks as eager" in n for n in trainer.stats.notes)
+    expected = eager_step(reference, case, batch, parts, full_draws)
     if outcome.measured != outcome.predicted:
         outcome.problems.append(f"measured peak {outcome.measured} != predicted "
                                 f"{outcome.predicted}")

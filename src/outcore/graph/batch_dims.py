@@ -215,3 +215,12 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
             raise _refuse(f"the step's output {t.name!r} {t.shape} scales with the batch; "
                           "sub-batches can only accumulate outputs that do not (the loss, "
                           "gradients)")
+
+
+def random_scales(graph: Graph, dims: BatchDims) -> dict[str, int]:
+    """Tensor id (as a string, JSON-safe) -> batch dimension, for the inputs and outputs of
+    ``graph``'s forward random ops that scale with the batch (``outcore.runtime.sub_batch_rng``
+    draws them for the full batch and keeps each sub-batch's rows)."""
+    return {str(t): d for op in graph.ops if op.random and op.phase is Phase.FORWARD
+            for t in op.inputs + op.outputs if (d := dims.scales.get(t)) is not None}
+

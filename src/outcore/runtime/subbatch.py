@@ -4,13 +4,19 @@ A mini-batch of N samples is split into ``k`` equal sub-batches along each input
 dimension (``outcore.graph.batch_dims``: dimension 0 in the usual batch-first layout, the
 dimension of size N otherwise, or what ``batch_dims=`` names); the step graph was captured
 for one sub-batch (N / k samples). Each sub-batch runs the same Schedule and its gradients
-are accumulated with the loss's weight: 1/k for a loss that is a mean over samples, 1 for a
-sum (read from the captured loss op; another reduction is refused), which gives exactly the
-full-batch gradient up to float rounding of the sum order.
+are accumulated with the loss's weight, read from the traced loss
+(``outcore.runtime.loss_split``: 1/k for a mean over samples, 1 for a sum, the sub-batch's
+share of the denominator for NLL with ``ignore_index`` or class weights and for label
+smoothing; a loss that cannot be split exactly is refused), which gives the full-batch
+gradient up to float rounding of the sum order.
 
 Nothing is applied until every sub-batch has run: gradients are summed in a private
 buffer and added to ``.grad`` once at the end, so a failure in any sub-batch leaves the
 model's ``.grad`` and buffers as they were before the step.
+
+Random ops (dropout) draw the full batch's random numbers and keep each sub-batch's rows, the
+same masks as eager for the same seed (``outcore.runtime.sub_batch_rng``; where that cannot
+be done the step draws per sub-batch and says so).
 
 BatchNorm: statistics are computed per sub-batch (as with any smaller batch), so gradients
 differ from the full batch; running statistics are updated once per sub-batch, i.e. k times
@@ -25,18 +31,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from outcore.errors import CaptureError
 from outcore.graph.batch_dims import input_batch_dims
 from outcore.runtime.executor import Executor, StepResult
-
-#: Loss ops whose ``reduction`` argument (1 mean, 2 sum) sits at this position.
-_REDUCTION_ARG = {
-    "aten.nll_loss_forward.default": 3, "aten.nll_loss2d_forward.default": 3,
-    "aten.mse_loss.default": 2, "aten.l1_loss.default": 2, "aten.smooth_l1_loss.default": 2,
-    "aten.huber_loss.default": 2, "aten.binary_cross_entropy.default": 3,
-    "aten.binary_cross_entropy_with_logits.default": 4, "aten.soft_margin_loss.default": 2,
-    "aten.kl_div.default": 2,
-}
+from outcore.runtime.loss_split import sub_batch_weights
+from outcore.runtime.sub_batch_rng import install
 
 
 def split_batch(batch: Any, parts: int, dims: Sequence[int] | None = None) -> list[Any]:
@@ -63,69 +61,61 @@ def split_batch(batch: Any, parts: int, dims: Sequence[int] | None = None) -> li
     return [tree_unflatten([c[i] for c in chunks], spec) for i in range(parts)]
 
 
-def loss_weight(executor: Executor, parts: int) -> float:
-    """The weight of one sub-batch's gradient: 1/parts for a mean over samples, 1 for a sum.
-
-    Raises CaptureError when the loss is reduced otherwise (the accumulated gradient would
-    not be the full batch's)."""
-    graph, step = executor.graph, executor.step
-    for role, tid, _ in step.nodes.output_roles:
-        if role != "loss":
-            continue
-        producer = graph.tensors[tid].producer
-        if producer is None:
-            break
-        op = graph.ops[producer]
-        node = step.op_nodes[producer]
-        position = _REDUCTION_ARG.get(op.target)
-        if position is not None:
-            reduction = node.args[position] if len(node.args) > position else 1
-            if reduction in (1, 2):
-                return 1.0 / parts if reduction == 1 else 1.0
-        elif op.target.startswith("aten.mean."):
-            return 1.0 / parts
-        elif op.target.startswith("aten.sum."):
-            return 1.0
-        raise CaptureError(f"the loss is computed by {op.target} ({op.name!r}), not a mean or "
-                           "a sum over samples; sub-batches cannot reproduce its gradient. "
-                           "Use a budget that keeps the whole batch (one sub-batch).")
-    return 1.0 / parts
-
-
 def run_sub_batches(executor: Executor, batch: Any, parts: int,
                     loss_scale: float = 1.0) -> StepResult:
     """Run ``executor`` (built for one sub-batch) over ``parts`` sub-batches of ``batch``.
 
-    Returns a StepResult whose loss is the sub-batch losses combined as the loss reduces
-    (mean or sum) and whose peak is the largest sub-batch peak. Gradients reach ``.grad``
-    only when every sub-batch succeeded (buffer updates of a sub-batch are applied as it
-    ends, as BatchNorm would on that many samples).
+    Each sub-batch's gradient is weighted as the traced loss reduces
+    (``outcore.runtime.loss_split``: 1/k for a mean, 1 for a sum, its share of the
+    denominator for NLL with ``ignore_index`` or class weights); the weights are computed,
+    and a loss that cannot be split refused, before anything runs. Returns a StepResult
+    whose loss is ``sum_i w_i * L_i`` (the full batch's) and whose peak is the largest
+    sub-batch peak. Gradients reach ``.grad`` only when every sub-batch succeeded, in one
+    commit; buffer updates of a sub-batch are applied as it ends (as BatchNorm would on that
+    many samples) and restored if a later one fails.
     """
     dims = executor.graph.meta.get("batch_dims")
-    weight = loss_weight(executor, parts)
+    subs = split_batch(batch, parts, dims)
+    weights = sub_batch_weights(executor.graph, subs)
     sums: dict[str, torch.Tensor] = {}
     results: list[StepResult] = []
+    losses: list[torch.Tensor] = []
     saved: dict[str, torch.Tensor] = {}  # buffers as they were, restored if a sub-batch fails
+    rng = install(executor, parts)  # random ops draw eager's numbers (rows of one full draw)
+    if rng is not None:
+        rng.begin_step(parts)
     try:
-        for sub in split_batch(batch, parts, dims):
+        for i, (sub, weight) in enumerate(zip(subs, weights, strict=True)):
+            if rng is not None:
+                rng.sub_batch(i)
             result = executor.run(sub, apply=False, loss_scale=loss_scale)
             if not saved and result.buffers:
                 saved = {n: b.clone() for n, b in executor.named_buffers(result.buffers)}
             executor.apply_buffers(result)
-            with torch.no_grad():
-                for name, grad in result.grads.items():
-                    if name in sums:
-                        sums[name].add_(grad, alpha=weight)
-                    else:
-                        sums[name] = grad * weight
+            if weight:  # weight 0: every target ignored, its own loss and grads are 0 / 0
+                _accumulate(sums, result.grads, weight)
+                losses.append(result.loss * weight)
             result.grads, result.buffers = {}, {}
             results.append(result)
     except BaseException:
         if saved:
             executor.apply_grads({}, saved)
         raise
-    losses = torch.stack([r.loss for r in results])
-    loss = losses.sum() if weight == 1.0 else losses.mean()
+    finally:
+        if rng is not None:
+            rng.end_step()
+    loss = torch.stack(losses).sum() if losses else torch.zeros_like(results[0].loss)
     executor.apply_grads(sums)
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results), grads=sums,
                       seconds=sum(r.seconds for r in results))
+
+
+def _accumulate(sums: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                weight: float) -> None:
+    """``sums += weight * grads`` into private tensors (never the model's ``.grad``)."""
+    with torch.no_grad():
+        for name, grad in grads.items():
+            if name in sums:
+                sums[name].add_(grad, alpha=weight)
+            else:
+                sums[name] = grad * weight

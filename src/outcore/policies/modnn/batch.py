@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outcore.errors import CaptureError, InfeasibleBudgetError
-from outcore.graph.batch_dims import BatchDimError, follow, graph_batch
+from outcore.graph.batch_dims import BatchDimError, follow, graph_batch, random_scales
 from outcore.graph.ir import STATIC_KINDS, Graph, TensorKind
 from outcore.policies.modnn.algos import candidates
 from outcore.policies.modnn.config import ModnnConfig
@@ -161,6 +161,8 @@ class Recaptures:
                 "options sub_batch_statistics=True to accept per-sub-batch statistics")
         if self.split_dims is not None:
             sub.meta["batch_dims"] = list(self.split_dims)
+        # the runtime draws random ops' numbers for the full batch and cuts these dims
+        sub.meta["random_scales"] = random_scales(self.graph, dims)
 
     def available(self, b: int) -> bool:
         """True when the graph at sub-batch size ``b`` can be captured."""

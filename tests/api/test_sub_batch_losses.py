@@ -1,0 +1,120 @@
+"""Issue 21 point 9: under sub-batches each sub-batch's gradient is weighted as the traced loss
+reduces (mean, sum, mean over non-ignored targets, class-weighted mean, label smoothing), so
+loss and every ``.grad`` equal eager PyTorch's on the whole batch; a loss that cannot be split
+exactly is refused, before anything is written."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import outcore
+from outcore.errors import InfeasibleBudgetError, SubBatchWarning
+from outcore.graph.bounds import reference_peaks
+from outcore.runtime.loss_split import LossSplitError
+
+CLASSES = 5
+WEIGHT = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.25])
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, CLASSES))
+
+
+def labels(ignored: bool) -> torch.Tensor:
+    torch.manual_seed(1)
+    y = torch.randint(0, CLASSES, (64,))
+    if ignored:  # the sub-batches hold different counts, one holds none at all
+        y[48:] = -100
+        y[3] = y[20] = y[21] = -100
+    return y
+
+
+X = torch.randn(64, 16, generator=torch.Generator().manual_seed(2))
+
+CASES = {
+    "mean": (nn.CrossEntropyLoss(), False),
+    "sum": (nn.CrossEntropyLoss(reduction="sum"), False),
+    "ignore_index": (nn.CrossEntropyLoss(), True),
+    "class_weighted": (nn.CrossEntropyLoss(weight=WEIGHT), False),
+    "class_weighted_ignore_index": (nn.CrossEntropyLoss(weight=WEIGHT), True),
+    "label_smoothing": (nn.CrossEntropyLoss(label_smoothing=0.1), False),
+    "label_smoothing_ignore_index": (nn.CrossEntropyLoss(label_smoothing=0.1), True),
+    "label_smoothing_class_weighted": (nn.CrossEntropyLoss(weight=WEIGHT, label_smoothing=0.1),
+                                       True),
+    "nll_sum_ignore_index": (lambda o, t: F.nll_loss(o.log_softmax(1), t, reduction="sum"), True),
+    "mse_mean_scaled": (lambda o, t: 0.5 * F.mse_loss(o, o.detach() * 0 + t[:, None].float()),
+                        False),
+}
+
+
+def budget_for(model: nn.Module, loss_fn, batch) -> int:
+    graph = outcore.capture(model, loss_fn, batch)
+    return int(reference_peaks(graph).layer_lower_bound * 0.9)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sub_batched_loss_and_grads_equal_eager(name):
+    loss_fn, ignored = CASES[name]
+    batch = (X, labels(ignored))
+    model = mlp()
+    reference = copy.deepcopy(model)
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, loss_fn, batch, budget=budget_for(model, loss_fn, batch),
+                                  device="cpu", allow_sub_batches=True)
+    assert trainer.stats.sub_batches >= 4  # a sub-batch with every target ignored exists
+    loss = trainer.step(*batch)
+    expected = loss_fn(reference(batch[0]), batch[1])
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def _mixed(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(o, t) + 1e-3 * o.pow(2).sum()
+
+
+def _per_batch_size(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(o, t, reduction="sum") / o.shape[0]  # the size is traced as a number
+
+
+@pytest.mark.parametrize("loss_fn", [_mixed, lambda o, t: F.cross_entropy(o, t, reduction="none")
+                                     .max(), lambda o, t: F.cross_entropy(o, t) / t.float().sum(),
+                                     _per_batch_size])
+def test_a_loss_that_cannot_be_split_is_refused_when_compiling(loss_fn):
+    batch = (X, labels(False))
+    model = mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing announced: nothing split
+        with pytest.raises(InfeasibleBudgetError, match="cannot be split into sub-batches"):
+            outcore.compile(model, loss_fn, batch, budget=budget_for(model, loss_fn, batch),
+                            device="cpu", policy="modnn")
+
+
+def test_terms_that_disagree_on_this_batch_are_refused_before_anything_is_written():
+    """A plain mean beside a mean over the non-ignored targets: equal weights without ignored
+    targets (compiles and matches eager), refused on a batch that has some."""
+    def loss_fn(o, t):
+        return F.cross_entropy(o, t) + F.mse_loss(o, torch.zeros_like(o))
+
+    model = mlp()
+    reference = copy.deepcopy(model)
+    clean = (X, labels(False))
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, loss_fn, clean, budget=budget_for(model, loss_fn, clean),
+                                  device="cpu", allow_sub_batches=True)
+    trainer.step(*clean)
+    loss_fn(reference(clean[0]), clean[1]).backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    before = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(LossSplitError, match="sub-batch"):
+        trainer.step(X, labels(True))
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.grad, b)

@@ -211,7 +211,6 @@ ALL_POLICIES = ['keep-all', 'liveness', 'offload-all', 'recompute-cheap', 'vdnn-
                 'superneurons', 'modnn', 'pooch', 'dymem', 'outcore-optimal', 'outcore-auto']
 _BAG = ("found by this matrix, not fixed: the real _embedding_bag kernel's offset2bag has one "
         "more element than the fake one, so the measured peak exceeds the predicted by 8 B")
-_DROP7 = "issue 21 item 7 (dropout under sub-batches draws other random numbers than eager)"
 _GN = ("found by this matrix, not fixed (plan/residency, superneurons): GroupNorm's mean is "
        "recomputed while a detach() alias of the old one is still live; the replay counts one "
        "storage, the real run holds two (+128 B over the predicted peak)")
@@ -269,8 +268,7 @@ CASES: list[Case] = [
          lambda: (torch.randn(16, 20), labels(16))),
     Case("dropout-train", lambda: _mlp(nn.Linear(20, 32), nn.Dropout(0.5), nn.ReLU(),
                                        nn.Linear(32, 32), nn.Dropout(0.3), nn.Linear(32, 4)),
-         lambda: (torch.randn(16, 20), labels(16)), every_policy=True,
-         xfail={"modnn": _DROP7}),
+         lambda: (torch.randn(16, 20), labels(16)), every_policy=True),
     Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
          xfail={"modnn": _COUPLED}),
     Case("embedding-bag", lambda: IntFeatures(bag=True),

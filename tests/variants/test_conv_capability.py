@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
+from conv_table import CONFIGS, Config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conv_table import CONFIGS, Config
 from outcore.variants import capability, registry
 from outcore.variants.errors import VariantUnsupported
 from outcore.variants.meta import CONV, CONV_BACKWARD

@@ -20,11 +20,11 @@ import functools
 
 import pytest
 import torch
+from conv_table import CONFIGS, Config
 from torch import nn
 from torch.nn import functional as F
 
 import outcore
-from conv_table import CONFIGS, Config
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
@@ -98,6 +98,7 @@ def test_forced_variant_matches_eager_and_its_peak(name, variant):
     result = Executor(graph, schedule).run(data)
     assert result.peak_bytes == predicted_peak(graph, schedule)
     tolerance = DEPTH * CONV_CAPABILITIES[variant].tolerance[str(config.dtype)[6:]]
+    assert rel_error(result.loss.detach(), loss) <= tolerance
     for p, want in zip(model.parameters(), expected, strict=True):
         assert rel_error(p.grad, want) <= tolerance, (p.shape, rel_error(p.grad, want))
 

@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from outcore.variants.meta import ConvMeta, TensorMeta
+from outcore.variants.names import Variant
 
-#: The one memory format the variants read and write: dense, row-major (``torch.contiguous_format``).
+#: The one memory format the variants read and write: dense row-major (torch.contiguous_format).
 CONTIGUOUS = "contiguous"
 
 
@@ -133,4 +134,4 @@ FFT = ConvCapability(
     tolerance={"float32": 3e-5, "float64": 5e-14})
 
 #: Variant name -> declaration, for the convolution forward and backward ops.
-CONV_CAPABILITIES: Mapping[str, ConvCapability] = {"im2col": IM2COL, "fft": FFT}
+CONV_CAPABILITIES: Mapping[str, ConvCapability] = {Variant.IM2COL: IM2COL, Variant.FFT: FFT}

@@ -53,14 +53,18 @@ class _Geometry:
     def taps(self) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]]:
         """For each kernel offset that touches the input: (offset, output slices, input
         slices), the input ones strided by the stride."""
-        per_dim = []
+        per_dim: list[list[tuple[int, slice, slice]]] = []
         for size, k, st, p, d, out in zip(self.size, self.kernel, self.stride, self.padding,
                                           self.dilation, self.out, strict=True):
-            per_dim.append([(u, *_valid(size, out, st, p, u * d)) for u in range(k)])
+            touching = []
+            for u in range(k):
+                o, i = _valid(size, out, st, p, u * d)
+                if o is not None and i is not None:
+                    touching.append((u, o, i))
+            per_dim.append(touching)
         for combo in itertools.product(*per_dim):
-            if all(o is not None and i is not None for _, o, i in combo):
-                yield (tuple(u for u, _, _ in combo), tuple(o for _, o, _ in combo),
-                       tuple(i for _, _, i in combo))
+            yield (tuple(u for u, _, _ in combo), tuple(o for _, o, _ in combo),
+                   tuple(i for _, _, i in combo))
 
 
 def _valid(size: int, out: int, stride: int, pad: int, offset: int
@@ -100,9 +104,9 @@ def unfold(input: torch.Tensor, g: _Geometry) -> torch.Tensor:
     """im2col: a new (N, C*prod(kernel), prod(out)) matrix; padding positions are zero."""
     n, c = input.shape[0], input.shape[1]
     cols = input.new_zeros((n, c, *g.kernel, *g.out))
-    every = (slice(None), slice(None))
+    every: tuple[slice, ...] = (slice(None), slice(None))
     for offset, out_idx, in_idx in g.taps():
-        cols[(*every, *offset, *out_idx)] = input[(*every, *in_idx)]
+        cols[(*every, *offset, *out_idx)] = input[(*every, *in_idx)]  # type: ignore[index]
     return cols.view(n, c * math.prod(g.kernel), math.prod(g.out))
 
 
@@ -111,9 +115,9 @@ def fold(cols: torch.Tensor, channels: int, g: _Geometry) -> torch.Tensor:
     n = cols.shape[0]
     grid = cols.view(n, channels, *g.kernel, *g.out)
     out = cols.new_zeros((n, channels, *g.size))
-    every = (slice(None), slice(None))
+    every: tuple[slice, ...] = (slice(None), slice(None))
     for offset, out_idx, in_idx in g.taps():
-        out[(*every, *in_idx)] += grid[(*every, *offset, *out_idx)]
+        out[(*every, *in_idx)] += grid[(*every, *offset, *out_idx)]  # type: ignore[index]
     return out
 
 

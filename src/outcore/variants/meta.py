@@ -159,6 +159,11 @@ class ConvMeta:
         return self._dim(self.kernel, 1)
 
     @property
+    def hw_stride(self) -> tuple[int, int]:
+        """The stride of the first two spatial dimensions (1 for a missing one)."""
+        return (self._dim(self.stride, 0), self._dim(self.stride, 1))
+
+    @property
     def ho(self) -> int:
         return self._dim(self.out_spatial, 0)
 

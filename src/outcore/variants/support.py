@@ -27,6 +27,7 @@ from outcore.variants.meta import (
     conv_meta,
     tensor_meta,
 )
+from outcore.variants.names import is_framework
 
 FLOAT_DTYPES = ("float32", "float64")
 
@@ -72,7 +73,7 @@ def attention_refusal(m: AttentionMeta, extra: Sequence[tuple[str, TensorMeta]])
 def refusal(target: str, variant: str, arg_meta: Sequence[Any],
             kwarg_meta: Mapping[str, Any] | None = None) -> str | None:
     """Why ``variant`` cannot run ``target`` with these args, or None when it can."""
-    if variant == "framework":
+    if is_framework(variant):
         return None
     if target in (CONV, CONV_BACKWARD):
         grad = tensor_meta(arg_meta[0]) if target == CONV_BACKWARD else None

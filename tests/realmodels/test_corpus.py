@@ -19,14 +19,9 @@ _HF_MASK = ("under torch.compile transformers builds an explicit causal mask (is
             "the attention_mask) where eager uses SDPA's is_causal, another kernel: rounding "
             "differs from eager before outcore runs (passes without attention_mask)")
 
-_MODNN_OOM = ("modnn's sub-batched plan runs out of the emulated device's memory in "
-              "convolution_backward: its memory model misses a tensor (policy bug, not capture)")
-
 #: (model, policy) pairs known to fail, with the cause (each is an xfail).
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("hf_llama", "backend"): _HF_MASK,
-    ("tv_swin", "modnn"): _MODNN_OOM,
-    ("timm_deit_ls", "modnn"): _MODNN_OOM,
     ("hf_bart", "superneurons"): "superneurons' plan exceeds the emulated device at run time "
                                  "(DeviceOutOfMemory allocating attention): its predicted peak "
                                  "misses a resident tensor (policy bug, not capture)",

@@ -22,10 +22,14 @@ variant (``outcore.variants``) and the profile is the cost model:
   the best algorithm on 3x3 layers, FFT slower than it on 1x1 ones; that module cites its
   sources), not a measurement; pass your own ``relative_time``.
 
-Stride and padding are not in the IR; they are inferred from the input, weight and output
-shapes (the smallest stride, then the smallest padding, that give the output size). For the
-workspace formulas only the output size matters for im2col; FFT uses the padded plane.
-Dilation is assumed 1; grouped convolutions keep the framework kernel only.
+This shape-only path serves graphs without capture's record (hand-built or paper-scale
+graphs made without it); a captured graph's ``op.variant_options`` hold support and workspace
+from the op's real arguments, checked against each variant's declaration
+(``outcore.variants.capability``), and take precedence. On the shape-only path stride and
+padding are inferred from the input, weight and output shapes (the smallest stride, then the
+smallest padding, that give the output size; only the output size matters for im2col's
+workspace, FFT uses the padded plane); dilation is assumed 1 and only 2-d, ungrouped
+convolutions are described, so other convolutions keep the framework kernel there.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_refused_variant_is_dropped_from_a_given_table(graph):
 
 def test_unknown_name_and_op_are_refused_with_the_valid_ones(graph):
     op = _grouped(graph)
-    with pytest.raises(PolicyOptionError, match="winograd.*known: framework, im2col, fft"):
+    with pytest.raises(PolicyOptionError, match=r"winograd.*known: framework, im2col, fft"):
         variant_table(graph, {op: ["winograd"]})
     with pytest.raises(PolicyOptionError, match="names op 999"):
         variant_table(graph, {999: ["im2col"]})

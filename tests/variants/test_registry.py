@@ -59,7 +59,7 @@ def test_unknown_variant_is_refused_everywhere():
 
 
 REFUSALS = [
-    (CONV, "im2col", conv(groups=3), "groups=3"),
+    (CONV, "im2col", conv(groups=3), "groups=3"),  # 3 input channels, weight (4, 3, ...)
     (CONV, "fft", conv(groups=3), "groups=3"),
     (CONV_BACKWARD, "fft", conv_bwd(groups=3), "groups=3"),
     (CONV, "fft", conv(dilation=(2, 1)), "dilation"),

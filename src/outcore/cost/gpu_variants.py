@@ -120,7 +120,7 @@ def conv_gpu_time_factor(target: str, variant: str, arg_meta: Sequence[Any]) -> 
     if variant in ("", FRAMEWORK):
         return 1.0
     m = conv_meta(target, arg_meta)
-    return gpu_time_factor(variant, (m.kh, m.kw), m.stride)
+    return gpu_time_factor(variant, (m.kh, m.kw), m.hw_stride)
 
 
 def gpu_time_factor_for(target: str, variant: str, arg_meta: Sequence[Any]) -> float:

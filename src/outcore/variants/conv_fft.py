@@ -17,8 +17,10 @@ Planes are laid out frequency-major, (P, Q, batch, channels), and transformed ov
 frequencies on dense matrices (a (N, C, P, Q) layout makes ``bmm`` copy every matrix).
 Workspace is the padded planes and frequency-domain buffers alive at once; the formulas in
 ``workspace.conv_fft_*`` follow the allocation order of this module line by line, so keep
-them in step. Preconditions: ``check_supported`` passed (2-d, groups 1, dilation 1, not
-transposed, float32/float64). Outputs are new tensors; inputs are never written.
+them in step. What it computes is declared in ``capability.FFT`` (2-d, groups 1, dilation 1,
+not transposed, float32/float64, dense row-major); the layout, groups and dilation are checked
+again on the real tensors (``VariantUnsupported``). Outputs are new tensors; inputs are never
+written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,23 @@ from collections.abc import Sequence
 
 import torch
 
+from outcore.variants.errors import VariantUnsupported
 from outcore.variants.workspace import fast_fft_length
+
+
+def _require(target: str, transposed: bool, groups: int, dilation: Sequence[int],
+             **tensors: torch.Tensor | None) -> None:
+    """Refuse, on the real tensors, what ``capability.FFT`` does not declare."""
+    reason = None
+    if transposed or groups != 1 or any(int(d) != 1 for d in dilation):
+        reason = (f"transposed={transposed}, groups={groups}, dilation={list(dilation)}: only "
+                  "plain 2-d convolutions are implemented")
+    for name, t in tensors.items():
+        if reason is None and t is not None and (t.dim() not in (1, 4) or not t.is_contiguous()):
+            reason = (f"{name} has shape {tuple(t.shape)} and strides {t.stride()} at run time, "
+                      "not the dense row-major 2-d layout the plan assumed")
+    if reason is not None:
+        raise VariantUnsupported(target, "fft", reason)
 
 
 def _pair(v: Sequence[int]) -> tuple[int, int]:
@@ -65,6 +83,8 @@ def conv_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                  stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                  transposed: bool, output_padding: Sequence[int], groups: int) -> torch.Tensor:
     """``aten.convolution`` computed in the frequency domain."""
+    _require("aten.convolution.default", transposed, groups, dilation, input=input,
+             weight=weight, bias=bias)
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
     ho = (input.shape[2] + 2 * ph - kh) // sh + 1
@@ -94,6 +114,8 @@ def conv_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.
 
     Returns (grad_input, grad_weight, grad_bias) with None where ``output_mask`` is False.
     """
+    _require("aten.convolution_backward.default", transposed, groups, dilation,
+             grad_output=grad_output, input=input, weight=weight)
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     h, w = input.shape[2], input.shape[3]
     kh, kw = int(weight.shape[2]), int(weight.shape[3])

@@ -71,30 +71,32 @@ def tensor_meta(value: Any) -> TensorMeta | None:
     return TensorMeta(shape, dtype_name(value[1]), stride)
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def _spatial(value: Any, dims: int) -> tuple[int, ...]:
+    """One int per spatial dimension from an ATen int list (a single value is repeated)."""
     seq = [int(v) for v in (value if isinstance(value, Sequence) else [value])]
-    if len(seq) == 1:
-        seq = seq * 2
-    if len(seq) != 2:
-        # Not a 2-d convolution; keep the first two so shapes can still be reported.
-        return (seq[0], seq[1]) if len(seq) > 2 else (seq[0], seq[0])
-    return seq[0], seq[1]
+    if len(seq) == 1 and dims != 1:
+        seq = seq * dims
+    return tuple(seq)
 
 
 @dataclass(frozen=True)
 class ConvMeta:
-    """The arguments of a 2-d convolution, forward or backward, as plain numbers.
+    """The arguments of a convolution of any dimensionality, forward or backward, as numbers.
 
-    ``n, c, h, w``: input; ``o, kh, kw``: weight; ``ho, wo``: output (computed from the
-    convolution arithmetic); ``sh, sw`` stride, ``ph, pw`` padding, ``dh, dw`` dilation.
+    ``stride``, ``padding``, ``dilation``: one entry per spatial dimension
+    (``spatial_dims`` = input rank - 2). ``spatial``, ``kernel``, ``out_spatial``: the
+    input's, weight's and output's spatial sizes (the output from the convolution
+    arithmetic, for non-transposed convolutions). The 2-d names ``h, w, kh, kw, ho, wo`` read
+    the first two spatial dimensions (a 1-d convolution has ``w = kw = wo = 1``); they exist
+    for the 2-d FFT variant and the GPU speed rule.
     """
 
     input: TensorMeta
     weight: TensorMeta
     bias: TensorMeta | None
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
     transposed: bool
     groups: int
     spatial_dims: int
@@ -118,34 +120,56 @@ class ConvMeta:
         return self.input.shape[1]
 
     @property
-    def h(self) -> int:
-        return self.input.shape[2]
-
-    @property
-    def w(self) -> int:
-        return self.input.shape[3]
-
-    @property
     def o(self) -> int:
         return self.weight.shape[0]
 
     @property
+    def spatial(self) -> tuple[int, ...]:
+        return tuple(self.input.shape[2:])
+
+    @property
+    def kernel(self) -> tuple[int, ...]:
+        return tuple(self.weight.shape[2:])
+
+    @property
+    def out_spatial(self) -> tuple[int, ...]:
+        """Output size per spatial dimension: (size + 2 pad - dilation (k - 1) - 1) // stride
+        + 1 (may be <= 0 for an input smaller than the kernel's span)."""
+        return tuple((size + 2 * pad - dil * (k - 1) - 1) // st + 1
+                     for size, k, st, pad, dil in zip(self.spatial, self.kernel, self.stride,
+                                                      self.padding, self.dilation, strict=False))
+
+    def _dim(self, sizes: tuple[int, ...], i: int) -> int:
+        return sizes[i] if i < len(sizes) else 1
+
+    @property
+    def h(self) -> int:
+        return self._dim(self.spatial, 0)
+
+    @property
+    def w(self) -> int:
+        return self._dim(self.spatial, 1)
+
+    @property
     def kh(self) -> int:
-        return self.weight.shape[2]
+        return self._dim(self.kernel, 0)
 
     @property
     def kw(self) -> int:
-        return self.weight.shape[3]
+        return self._dim(self.kernel, 1)
+
+    @property
+    def hw_stride(self) -> tuple[int, int]:
+        """The stride of the first two spatial dimensions (1 for a missing one)."""
+        return (self._dim(self.stride, 0), self._dim(self.stride, 1))
 
     @property
     def ho(self) -> int:
-        span = self.dilation[0] * (self.kh - 1) + 1
-        return (self.h + 2 * self.padding[0] - span) // self.stride[0] + 1
+        return self._dim(self.out_spatial, 0)
 
     @property
     def wo(self) -> int:
-        span = self.dilation[1] * (self.kw - 1) + 1
-        return (self.w + 2 * self.padding[1] - span) // self.stride[1] + 1
+        return self._dim(self.out_spatial, 1)
 
 
 def conv_meta(target: str, arg_meta: Sequence[Any]) -> ConvMeta:
@@ -170,8 +194,8 @@ def conv_meta(target: str, arg_meta: Sequence[Any]) -> ConvMeta:
         raise ValueError(f"{target} is not a convolution op")
     assert inp is not None and weight is not None
     dims = len(inp.shape) - 2
-    return ConvMeta(inp, weight, bias, _pair(stride), _pair(padding),
-                    _pair(dilation), bool(transposed), int(groups), dims,
+    return ConvMeta(inp, weight, bias, _spatial(stride, dims), _spatial(padding, dims),
+                    _spatial(dilation, dims), bool(transposed), int(groups), dims,
                     mask, bias_sizes)
 
 

@@ -23,6 +23,7 @@ import torch
 from outcore.runtime.tracker import MemoryTracker
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD, SDPA, SDPA_BACKWARD
+from outcore.variants.registry import FRAMEWORK
 from outcore.variants.torchmeta import arg_meta_of, kwarg_meta_of
 
 
@@ -128,17 +129,17 @@ def measure_case(case: OpCase, variants: Iterable[str] | None = None,
     meta, kmeta = arg_meta_of(case.args), kwarg_meta_of(case.kwargs)
     supported = registry.supported_variants(case.target, meta, kmeta)
     names = [v for v in (variants or supported) if v in supported]
-    if "framework" not in names:
-        names.insert(0, "framework")
+    if FRAMEWORK not in names:
+        names.insert(0, FRAMEWORK)
     results: list[Measurement] = []
     base_time = 0.0
     with torch.no_grad():
-        reference = registry.implementation(case.target, "framework")(*case.args, **case.kwargs)
+        reference = registry.implementation(case.target, FRAMEWORK)(*case.args, **case.kwargs)
     for name in names:
         fn = registry.implementation(case.target, name)
         times = _median_time(fn, case.args, case.kwargs, repeats)
         median = statistics.median(times)
-        if name == "framework":
+        if name == FRAMEWORK:
             base_time = median
         ws, out = measured_workspace(fn, case.args, case.kwargs)
         results.append(Measurement(

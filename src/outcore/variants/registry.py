@@ -32,43 +32,49 @@ from outcore.variants.meta import (
     attention_meta,
     conv_meta,
 )
+from outcore.variants.names import Variant, is_framework
 
-FRAMEWORK = "framework"
+#: The framework's kernel (the one spelling; ``names.Variant.FRAMEWORK``).
+FRAMEWORK = Variant.FRAMEWORK
+_IM2COL, _FFT, _MAT, _CHUNK = Variant.IM2COL, Variant.FFT, Variant.MATERIALISED, Variant.CHUNKED
 
-_VARIANTS: dict[str, tuple[str, ...]] = {
-    CONV: (FRAMEWORK, "im2col", "fft"),
-    CONV_BACKWARD: (FRAMEWORK, "im2col", "fft"),
-    SDPA: (FRAMEWORK, "materialised", "chunked"),
-    SDPA_BACKWARD: (FRAMEWORK, "materialised", "chunked"),
+_VARIANTS: dict[str, tuple[Variant, ...]] = {
+    CONV: (FRAMEWORK, _IM2COL, _FFT),
+    CONV_BACKWARD: (FRAMEWORK, _IM2COL, _FFT),
+    SDPA: (FRAMEWORK, _MAT, _CHUNK),
+    SDPA_BACKWARD: (FRAMEWORK, _MAT, _CHUNK),
 }
 
 # (target, variant) -> (module under outcore.variants, function name)
-_IMPLEMENTATIONS: dict[tuple[str, str], tuple[str, str]] = {
-    (CONV, "im2col"): ("conv_im2col", "conv_forward"),
-    (CONV_BACKWARD, "im2col"): ("conv_im2col", "conv_backward"),
-    (CONV, "fft"): ("conv_fft", "conv_forward"),
-    (CONV_BACKWARD, "fft"): ("conv_fft", "conv_backward"),
-    (SDPA, "materialised"): ("attention", "materialised_forward"),
-    (SDPA_BACKWARD, "materialised"): ("attention", "materialised_backward"),
-    (SDPA, "chunked"): ("attention", "chunked_forward"),
-    (SDPA_BACKWARD, "chunked"): ("attention", "chunked_backward"),
+_IMPLEMENTATIONS: dict[tuple[str, Variant], tuple[str, str]] = {
+    (CONV, _IM2COL): ("conv_im2col", "conv_forward"),
+    (CONV_BACKWARD, _IM2COL): ("conv_im2col", "conv_backward"),
+    (CONV, _FFT): ("conv_fft", "conv_forward"),
+    (CONV_BACKWARD, _FFT): ("conv_fft", "conv_backward"),
+    (SDPA, _MAT): ("attention", "materialised_forward"),
+    (SDPA_BACKWARD, _MAT): ("attention", "materialised_backward"),
+    (SDPA, _CHUNK): ("attention", "chunked_forward"),
+    (SDPA_BACKWARD, _CHUNK): ("attention", "chunked_backward"),
 }
 
-_WORKSPACE: dict[tuple[str, str], Callable[[Any], int]] = {
-    (CONV, "im2col"): workspace.conv_im2col_forward,
-    (CONV_BACKWARD, "im2col"): workspace.conv_im2col_backward,
-    (CONV, "fft"): workspace.conv_fft_forward,
-    (CONV_BACKWARD, "fft"): workspace.conv_fft_backward,
-    (SDPA, "materialised"): workspace.attention_materialised_forward,
-    (SDPA_BACKWARD, "materialised"): workspace.attention_materialised_backward,
-    (SDPA, "chunked"): workspace.attention_chunked_forward,
-    (SDPA_BACKWARD, "chunked"): workspace.attention_chunked_backward,
+_WORKSPACE: dict[tuple[str, Variant], Callable[[Any], int]] = {
+    (CONV, _IM2COL): workspace.conv_im2col_forward,
+    (CONV_BACKWARD, _IM2COL): workspace.conv_im2col_backward,
+    (CONV, _FFT): workspace.conv_fft_forward,
+    (CONV_BACKWARD, _FFT): workspace.conv_fft_backward,
+    (SDPA, _MAT): workspace.attention_materialised_forward,
+    (SDPA_BACKWARD, _MAT): workspace.attention_materialised_backward,
+    (SDPA, _CHUNK): workspace.attention_chunked_forward,
+    (SDPA_BACKWARD, _CHUNK): workspace.attention_chunked_backward,
 }
 
 
 def variants_for(target: str) -> list[str]:
-    """Variant names for an op, "framework" first; ["framework"] for ops without others."""
-    return list(_VARIANTS.get(target, (FRAMEWORK,)))
+    """Variant names for an op, "framework" first; ["framework"] for ops without others.
+
+    Plain strings (each a ``Variant``'s value), as plans and ``Op.variant_options`` hold them.
+    """
+    return [v.value for v in _VARIANTS.get(target, (FRAMEWORK,))]
 
 
 def _known(target: str, variant: str) -> None:
@@ -82,12 +88,12 @@ def implementation(target: str, variant: str) -> Callable[..., Any]:
     _known(target, variant)
     import importlib
 
-    if variant == FRAMEWORK:
+    if is_framework(variant):
         import torch
 
         namespace, name, overload = target.split(".")
         return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    module_name, function = _IMPLEMENTATIONS[(target, variant)]
+    module_name, function = _IMPLEMENTATIONS[(target, Variant(variant))]
     module = importlib.import_module(f"outcore.variants.{module_name}")
     return getattr(module, function)
 
@@ -99,11 +105,11 @@ def workspace_bytes(target: str, variant: str, arg_meta: Sequence[Any],
     Does not check support; call ``check_supported`` (or use ``supported_variants``) first.
     """
     _known(target, variant)
-    if variant == FRAMEWORK:
+    if is_framework(variant):
         return 0
     if target in (CONV, CONV_BACKWARD):
-        return _WORKSPACE[(target, variant)](conv_meta(target, arg_meta))
-    return _WORKSPACE[(target, variant)](attention_meta(target, arg_meta, kwarg_meta))
+        return _WORKSPACE[(target, Variant(variant))](conv_meta(target, arg_meta))
+    return _WORKSPACE[(target, Variant(variant))](attention_meta(target, arg_meta, kwarg_meta))
 
 
 def check_supported(target: str, variant: str, arg_meta: Sequence[Any],

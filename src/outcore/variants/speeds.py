@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from outcore.errors import ProfileError
+from outcore.variants.names import is_framework
 
 #: The table shipped with outcore (written by benchmarks/variants_profile.py --save).
 DEFAULT_TABLE = Path(__file__).with_name("measured_cpu.json")
@@ -51,7 +52,7 @@ class SpeedTable:
         self.exact[(target, variant, key)] = ratio
 
     def lookup(self, target: str, variant: str, key: str) -> float:
-        if variant == "framework":
+        if is_framework(variant):
             return 1.0
         if (target, variant, key) in self.exact:
             return self.exact[(target, variant, key)]

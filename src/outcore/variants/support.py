@@ -1,9 +1,11 @@
 """Which variant can run which op: refusals with reasons, at planning time (no torch import).
 
 ``check(target, variant, arg_meta, kwarg_meta)`` raises ``VariantUnsupported`` naming the
-first reason the variant cannot run the op; the framework variant runs everything. Strides,
-when the planner passes them as a third element of a tensor's meta, are checked too: the
-variants assume dense row-major tensors (that is what makes their workspace formulas exact).
+first reason the variant cannot run the op; the framework variant runs everything. A
+convolution variant's refusals come from its declaration (``capability``: dimensionality,
+groups, dilation, stride, padding, dtype, memory format). Strides, when the planner passes
+them as a third element of a tensor's meta, are checked too: the variants assume dense
+row-major tensors (that is what makes their workspace formulas exact).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from outcore.variants.capability import CONV_CAPABILITIES
 from outcore.variants.errors import VariantUnsupported
 from outcore.variants.meta import (
     CONV,
@@ -24,47 +27,19 @@ from outcore.variants.meta import (
     conv_meta,
     tensor_meta,
 )
+from outcore.variants.names import is_framework
 
 FLOAT_DTYPES = ("float32", "float64")
 
 
-def _contiguous(t: TensorMeta) -> bool:
-    if t.stride is None:
-        return True
-    expected, acc = [], 1
-    for size in reversed(t.shape):
-        expected.append(acc)
-        acc *= size
-    expected.reverse()
-    return all(size == 1 or s == e for size, s, e in zip(t.shape, t.stride, expected, strict=True))
-
-
 def conv_refusal(target: str, variant: str, m: ConvMeta,
                  grad_output: TensorMeta | None) -> str | None:
-    """The reason ``variant`` cannot run this convolution, or None."""
-    if m.spatial_dims != 2:
-        return f"only 2-d convolutions (4-d input) are implemented, got a {m.spatial_dims}-d one"
-    if m.transposed:
-        return "transposed convolutions are not implemented"
-    if m.groups != 1:
-        return f"grouped convolution (groups={m.groups}) is not implemented"
-    if variant == "fft" and m.dilation != (1, 1):
-        return f"dilation {m.dilation} is not implemented by the FFT variant"
-    tensors = [("input", m.input), ("weight", m.weight)]
-    if m.bias is not None:
-        tensors.append(("bias", m.bias))
-    if grad_output is not None:
-        tensors.append(("grad_output", grad_output))
-    for name, t in tensors:
-        if t.dtype not in FLOAT_DTYPES:
-            return f"{name} dtype {t.dtype} is not one of {FLOAT_DTYPES}"
-        if t.dtype != m.input.dtype:
-            return f"{name} dtype {t.dtype} differs from the input's {m.input.dtype}"
-        if not _contiguous(t):
-            return f"{name} has non-contiguous strides {t.stride} (e.g. channels_last)"
-    if m.ho <= 0 or m.wo <= 0:
-        return f"the output would be empty ({m.ho}x{m.wo})"
-    return None
+    """The reason ``variant`` cannot run this convolution, or None: what its declaration in
+    ``capability.CONV_CAPABILITIES`` does not cover."""
+    declared = CONV_CAPABILITIES.get(variant)
+    if declared is None:
+        return f"no convolution variant named {variant!r} (known: {sorted(CONV_CAPABILITIES)})"
+    return declared.refusal(m, grad_output)
 
 
 def attention_refusal(m: AttentionMeta, extra: Sequence[tuple[str, TensorMeta]]) -> str | None:
@@ -98,7 +73,7 @@ def attention_refusal(m: AttentionMeta, extra: Sequence[tuple[str, TensorMeta]])
 def refusal(target: str, variant: str, arg_meta: Sequence[Any],
             kwarg_meta: Mapping[str, Any] | None = None) -> str | None:
     """Why ``variant`` cannot run ``target`` with these args, or None when it can."""
-    if variant == "framework":
+    if is_framework(variant):
         return None
     if target in (CONV, CONV_BACKWARD):
         grad = tensor_meta(arg_meta[0]) if target == CONV_BACKWARD else None

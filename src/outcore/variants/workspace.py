@@ -18,6 +18,7 @@ counted, as for the framework's own kernels, which are accounted as zero workspa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from outcore.variants.meta import AttentionMeta, ConvMeta
@@ -34,8 +35,8 @@ def peak_over(stages: Iterable[tuple[int, int]], outputs: int) -> int:
 # ---- convolution ----------------------------------------------------------------------------
 
 def conv_unfolded_bytes(m: ConvMeta) -> int:
-    """Bytes of the im2col matrix (N, C*kh*kw, Ho*Wo)."""
-    return m.n * m.c * m.kh * m.kw * m.ho * m.wo * m.itemsize
+    """Bytes of the im2col matrix (N, C*prod(kernel), prod(output)), any dimensionality."""
+    return m.n * m.c * math.prod(m.kernel) * math.prod(m.out_spatial) * m.itemsize
 
 
 def conv_im2col_forward(m: ConvMeta) -> int:

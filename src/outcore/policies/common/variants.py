@@ -30,10 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from outcore.errors import PolicyOptionError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve, predicted_peak
 from outcore.plan.schedule import Compute, Schedule
 from outcore.policies.common.costs import bound
+from outcore.policies.common.variant_spec import recorded
 from outcore.variants.registry import FRAMEWORK  # the one spelling of the framework's kernel
 from outcore.variants.select import Candidate, Step, memory_optimal, performance_optimal
 
@@ -74,7 +76,7 @@ class Variants:
 def candidates(graph: Graph, cost: Any, table: Mapping[int, Sequence[str]] | None) -> Variants:
     """Price every listed variant of every listed op with ``cost`` (see the module docstring).
 
-    Raises ValueError naming the op when the table names an unknown op id.
+    Raises PolicyOptionError naming the op when the table names an unknown op id.
     """
     if not table or cost is None:
         return Variants({})
@@ -82,8 +84,9 @@ def candidates(graph: Graph, cost: Any, table: Mapping[int, Sequence[str]] | Non
     by_op: dict[int, tuple[Candidate, ...]] = {}
     for op_id, names in table.items():
         if not 0 <= op_id < len(graph.ops):
-            raise ValueError(f"the variants table names op {op_id}, but graph {graph.name!r} "
-                             f"has {len(graph.ops)} ops; build the table for this graph")
+            raise PolicyOptionError(f"the variants table names op {op_id}, but graph "
+                                    f"{graph.name!r} has {len(graph.ops)} ops; build the table "
+                                    "for this graph", f"op ids 0..{len(graph.ops) - 1}")
         ordered = [FRAMEWORK] + [n for n in names if n != FRAMEWORK]
         if len(ordered) < 2:
             continue
@@ -98,8 +101,7 @@ def candidates(graph: Graph, cost: Any, table: Mapping[int, Sequence[str]] | Non
 
 def recorded_table(graph: Graph) -> dict[int, list[str]]:
     """Op id -> the variants capture recorded as able to run it (``Op.variant_options``)."""
-    return {op.id: [n for n, o in op.variant_options.items() if "refused" not in o]
-            for op in graph.ops if op.variant_options}
+    return recorded(graph)
 
 
 def steps(graph: Graph, schedule: Schedule, variants: Variants) -> list[Step]:

@@ -22,10 +22,14 @@ variant (``outcore.variants``) and the profile is the cost model:
   the best algorithm on 3x3 layers, FFT slower than it on 1x1 ones; that module cites its
   sources), not a measurement; pass your own ``relative_time``.
 
-Stride and padding are not in the IR; they are inferred from the input, weight and output
-shapes (the smallest stride, then the smallest padding, that give the output size). For the
-workspace formulas only the output size matters for im2col; FFT uses the padded plane.
-Dilation is assumed 1; grouped convolutions keep the framework kernel only.
+This shape-only path serves graphs without capture's record (hand-built or paper-scale
+graphs made without it); a captured graph's ``op.variant_options`` hold support and workspace
+from the op's real arguments, checked against each variant's declaration
+(``outcore.variants.capability``), and take precedence. On the shape-only path stride and
+padding are inferred from the input, weight and output shapes (the smallest stride, then the
+smallest padding, that give the output size; only the output size matters for im2col's
+workspace, FFT uses the padded plane); dilation is assumed 1 and only 2-d, ungrouped
+convolutions are described, so other convolutions keep the framework kernel there.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from typing import Any
 from outcore.cost.gpu_variants import KNOWN_VARIANTS, conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
 from outcore.policies.common.costs import bound
+from outcore.policies.common.variant_spec import runnable
+from outcore.policies.common.variant_spec import variant_table as resolve_variants
 from outcore.policies.modnn.config import ModnnConfig
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD
@@ -49,28 +55,16 @@ RelativeTime = Callable[[str, str, Sequence[Any]], float]
 
 def variant_table(graph: Graph, config: ModnnConfig) -> dict[int, list[str]]:
     """Op id -> variant names to consider (see the module docstring)."""
-    spec = config.variants
-    if callable(spec):
-        spec = spec(graph)
-    def runnable(op: Op, names: list[str]) -> list[str]:
-        # a variant capture refused for this op (grouped convolution, dilation, dtype) never
-        # runs it: priced at 0 workspace and then run, it broke the step (bmm size error on
-        # depthwise convolutions, OOM from unpriced workspace)
-        return [n for n in names if "refused" not in op.variant_options.get(n, {})]
-
-    if spec is None:
-        table = {}
-        for op in graph.ops:
-            names = runnable(op, registry.variants_for(op.target))
-            if len(names) > 1:
-                table[op.id] = names
-        return table
+    # a variant capture refused for an op (outside what it declares it computes) is never
+    # offered: priced at 0 workspace and then run, it broke the step (bmm size error on
+    # depthwise convolutions, OOM from unpriced workspace)
+    if config.variants is not None:
+        return resolve_variants(graph, config.variants)
     table = {}
-    for op_id, listed in dict(spec).items():
-        if not 0 <= op_id < len(graph.ops):
-            raise ValueError(f"options['variants'] names op {op_id}, but graph {graph.name!r} has "
-                             f"{len(graph.ops)} ops; pass a callable graph -> table instead")
-        table[op_id] = runnable(graph.ops[op_id], list(listed))
+    for op in graph.ops:
+        names = runnable(op, registry.variants_for(op.target))
+        if len(names) > 1:
+            table[op.id] = names
     return table
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from outcore.policies.common.variant_spec import VariantSpec
 from outcore.policies.config import PolicyConfig
 
-VariantSpec = Mapping[int, Sequence[str]] | Callable[[Any], Mapping[int, Sequence[str]]]
+__all__ = ["ModnnConfig", "VariantSpec"]
 
 
 @dataclass(frozen=True)

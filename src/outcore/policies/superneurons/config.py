@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from outcore.policies.common.variant_spec import VariantSpec
 from outcore.policies.config import PolicyConfig, check_bool, check_choice
 
 
@@ -22,13 +22,14 @@ class Recompute(StrEnum):
 class SuperNeuronsConfig(PolicyConfig):
     """``recompute`` strategy; ``offload`` CONV checkpoints through the tensor pool; ``cache``
     (the LRU tensor cache; False offloads every checkpoint as soon as it is made);
-    ``variants``: op id -> supported variant names."""
+    ``variants``: op id -> variant names, or a callable graph -> that table
+    (``outcore.policies.common.variant_spec``)."""
 
     doc = "outcore.policies.superneurons"
     recompute: Recompute = Recompute.COST_AWARE
     offload: bool = True
     cache: bool = True
-    variants: Mapping[int, Sequence[str]] | None = None
+    variants: VariantSpec | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.recompute, Recompute, "recompute")

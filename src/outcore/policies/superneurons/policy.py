@@ -33,7 +33,7 @@ with which this policy's schedule can be built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +44,11 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Offload, Schedule
 from outcore.plan.verify import verify
+from outcore.policies.common.variant_spec import VariantSpec, variant_table
 from outcore.policies.common.variants import (
     candidates,
     choice_by_op,
     peak_with,
-    recorded_table,
     steps,
     with_variants,
 )
@@ -138,7 +138,7 @@ def _schedule(graph: Graph, instructions: list[Any], name: str) -> Schedule:
 
 
 def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = None,
-                      variants: Mapping[int, Sequence[str]] | None = None,
+                      variants: VariantSpec | None = None,
                       recompute: str = "cost-aware", offload: bool = True, cache: bool = True,
                       name: str = NAME) -> SuperNeuronsResult:
     """Plan one training step the SuperNeurons way (module docstring).
@@ -159,7 +159,7 @@ def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = No
             "recomputation.") from None
     schedule = _schedule(graph, instructions, name)
     verify(graph, schedule)
-    table = candidates(graph, cost, recorded_table(graph) if variants is None else variants)
+    table = candidates(graph, cost, variant_table(graph, variants))
     rows = steps(graph, schedule, table)
     limit = budget if budget is not None else max(
         (r.live_bytes + max((c.workspace_bytes for c in r.candidates), default=0) for r in rows),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from outcore.policies.common.variant_spec import VariantSpec
 from outcore.policies.config import PolicyConfig, check_choice
 
 
@@ -28,10 +28,11 @@ class VdnnAlgo(StrEnum):
 class VdnnConfig(PolicyConfig):
     """``vdnn-dyn`` and the ``vdnn-{mode}-{algo}`` policies.
 
-    ``variants``: op id -> supported variant names (default: what capture recorded)."""
+    ``variants``: op id -> variant names, or a callable graph -> that table (default: what
+    capture recorded; ``outcore.policies.common.variant_spec``)."""
 
     doc = "outcore.policies.vdnn"
-    variants: Mapping[int, Sequence[str]] | None = None
+    variants: VariantSpec | None = None
 
 
 @dataclass(frozen=True)

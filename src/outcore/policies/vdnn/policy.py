@@ -63,12 +63,12 @@ from outcore.plan.lower import lower
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Free, Schedule
 from outcore.policies.common.layers import fuses_into_activation
+from outcore.policies.common.variant_spec import variant_table
 from outcore.policies.common.variants import (
     Variants,
     candidates,
     choice_by_op,
     peak_with,
-    recorded_table,
     steps,
     with_variants,
 )
@@ -248,7 +248,7 @@ def plan_dyn(graph: Graph, *, budget: int | None = None, cost: Any = None,
 
 def _variant_table(graph: Graph, config: VdnnConfig) -> Any:
     """The configured variants, or the variants capture recorded on each op."""
-    return recorded_table(graph) if config.variants is None else config.variants
+    return variant_table(graph, config.variants)
 
 
 def _static_policy(name: str, mode: str, algo: str | None) -> PolicyFn:

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.distributed.group import RankContext, rank_context
-from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
+from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, traced_sync_batchnorm
+from outcore.distributed.trainer import DataParallelTrainer, broadcast_state, own_storage
 from outcore.errors import InfeasibleBudgetError, OutcoreError
 from outcore.graph.ir import Graph
 from outcore.plan.grad_buckets import (
@@ -32,6 +34,7 @@ from outcore.plan.grad_buckets import (
     peak_with_buckets,
     total_bucket_bytes,
 )
+from outcore.plan.schedule import Compute
 from outcore.units import parse_bytes
 
 
@@ -47,12 +50,11 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
     link the plan assumes; default the host of ``gpu``.
     """
-    refuse_sync_batchnorm(model)
     ctx = rank_context(distributed, device, timeout)
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:
-        graph = capture(model, loss_fn, example_batch)
+        graph = capture_rank(model, loss_fn, example_batch, ctx)
     except BaseException as exc:
         ctx.report_failure(exc)
         raise
@@ -60,7 +62,7 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
 
-        return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
+        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
@@ -80,12 +82,52 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
         cost = rank_cost(gpu, host, ctx.world_size)
         planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
                                      ctx.world_size, options)
+        check_collectives(planned)
         dev = rank_device(device, limit, gpu, host, ctx.world_size)
     except BaseException as exc:
         ctx.report_failure(exc)
         raise
     ctx.clear_failure()
+    _guard(ctx, "the comparison of the ranks' plans",
+           lambda: same_plan_everywhere(ctx, planned, buckets))
     return DataParallelTrainer(model, planned, dev, limit, ctx, buckets)
+
+
+def check_collectives(planned: PlannedStep) -> None:
+    """Every collective of the step (a SyncBatchNorm's all-reduce) runs once, where it was
+    captured: never recomputed (a replay would issue an extra collective that the other
+    ranks need not match). ``outcore.distributed.sync_bn`` keeps its output out of the
+    activations a policy decides about; this checks that the plan kept it so."""
+    for ins in planned.schedule.instructions:
+        if isinstance(ins, Compute) and ins.recompute and \
+                planned.graph.ops[ins.op].target == ALL_REDUCE_TARGET:
+            op = planned.graph.ops[ins.op]
+            raise OutcoreError(f"policy {planned.plan.policy!r} recomputes {op.name}, a "
+                               "SyncBatchNorm all-reduce; a collective must run once per step. "
+                               "Choose another policy and report this to outcore.")
+
+
+def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
+                         buckets: list[GradBucket]) -> None:
+    """Raise OutcoreError unless every rank planned the same schedule and buckets: the
+    ranks' collectives (bucket all-reduces, SyncBatchNorm's) must match one to one. Plans
+    differ when the ranks' shares differ in shape, or with a measured cost model
+    (``gpu="this-cpu"``) whose timings differ per rank."""
+    if ctx.world_size == 1:
+        return
+    import hashlib
+
+    text = repr((planned.schedule.instructions, sorted(planned.schedule.variants.items()),
+                 planned.plan.sub_batches, [(b.tensors, b.offsets) for b in buckets]))
+    mine = hashlib.sha256(text.encode()).hexdigest()
+    digests: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(digests, mine, group=ctx.group)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise OutcoreError(f"ranks {differ} planned another step than rank 0 (their "
+                           "collectives would not match): give every rank a share of the same "
+                           "shape, and a cost model that is the same on every rank (a GPU "
+                           "profile rather than gpu='this-cpu')")
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
@@ -95,16 +137,12 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
         raise ctx.error(what, exc) from exc
 
 
-def refuse_sync_batchnorm(model: nn.Module) -> None:
-    """SyncBatchNorm's forward issues collectives inside an autograd Function, which capture
-    cannot trace (and torch runs it on GPU/XPU only, so it cannot run on the CPU at all)."""
-    found = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
-    if found:
-        raise OutcoreError(
-            f"the model uses torch.nn.SyncBatchNorm ({found[:3]}); outcore's data parallel "
-            "captures each rank's step on its own and cannot trace SyncBatchNorm's "
-            "collectives. Build the model with BatchNorm (per-rank statistics, as DDP "
-            "without SyncBatchNorm), or train that model with torch's DDP.")
+def capture_rank(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any,
+                 ctx: RankContext) -> Graph:
+    """Capture this rank's step on ``batch``; a ``nn.SyncBatchNorm`` captures with batch
+    statistics over the ranks (``outcore.distributed.sync_bn``)."""
+    with traced_sync_batchnorm(model, ctx.group):
+        return capture(model, loss_fn, own_storage(batch))
 
 
 def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:

@@ -28,6 +28,7 @@ from torch import nn
 
 from outcore.distributed.group import DistributedError, RankContext
 from outcore.distributed.reducer import BucketReducer
+from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.planned import PlannedStep
 from outcore.trainer import PlannedTrainer
@@ -39,16 +40,13 @@ class DataParallelTrainer(PlannedTrainer):
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, ctx: RankContext, buckets: list[GradBucket]) -> None:
-        super().__init__(model, planned, device, budget)
+        reducer = None
+        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
+            reducer = BucketReducer(planned.graph, buckets, ctx)
+        super().__init__(model, planned, device, budget, grad_hook=reducer)
         self.ctx = ctx
         self.buckets = buckets
-        self.reducer: BucketReducer | None = None
-        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
-            from outcore.runtime.executor import Executor
-
-            self.reducer = BucketReducer(planned.graph, buckets, ctx)
-            self.executor = Executor(planned.graph, planned.schedule, device,
-                                     grad_hook=self.reducer)
+        self.reducer: BucketReducer | None = reducer
 
     @property
     def rank(self) -> int:
@@ -62,10 +60,13 @@ class DataParallelTrainer(PlannedTrainer):
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
         try:
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(x, y)
+            loss = super().step(*own_storage((x, y)))
             if self.reducer is None and self.ctx.world_size > 1:
                 self._collective("the all-reduce of the accumulated gradients",
                                  self._allreduce_grads)
+        except SyncBatchNormCollectiveError as exc:
+            raise self.ctx.error("the all-reduce of a SyncBatchNorm's statistics",
+                                 exc) from exc
         except DistributedError:
             raise
         except BaseException as exc:
@@ -98,3 +99,24 @@ def broadcast_state(model: nn.Module, ctx: RankContext, *, parameters: bool = Tr
     with torch.no_grad():
         for t in tensors:
             dist.broadcast(t.data, group=ctx.group, group_src=0)
+
+
+def own_storage(batch: Any) -> Any:
+    """``batch`` with every tensor that is a view into a larger storage (a rank's share
+    sliced from the global batch) copied into a storage of its own size.
+
+    The memory rule sizes an input by its storage: a share that views the whole batch would
+    be planned (and measured) as the whole batch, and a later share with its own storage
+    would measure less than predicted. Captured and stepped with own storages, the input is
+    counted at its own size, the same on every step.
+    """
+    from torch.utils._pytree import tree_map
+
+    def own(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return tree_map(own, batch)

@@ -8,8 +8,10 @@ batch, plain BatchNorm (``SyncBatchNorm on N ranks == BatchNorm on the whole bat
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -65,15 +67,36 @@ def sync_bn_vs_whole_batch(rank: int, world: int, name: str, batch: int,
         except Exception as exc:  # noqa: BLE001 - reported per policy; the test asserts none
             rows[policy] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
+        issued = []
         try:
-            trainer.step(*mine)
+            with _counting_all_reduces(issued):
+                trainer.step(*mine)
         except Exception as exc:  # noqa: BLE001 - as above
             rows[policy] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         finally:
             trainer.close()
-        rows[policy] = _row(trainer, model, grads_ref, buffers_ref)
+        rows[policy] = {**_row(trainer, model, grads_ref, buffers_ref), "issued": len(issued),
+                        "buckets": len(trainer.buckets)}
     return rows
+
+
+@contextlib.contextmanager
+def _counting_all_reduces(calls: list[int]) -> Iterator[None]:
+    """Count every ``torch.distributed.all_reduce`` this rank issues in the block."""
+    import torch.distributed as dist
+
+    real = dist.all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
 
 
 def _trainer(first: bool, model: Any, loss_fn: Any, mine: Any, graph: Any, policy: str,
@@ -119,3 +142,23 @@ def _row(trainer: Any, model: torch.nn.Module, grads_ref: dict[str, torch.Tensor
             "moved": counts.get("offload", 0) + counts.get("recompute", 0),
             "recomputed": counts.get("recompute", 0), "sub_batches": planned.plan.sub_batches,
             "checksum": [float(g.double().sum()) for g in got.values()]}
+
+
+def fail_before_sync_bn(rank: int, world: int, timeout_s: float) -> Any:
+    """Rank 1 runs out of device memory at its step's first allocation, while rank 0 waits in
+    the forward all-reduce of a SyncBatchNorm's statistics. Returns "no error" or raises."""
+    import outcore
+
+    torch.manual_seed(0)
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 2)))
+    x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
+    mine = _shard((x, y), rank, world)
+    trainer = outcore.compile(model, torch.nn.functional.cross_entropy, mine, budget=None,
+                              device="cpu-emulated", policy="keep-all", distributed=True,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    if rank == 1:
+        trainer.executor.capacity = 1024  # far below the step's peak: DeviceOutOfMemory
+    trainer.step(*mine)
+    return "no error"

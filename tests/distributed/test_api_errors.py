@@ -23,13 +23,6 @@ def test_distributed_without_a_group_or_torchrun_says_how_to_start(monkeypatch):
         outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
 
 
-def test_sync_batchnorm_is_refused_naming_the_module():
-    net, loss_fn, batch = small()
-    net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
-    with pytest.raises(OutcoreError, match=r"SyncBatchNorm \(\['1'\]\).*BatchNorm"):
-        outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
-
-
 def test_distributed_must_be_true_or_a_process_group():
     net, loss_fn, batch = small()
     with pytest.raises(TypeError, match="ProcessGroup"):

@@ -23,7 +23,7 @@ from torch import nn
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.distributed.group import RankContext, rank_context
-from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, traced_sync_batchnorm
+from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state, own_storage
 from outcore.errors import InfeasibleBudgetError, OutcoreError
 from outcore.graph.ir import Graph
@@ -34,7 +34,6 @@ from outcore.plan.grad_buckets import (
     peak_with_buckets,
     total_bucket_bytes,
 )
-from outcore.plan.schedule import Compute
 from outcore.units import parse_bytes
 
 
@@ -82,7 +81,6 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
         cost = rank_cost(gpu, host, ctx.world_size)
         planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
                                      ctx.world_size, options)
-        check_collectives(planned)
         dev = rank_device(device, limit, gpu, host, ctx.world_size)
     except BaseException as exc:
         ctx.report_failure(exc)
@@ -91,20 +89,6 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
     _guard(ctx, "the comparison of the ranks' plans",
            lambda: same_plan_everywhere(ctx, planned, buckets))
     return DataParallelTrainer(model, planned, dev, limit, ctx, buckets)
-
-
-def check_collectives(planned: PlannedStep) -> None:
-    """Every collective of the step (a SyncBatchNorm's all-reduce) runs once, where it was
-    captured: never recomputed (a replay would issue an extra collective that the other
-    ranks need not match). ``outcore.distributed.sync_bn`` keeps its output out of the
-    activations a policy decides about; this checks that the plan kept it so."""
-    for ins in planned.schedule.instructions:
-        if isinstance(ins, Compute) and ins.recompute and \
-                planned.graph.ops[ins.op].target == ALL_REDUCE_TARGET:
-            op = planned.graph.ops[ins.op]
-            raise OutcoreError(f"policy {planned.plan.policy!r} recomputes {op.name}, a "
-                               "SyncBatchNorm all-reduce; a collective must run once per step. "
-                               "Choose another policy and report this to outcore.")
 
 
 def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,

@@ -24,13 +24,15 @@ gloo included), with SyncBatchNorm's semantics:
 * eval mode, or a group of one rank: no collective; normalised as BatchNorm.
 
 The collective is the custom op ``outcore::sync_bn_all_reduce`` (``all_reduce_sum``): one
-node of the captured graph, which the executor runs like any op. Recompute never re-issues
-it: its output is read only in forward (the statistics read in backward are new tensors
-computed from it: the count enters through ``detach``), so it is no activation a policy can
-decide about, and a recomputed statistic finds the collective's output kept alive until
-then (``outcore.plan.lower`` keeps every tensor without a decision resident).
-``compile.check_collectives`` checks this on every plan, so every rank issues the same
-collectives in the same order once per step.
+node of the captured graph, which the executor runs like any op, once per step. Recompute
+does not re-issue it. Its output is read only in forward (the statistics read in backward
+are new tensors computed from it; the count enters through ``detach``), so it is no
+activation a policy decides about, and a recomputed statistic finds it kept alive until
+then (``outcore.plan.lower`` keeps every tensor without a decision resident). A policy that
+replays whole segments of its own schedule (SuperNeurons) may still recompute it: the
+replay then copies the statistics the forward saved instead of issuing a collective
+(``outcore.distributed.replay``). Every rank runs the same schedule (checked when the
+trainer is built), so the ranks' collectives match one to one.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from torch import nn
 
 from outcore.distributed.group import DistributedError, RankContext
 from outcore.distributed.reducer import BucketReducer
+from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.planned import PlannedStep
@@ -43,7 +44,9 @@ class DataParallelTrainer(PlannedTrainer):
         reducer = None
         if planned.plan.sub_batches == 1 and ctx.world_size > 1:
             reducer = BucketReducer(planned.graph, buckets, ctx)
-        super().__init__(model, planned, device, budget, grad_hook=reducer)
+        self.replay = CollectiveReplay(planned.graph, planned.schedule)
+        super().__init__(model, planned, device, budget, grad_hook=reducer,
+                         impls=self.replay.impls)
         self.ctx = ctx
         self.buckets = buckets
         self.reducer: BucketReducer | None = reducer
@@ -58,6 +61,7 @@ class DataParallelTrainer(PlannedTrainer):
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
+        self.replay.reset()
         try:
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
             loss = super().step(*own_storage((x, y)))

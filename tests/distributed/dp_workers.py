@@ -296,3 +296,18 @@ def fsdp2_with_outcore_block(rank: int, world: int) -> dict[str, Any]:
     return {"sharded": sharded, "err": _max_err(got, ddp), "names": sorted(got),
             "expected": sorted(ddp), "offloads": planned.counts().get("offload", 0),
             "measured": be.stats.measured_peak, "predicted": be.stats.predicted_peak}
+
+
+def unequal_shares(rank: int, world: int) -> Any:
+    """Rank 1's share is one sample shorter: its plan differs from rank 0's, so building the
+    trainer must fail on every rank (their collectives would not match)."""
+    import outcore
+
+    model, loss_fn, full = workload("mlp", 8)
+    mine = _shard(full, rank, world)
+    if rank == 1:
+        mine = tuple(t[:-1] for t in mine)
+    outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
+                    policy="keep-all", distributed=True,
+                    timeout=datetime.timedelta(seconds=30))
+    return "built"

@@ -67,9 +67,9 @@ def sync_bn_vs_whole_batch(rank: int, world: int, name: str, batch: int,
         except Exception as exc:  # noqa: BLE001 - reported per policy; the test asserts none
             rows[policy] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        issued = []
+        issued: list[int] = []
         try:
-            with _counting_all_reduces(issued):
+            with _counting_all_reduces(issued), _no_gc():
                 trainer.step(*mine)
         except Exception as exc:  # noqa: BLE001 - as above
             rows[policy] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -79,6 +79,24 @@ def sync_bn_vs_whole_batch(rank: int, world: int, name: str, batch: int,
         rows[policy] = {**_row(trainer, model, grads_ref, buffers_ref), "issued": len(issued),
                         "buckets": len(trainer.buckets)}
     return rows
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """No cyclic garbage collection in the block. A collection pass during the step can
+    delay the tracker's release of a storage by a few instructions (seen on SuperNeurons'
+    ResNet-18 plan: a 68-byte statistics vector alive 6 instructions past its Free, with or
+    without SyncBatchNorm's replay; none with collection off), which made the measured peak
+    depend on when Python happened to collect. See the issue-16 report."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

@@ -15,10 +15,11 @@ BatchNorm on the WHOLE batch in one process:
 
 Also per policy: the rank issues two all-reduces per SyncBatchNorm (statistics in forward,
 their gradients in backward) and one per gradient bucket, however often the plan recomputes
-an all-reduce (SuperNeurons' segments do: the replay copies the saved statistics); measured peak == predicted peak;
-every rank ends with the same gradients (checksums). Sub-batches are turned off (a
-sub-batch takes its statistics over part of the batch); a policy that cannot meet the
-tight budget runs unbounded.
+an all-reduce (SuperNeurons' segments do: the replay copies the saved statistics);
+measured peak == predicted peak (the step runs with Python's cyclic collector off, see
+``sync_bn_workers._no_gc``); every rank ends with the same gradients (checksums).
+Sub-batches are turned off (a sub-batch takes its statistics over part of the batch); a
+policy that cannot meet the tight budget runs unbounded.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ As with PyTorch's DistributedDataParallel:
 * parameters and buffers are broadcast from rank 0 when the trainer is built, and buffers
   (e.g. BatchNorm running statistics) again before every step, so every rank starts each
   step from rank 0's; BatchNorm normalises with each rank's own batch statistics (as DDP
-  without SyncBatchNorm);
+  without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's over the ranks
+  (``outcore.distributed.sync_bn``; its recomputes replay, ``outcore.distributed.replay``);
+* the step's batch is used with its own storage (``own_storage``), as it was captured;
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
   stays the user's;

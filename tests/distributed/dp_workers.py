@@ -298,16 +298,14 @@ def fsdp2_with_outcore_block(rank: int, world: int) -> dict[str, Any]:
             "measured": be.stats.measured_peak, "predicted": be.stats.predicted_peak}
 
 
-def unequal_shares(rank: int, world: int) -> Any:
-    """Rank 1's share is one sample shorter: its plan differs from rank 0's, so building the
-    trainer must fail on every rank (their collectives would not match)."""
+def unequal_plans(rank: int, world: int) -> Any:
+    """Rank 1 plans with another policy than rank 0: building the trainer must fail on
+    every rank (their collectives would not match)."""
     import outcore
 
     model, loss_fn, full = workload("mlp", 8)
     mine = _shard(full, rank, world)
-    if rank == 1:
-        mine = tuple(t[:-1] for t in mine)
     outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
-                    policy="keep-all", distributed=True,
+                    policy="keep-all" if rank == 0 else "offload-all", distributed=True,
                     timeout=datetime.timedelta(seconds=30))
     return "built"

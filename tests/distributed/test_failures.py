@@ -29,7 +29,7 @@ def test_silent_rank_ends_the_others_by_the_timeout() -> None:
 
 
 def test_ranks_with_different_plans_refuse_to_start() -> None:
-    results = dp_workers.launch(dp_workers.unequal_shares, 2, deadline=120)
+    results = dp_workers.launch(dp_workers.unequal_plans, 2, deadline=120)
     for rank, result in enumerate(results):
         assert result[:2] == ("error", "OutcoreError"), (rank, result)
         assert "ranks [1] planned another step than rank 0" in result[2], result[2]

@@ -95,8 +95,9 @@ def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
                          buckets: list[GradBucket]) -> None:
     """Raise OutcoreError unless every rank planned the same schedule and buckets: the
     ranks' collectives (bucket all-reduces, SyncBatchNorm's) must match one to one. Plans
-    differ when the ranks' shares differ in shape, or with a measured cost model
-    (``gpu="this-cpu"``) whose timings differ per rank."""
+    differ when the ranks were given another policy, budget or options, or shares that
+    plan differently, or a measured cost model (``gpu="this-cpu"``) whose timings differ
+    per rank."""
     if ctx.world_size == 1:
         return
     import hashlib
@@ -109,9 +110,10 @@ def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if differ:
         raise OutcoreError(f"ranks {differ} planned another step than rank 0 (their "
-                           "collectives would not match): give every rank a share of the same "
-                           "shape, and a cost model that is the same on every rank (a GPU "
-                           "profile rather than gpu='this-cpu')")
+                           "collectives would not match): give every rank the same policy, "
+                           "budget and options, shares of the same shape, and a cost model "
+                           "that is the same on every rank (a GPU profile rather than "
+                           "gpu='this-cpu')")
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -60,11 +60,11 @@ class SyncBatchNormCollectiveError(DistributedError):
 @torch.library.custom_op("outcore::sync_bn_all_reduce", mutates_args=())
 def all_reduce_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """A new tensor: the sum of ``x`` over the ranks of the group named ``group_name``."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
     out = x.clone()
     try:
-        dist.all_reduce(out, group=_resolve_process_group(group_name))
+        dist.all_reduce(out, group=_resolve_process_group(GroupName(group_name)))
     except RuntimeError as exc:
         raise SyncBatchNormCollectiveError(
             f"the all-reduce of SyncBatchNorm statistics failed: {exc}") from exc
@@ -147,16 +147,18 @@ def traced_sync_batchnorm(model: nn.Module, group: Any) -> Iterator[int]:
     ``TracedSyncBatchNorm`` reducing over its own ``process_group``, or ``group`` (the
     data-parallel group) when it has none; yields how many there are. The modules get their
     class back afterwards (their parameters and buffers are untouched)."""
-    swapped: list[nn.Module] = []
+    swapped: list[nn.SyncBatchNorm] = []
     try:
         for module in model.modules():
             if type(module) is not nn.SyncBatchNorm:
                 continue
+            assert isinstance(module, nn.SyncBatchNorm)
             own = module.process_group
             chosen = own if own is not None else group
             module.__class__ = TracedSyncBatchNorm
-            module._outcore_group = chosen.group_name
-            module._outcore_world = dist.get_world_size(chosen)
+            traced = cast(TracedSyncBatchNorm, module)
+            traced._outcore_group = chosen.group_name
+            traced._outcore_world = dist.get_world_size(chosen)
             swapped.append(module)
         yield len(swapped)
     finally:

@@ -7,10 +7,11 @@ the model a forward outcore can capture and run on any device (the CPU-emulated 
 gloo included), with SyncBatchNorm's semantics:
 
 * forward (training): each rank sums its share per channel, ``sum x`` and ``sum x^2``, and
-  its element count; one all-reduce (sum) of ``[sum, sum of squares, count]`` gives the
-  whole batch's; ``mean = sum / n``, ``var = sum of squares / n - mean^2`` (biased, as
-  BatchNorm normalises with), ``y = x * scale + shift`` with ``scale = weight / sqrt(var +
-  eps)`` and ``shift = bias - mean * scale``;
+  its element count (in float32 for a lower-precision input); one all-reduce (sum) of
+  ``[sum, sum of squares, count]`` gives the whole batch's; ``mean = sum / n``,
+  ``var = sum of squares / n - mean^2`` (biased, as BatchNorm normalises with),
+  ``y = x * scale + shift`` with ``scale = weight / sqrt(var + eps)`` and
+  ``shift = bias - mean * scale``;
 * backward: autograd of the above. The all-reduce's adjoint is an all-reduce (sum) of the
   incoming gradient (every rank's statistics depend on every rank's share), so backward
   issues one all-reduce of the gradients of ``[sum, sum of squares]``: the ``sum_dy`` and
@@ -21,7 +22,8 @@ gloo included), with SyncBatchNorm's semantics:
   variance made unbiased with the global count (``n / (n - 1)``), with the module's
   momentum (``None``: cumulative average over ``num_batches_tracked``); every rank computes
   the same values;
-* eval mode, or a group of one rank: no collective; normalised as BatchNorm.
+* eval mode: the running statistics, as BatchNorm (no collective); a group of one rank: the
+  same formulas without the all-reduce.
 
 The collective is the custom op ``outcore::sync_bn_all_reduce`` (``all_reduce_sum``): one
 node of the captured graph, which the executor runs like any op, once per step. Recompute
@@ -111,8 +113,10 @@ def sync_batch_norm(bn: TracedSyncBatchNorm, x: torch.Tensor) -> torch.Tensor:
         raise OutcoreError(f"SyncBatchNorm needs more than one value per channel over the "
                            f"ranks, got input of shape {tuple(x.shape)} on each of "
                            f"{bn._outcore_world} rank(s)")
-    count = torch.full((1,), float(local), dtype=x.dtype, device=x.device)
-    packed = torch.cat([x.sum(dims), (x * x).sum(dims), count])
+    # statistics in float32 at least (a float16 count overflows past 65504)
+    acc = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    count = torch.full((1,), float(local), dtype=acc.dtype, device=x.device)
+    packed = torch.cat([acc.sum(dims), (acc * acc).sum(dims), count])
     if bn._outcore_world > 1:
         packed = all_reduce_sum(packed, bn._outcore_group)
     inv_total = packed[2 * channels:].detach().reciprocal()
@@ -124,7 +128,7 @@ def sync_batch_norm(bn: TracedSyncBatchNorm, x: torch.Tensor) -> torch.Tensor:
     shape = [1, channels] + [1] * (x.dim() - 2)
     if bn.training and bn.track_running_stats:
         _update_running_stats(bn, mean.detach(), var.detach(), inv_total)
-    return torch.addcmul(shift.view(shape), x, scale.view(shape))
+    return torch.addcmul(shift.view(shape).to(x.dtype), x, scale.view(shape).to(x.dtype))
 
 
 def _update_running_stats(bn: nn.SyncBatchNorm, mean: torch.Tensor, var: torch.Tensor,

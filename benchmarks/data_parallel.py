@@ -39,8 +39,6 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
 
-from repro_modnn import Net, cudnn_time, ideal_time
-
 from outcore import zoo
 from outcore.api import cost_model_for
 from outcore.capture import capture
@@ -50,6 +48,7 @@ from outcore.cost.profiles import get_profile
 from outcore.distributed.compile import plan_rank
 from outcore.errors import InfeasibleBudgetError
 from outcore.policies.modnn import ConvAlgorithmCost
+from outcore.reproduce.modnn import Net, cudnn_time, ideal_time
 from outcore.sim.multi_gpu import rank_profile, simulate_data_parallel
 
 GiB = 2**30

@@ -299,13 +299,14 @@ def fsdp2_with_outcore_block(rank: int, world: int) -> dict[str, Any]:
 
 
 def unequal_plans(rank: int, world: int) -> Any:
-    """Rank 1 plans with another policy than rank 0: building the trainer must fail on
-    every rank (their collectives would not match)."""
+    """Rank 1 plans with another policy than rank 0: the first step must fail on every
+    rank before any other collective (their collectives would not match)."""
     import outcore
 
     model, loss_fn, full = workload("mlp", 8)
     mine = _shard(full, rank, world)
-    outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
-                    policy="keep-all" if rank == 0 else "offload-all", distributed=True,
-                    timeout=datetime.timedelta(seconds=30))
-    return "built"
+    trainer = outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
+                              policy="keep-all" if rank == 0 else "offload-all",
+                              distributed=True, timeout=datetime.timedelta(seconds=30))
+    trainer.step(*mine)
+    return "stepped"

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from outcore.api import PlannedStep, cost_model_for, plan
@@ -25,7 +24,7 @@ from outcore.capture import capture
 from outcore.distributed.group import RankContext, rank_context
 from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state, own_storage
-from outcore.errors import InfeasibleBudgetError, OutcoreError
+from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.grad_buckets import (
     DEFAULT_BUCKET_CAP,
@@ -86,34 +85,7 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
         ctx.report_failure(exc)
         raise
     ctx.clear_failure()
-    _guard(ctx, "the comparison of the ranks' plans",
-           lambda: same_plan_everywhere(ctx, planned, buckets))
     return DataParallelTrainer(model, planned, dev, limit, ctx, buckets)
-
-
-def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
-                         buckets: list[GradBucket]) -> None:
-    """Raise OutcoreError unless every rank planned the same schedule and buckets: the
-    ranks' collectives (bucket all-reduces, SyncBatchNorm's) must match one to one. Plans
-    differ when the ranks were given another policy, budget or options, or shares that
-    plan differently, or a measured cost model (``gpu="this-cpu"``) whose timings differ
-    per rank."""
-    if ctx.world_size == 1:
-        return
-    import hashlib
-
-    text = repr((planned.schedule.instructions, sorted(planned.schedule.variants.items()),
-                 planned.plan.sub_batches, [(b.tensors, b.offsets) for b in buckets]))
-    mine = hashlib.sha256(text.encode()).hexdigest()
-    digests: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(digests, mine, group=ctx.group)
-    differ = [r for r, d in enumerate(digests) if d != digests[0]]
-    if differ:
-        raise OutcoreError(f"ranks {differ} planned another step than rank 0 (their "
-                           "collectives would not match): give every rank the same policy, "
-                           "budget and options, shares of the same shape, and a cost model "
-                           "that is the same on every rank (a GPU profile rather than "
-                           "gpu='this-cpu')")
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:

@@ -8,6 +8,9 @@ As with PyTorch's DistributedDataParallel:
   without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's over the ranks
   (``outcore.distributed.sync_bn``; its recomputes replay, ``outcore.distributed.replay``);
 * the step's batch is used with its own storage (``own_storage``), as it was captured;
+* the first step compares the ranks' plans (``same_plan_everywhere``) before any other
+  collective (at the first step, not when the trainer is built: ranks plan at their own
+  speed, and a short group timeout must not end the slower one's planning);
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
   stays the user's;
@@ -22,6 +25,7 @@ As with PyTorch's DistributedDataParallel:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -32,6 +36,7 @@ from outcore.distributed.group import DistributedError, RankContext
 from outcore.distributed.reducer import BucketReducer
 from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
+from outcore.errors import OutcoreError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.planned import PlannedStep
 from outcore.trainer import PlannedTrainer
@@ -52,6 +57,7 @@ class DataParallelTrainer(PlannedTrainer):
         self.ctx = ctx
         self.buckets = buckets
         self.reducer: BucketReducer | None = reducer
+        self._plans_compared = False
 
     @property
     def rank(self) -> int:
@@ -65,6 +71,10 @@ class DataParallelTrainer(PlannedTrainer):
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
         self.replay.reset()
         try:
+            if not self._plans_compared:
+                self._collective("the comparison of the ranks' plans", lambda: (
+                    same_plan_everywhere(self.ctx, self.planned, self.buckets)))
+                self._plans_compared = True
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
             loss = super().step(*own_storage((x, y)))
             if self.reducer is None and self.ctx.world_size > 1:
@@ -126,3 +136,26 @@ def own_storage(batch: Any) -> Any:
         return t.clone(memory_format=torch.contiguous_format)
 
     return tree_map(own, batch)
+
+
+def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
+                         buckets: list[GradBucket]) -> None:
+    """Raise OutcoreError unless every rank planned the same schedule and buckets: the
+    ranks' collectives (bucket all-reduces, SyncBatchNorm's) must match one to one. Plans
+    differ when the ranks were given another policy, budget or options, or shares that
+    plan differently, or a measured cost model (``gpu="this-cpu"``) whose timings differ
+    per rank."""
+    if ctx.world_size == 1:
+        return
+    text = repr((planned.schedule.instructions, sorted(planned.schedule.variants.items()),
+                 planned.plan.sub_batches, [(b.tensors, b.offsets) for b in buckets]))
+    mine = hashlib.sha256(text.encode()).hexdigest()
+    digests: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(digests, mine, group=ctx.group)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise OutcoreError(f"ranks {differ} planned another step than rank 0 (their "
+                           "collectives would not match): give every rank the same policy, "
+                           "budget and options, shares of the same shape, and a cost model "
+                           "that is the same on every rank (a GPU profile rather than "
+                           "gpu='this-cpu')")

@@ -40,9 +40,11 @@ FAMILIES = ["keep-all", "offload-all", "recompute-cheap", "vdnn-dyn", "superneur
 def check(results: list[Any]) -> None:
     for rank, result in enumerate(results):
         assert not isinstance(result, tuple), f"rank {rank} failed: {result}"
+    errors = [f"rank {r} {p}: {row['error']}" for r, result in enumerate(results)
+              for p, row in result.items() if "error" in row]
+    assert not errors, "\n".join(errors)
     rows = results[0]
     for policy, row in rows.items():
-        assert "error" not in row, f"{policy}: {row.get('error')}"
         assert row["grads"] <= GRAD_RTOL, f"{policy}: gradients {row['grads']:.2g} off"
         assert row["buffers"] <= BUFFER_RTOL, f"{policy}: running stats {row['buffers']:.2g}"
         # the schedule's all-reduce ops, forward and backward, plus those it recomputes

@@ -3,7 +3,9 @@ a PCIe and an NVLink host, and emulated 2- and 4-rank runs for memory and gradie
 
 Run: ``PYTHONPATH=src python benchmarks/data_parallel.py`` (a few minutes on 2 cores;
 ``--quick``: VGG-16 only and 2 emulated ranks; ``--check``: also every policy on the zoo's
-ResNet, DenseNet-style and transformer with 2 and 4 ranks, what the slow tests assert).
+ResNet, DenseNet-style and transformer with 2 and 4 ranks, and SyncBatchNorm against
+BatchNorm on the whole batch, what the slow tests assert; ``--sync-bn N``: only that table
+on N ranks).
 
 * **Fig. 9** (moDNN §V.C, two K40m on one PCIe bus, ``k40m-x2``): VGG-16 and VGG-19 at
   batch 256; moDNN on one GPU at a budget against moDNN on two GPUs (128 each) at the same
@@ -37,8 +39,6 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
 
-from repro_modnn import Net, cudnn_time, ideal_time
-
 from outcore import zoo
 from outcore.api import cost_model_for
 from outcore.capture import capture
@@ -48,6 +48,7 @@ from outcore.cost.profiles import get_profile
 from outcore.distributed.compile import plan_rank
 from outcore.errors import InfeasibleBudgetError
 from outcore.policies.modnn import ConvAlgorithmCost
+from outcore.reproduce.modnn import Net, cudnn_time, ideal_time
 from outcore.sim.multi_gpu import rank_profile, simulate_data_parallel
 
 GiB = 2**30
@@ -201,6 +202,34 @@ def emulated(cases: list[tuple[str, int, list[str]]], world: int, title: str) ->
     return t
 
 
+def sync_bn(name: str, batch: int, world: int) -> Table:
+    """``nn.SyncBatchNorm`` on ``world`` emulated ranks against BatchNorm on the whole batch
+    in one process, every policy (``tests/distributed/test_sync_batchnorm.py``)."""
+    import dp_workers
+    import sync_bn_workers
+
+    t = Table(title=f"SyncBatchNorm on {world} emulated ranks vs BatchNorm on the whole "
+                    f"batch: small {name}, batch {batch}, every policy")
+    for col in ("policy", "budget", "predicted peak/rank", "measured peak/rank", "moved",
+                "all-reduces issued", "of which replayed (not issued)", "err grads",
+                "err running stats"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    results = dp_workers.launch(sync_bn_workers.sync_bn_vs_whole_batch, world, name, batch,
+                                ["*"], deadline=3600)
+    for rank, result in enumerate(results):
+        if isinstance(result, tuple):
+            raise RuntimeError(f"rank {rank} failed: {result[2]}")
+    for policy, r in results[0].items():
+        if "error" in r:
+            t.add_row(policy, r["error"][:60], *[""] * 7)
+            continue
+        budget = "-" if r["budget"] is None else f"{r['budget'] / 1024:.0f} KiB"
+        t.add_row(policy, budget, f"{r['predicted'] / 1024:.1f} KiB",
+                  f"{r['measured'] / 1024:.1f} KiB", str(r["moved"]), str(r["issued"]),
+                  str(r["recomputed_collectives"]), f"{r['grads']:.1e}", f"{r['buffers']:.1e}")
+    return t
+
+
 def _run_cases(rank: int, world: int, cases: list[tuple[str, int, list[str]]]) -> Any:
     import dp_workers
 
@@ -212,9 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="VGG-16 only, 2 emulated ranks")
     parser.add_argument("--check", action="store_true",
                         help="also every policy on ResNet/DenseNet/transformer, 2 and 4 ranks")
+    parser.add_argument("--sync-bn", type=int, default=0, metavar="RANKS",
+                        help="only the SyncBatchNorm table on RANKS emulated ranks")
     args = parser.parse_args(argv)
     console = Console(width=180)
     start = time.perf_counter()
+    if args.sync_bn:
+        console.print(sync_bn("resnet18", 8, args.sync_bn))
+        console.print(f"done in {time.perf_counter() - start:.0f} s")
+        return 0
     console.print(fig9([12] if args.quick else [12, 6, 3]))
     console.print(emulated([("vgg16", 8, ["modnn", "keep-all"])], 2,
                            "moDNN's step emulated on 2 CPU ranks (gloo): small VGG-16, batch 8"))
@@ -226,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [("resnet18", 16, ["*"]), ("densenet121", 8, ["*"]), ("transformer", 8, ["*"])]
         for world in (2, 4):
             console.print(emulated(cases, world, f"Every policy on {world} emulated ranks"))
+            console.print(sync_bn("resnet18", 8, world))
     console.print(f"done in {time.perf_counter() - start:.0f} s")
     return 0
 

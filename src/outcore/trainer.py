@@ -310,20 +310,24 @@ def _close(device: Any) -> None:
 class PlannedTrainer:
     """Runs one planned step, for batches shaped like the example (no signature cache).
 
-    ``outcore.distributed.DataParallelTrainer`` builds on it: each rank plans its share once.
+    ``outcore.distributed.DataParallelTrainer`` builds on it: each rank plans its share once
+    (``grad_hook``: the executor's ``GradHook``, the rank's gradient-bucket reducer;
+    ``impls``: op replacements, the rank's replayed collectives).
     ``step(x, y)`` raises BatchMismatchError (a ValueError) before running anything when the
     batch's shapes or dtypes differ from the captured example's.
     """
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
-                 budget: int | None) -> None:
+                 budget: int | None, grad_hook: Any = None,
+                 impls: dict[int, Any] | None = None) -> None:
         from outcore.runtime.executor import Executor
 
         self.model = model
         self.planned = planned
         self.device = device
         self.budget = budget
-        self.executor = Executor(planned.graph, planned.schedule, device)
+        self.executor = Executor(planned.graph, planned.schedule, device, grad_hook=grad_hook,
+                                 impls=impls)
         self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
                                   sub_batches=planned.plan.sub_batches,
                                   notes=list(planned.notes))

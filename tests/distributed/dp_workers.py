@@ -149,7 +149,9 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
     shards = [_eager_grads(model, loss_fn, _shard(full, r, world)) for r in range(world)]
     ddp = {n: sum(s[n] for s in shards) / world for n in shards[0]}
     whole = _eager_grads(model, loss_fn, full)
-    graph = outcore.capture(model, loss_fn, mine)
+    from outcore.distributed.trainer import own_storage
+
+    graph = outcore.capture(model, loss_fn, own_storage(mine))  # as compile captures a share
     budget = None
     if budget_fraction is not None:
         budget = _budget(graph, budget_fraction, bucket_cap)
@@ -170,6 +172,7 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
         # What the same plan measures beyond its prediction on ONE device (0 but for plans
         # whose single-device accounting is off, a bug outside data parallel): the rank
         # must add nothing to it. Such a plan would run out of its budget: measure unbounded.
+        # (The baseline runs each share with its own storage, as the rank steps it.)
         from outcore.plan.memory import predicted_peak
 
         single_excess = max(p for _, p in runs) - predicted_peak(trainer.planned.graph,
@@ -293,3 +296,17 @@ def fsdp2_with_outcore_block(rank: int, world: int) -> dict[str, Any]:
     return {"sharded": sharded, "err": _max_err(got, ddp), "names": sorted(got),
             "expected": sorted(ddp), "offloads": planned.counts().get("offload", 0),
             "measured": be.stats.measured_peak, "predicted": be.stats.predicted_peak}
+
+
+def unequal_plans(rank: int, world: int) -> Any:
+    """Rank 1 plans with another policy than rank 0: the first step must fail on every
+    rank before any other collective (their collectives would not match)."""
+    import outcore
+
+    model, loss_fn, full = workload("mlp", 8)
+    mine = _shard(full, rank, world)
+    trainer = outcore.compile(model, loss_fn, mine, budget=None, device="cpu-emulated",
+                              policy="keep-all" if rank == 0 else "offload-all",
+                              distributed=True, timeout=datetime.timedelta(seconds=30))
+    trainer.step(*mine)
+    return "stepped"

@@ -23,14 +23,23 @@ def test_distributed_without_a_group_or_torchrun_says_how_to_start(monkeypatch):
         outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
 
 
-def test_sync_batchnorm_is_refused_naming_the_module():
-    net, loss_fn, batch = small()
-    net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
-    with pytest.raises(OutcoreError, match=r"SyncBatchNorm \(\['1'\]\).*BatchNorm"):
-        outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed=True)
-
-
 def test_distributed_must_be_true_or_a_process_group():
     net, loss_fn, batch = small()
     with pytest.raises(TypeError, match="ProcessGroup"):
         outcore.compile(net, loss_fn, batch, budget=None, device="cpu", distributed="gloo")
+
+
+def test_a_share_viewing_a_larger_batch_gets_its_own_storage():
+    from outcore.distributed.trainer import own_storage
+
+    batch = torch.randn(8, 4)
+    labels = torch.arange(8)
+    share = (batch[4:], labels[:4], "meta")
+    owned = own_storage(share)
+    assert owned[2] == "meta"
+    for view, copy in zip(share[:2], owned[:2], strict=True):
+        assert torch.equal(view, copy)
+        assert copy.untyped_storage().nbytes() == copy.numel() * copy.element_size()
+        assert copy.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+    whole = (torch.randn(4, 4), torch.arange(4))
+    assert all(a is b for a, b in zip(own_storage(whole), whole, strict=True))

@@ -26,3 +26,10 @@ def test_silent_rank_ends_the_others_by_the_timeout() -> None:
     assert rank1 == "hung"
     assert rank0[0] == "error" and rank0[1] == "DistributedError", rank0
     assert "no rank reported a failure" in rank0[2], rank0[2]
+
+
+def test_ranks_with_different_plans_refuse_to_start() -> None:
+    results = dp_workers.launch(dp_workers.unequal_plans, 2, deadline=120)
+    for rank, result in enumerate(results):
+        assert result[:2] == ("error", "OutcoreError"), (rank, result)
+        assert "ranks [1] planned another step than rank 0" in result[2], result[2]

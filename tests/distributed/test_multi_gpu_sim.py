@@ -136,3 +136,16 @@ def test_the_planning_pieces_do_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_data_parallel_benchmark_imports():
+    """benchmarks/data_parallel.py imports what it needs (a moved helper broke it once)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "data_parallel.py"
+    spec = importlib.util.spec_from_file_location("data_parallel_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.fig9) and callable(module.sync_bn)

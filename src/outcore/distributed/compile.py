@@ -22,8 +22,9 @@ from torch import nn
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.distributed.group import RankContext, rank_context
-from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
-from outcore.errors import InfeasibleBudgetError, OutcoreError
+from outcore.distributed.sync_bn import traced_sync_batchnorm
+from outcore.distributed.trainer import DataParallelTrainer, broadcast_state, own_storage
+from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.grad_buckets import (
     DEFAULT_BUCKET_CAP,
@@ -47,12 +48,11 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
     link the plan assumes; default the host of ``gpu``.
     """
-    refuse_sync_batchnorm(model)
     ctx = rank_context(distributed, device, timeout)
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:
-        graph = capture(model, loss_fn, example_batch)
+        graph = capture_rank(model, loss_fn, example_batch, ctx)
     except BaseException as exc:
         ctx.report_failure(exc)
         raise
@@ -60,7 +60,7 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
 
-        return capture(model, loss_fn, split_batch(tuple(example_batch), parts)[0])
+        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
@@ -95,16 +95,12 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
         raise ctx.error(what, exc) from exc
 
 
-def refuse_sync_batchnorm(model: nn.Module) -> None:
-    """SyncBatchNorm's forward issues collectives inside an autograd Function, which capture
-    cannot trace (and torch runs it on GPU/XPU only, so it cannot run on the CPU at all)."""
-    found = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
-    if found:
-        raise OutcoreError(
-            f"the model uses torch.nn.SyncBatchNorm ({found[:3]}); outcore's data parallel "
-            "captures each rank's step on its own and cannot trace SyncBatchNorm's "
-            "collectives. Build the model with BatchNorm (per-rank statistics, as DDP "
-            "without SyncBatchNorm), or train that model with torch's DDP.")
+def capture_rank(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any,
+                 ctx: RankContext) -> Graph:
+    """Capture this rank's step on ``batch``; a ``nn.SyncBatchNorm`` captures with batch
+    statistics over the ranks (``outcore.distributed.sync_bn``)."""
+    with traced_sync_batchnorm(model, ctx.group):
+        return capture(model, loss_fn, own_storage(batch))
 
 
 def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:

@@ -5,7 +5,12 @@ As with PyTorch's DistributedDataParallel:
 * parameters and buffers are broadcast from rank 0 when the trainer is built, and buffers
   (e.g. BatchNorm running statistics) again before every step, so every rank starts each
   step from rank 0's; BatchNorm normalises with each rank's own batch statistics (as DDP
-  without SyncBatchNorm);
+  without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's over the ranks
+  (``outcore.distributed.sync_bn``; its recomputes replay, ``outcore.distributed.replay``);
+* the step's batch is used with its own storage (``own_storage``), as it was captured;
+* the first step compares the ranks' plans (``same_plan_everywhere``) before any other
+  collective (at the first step, not when the trainer is built: ranks plan at their own
+  speed, and a short group timeout must not end the slower one's planning);
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
   stays the user's;
@@ -20,6 +25,7 @@ As with PyTorch's DistributedDataParallel:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -28,6 +34,9 @@ from torch import nn
 
 from outcore.distributed.group import DistributedError, RankContext
 from outcore.distributed.reducer import BucketReducer
+from outcore.distributed.replay import CollectiveReplay
+from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
+from outcore.errors import OutcoreError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.planned import PlannedStep
 from outcore.trainer import PlannedTrainer
@@ -39,16 +48,16 @@ class DataParallelTrainer(PlannedTrainer):
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, ctx: RankContext, buckets: list[GradBucket]) -> None:
-        super().__init__(model, planned, device, budget)
+        reducer = None
+        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
+            reducer = BucketReducer(planned.graph, buckets, ctx)
+        self.replay = CollectiveReplay(planned.graph, planned.schedule)
+        super().__init__(model, planned, device, budget, grad_hook=reducer,
+                         impls=self.replay.impls)
         self.ctx = ctx
         self.buckets = buckets
-        self.reducer: BucketReducer | None = None
-        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
-            from outcore.runtime.executor import Executor
-
-            self.reducer = BucketReducer(planned.graph, buckets, ctx)
-            self.executor = Executor(planned.graph, planned.schedule, device,
-                                     grad_hook=self.reducer)
+        self.reducer: BucketReducer | None = reducer
+        self._plans_compared = False
 
     @property
     def rank(self) -> int:
@@ -60,12 +69,20 @@ class DataParallelTrainer(PlannedTrainer):
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
+        self.replay.reset()
         try:
+            if not self._plans_compared:
+                self._collective("the comparison of the ranks' plans", lambda: (
+                    same_plan_everywhere(self.ctx, self.planned, self.buckets)))
+                self._plans_compared = True
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(x, y)
+            loss = super().step(*own_storage((x, y)))
             if self.reducer is None and self.ctx.world_size > 1:
                 self._collective("the all-reduce of the accumulated gradients",
                                  self._allreduce_grads)
+        except SyncBatchNormCollectiveError as exc:
+            raise self.ctx.error("the all-reduce of a SyncBatchNorm's statistics",
+                                 exc) from exc
         except DistributedError:
             raise
         except BaseException as exc:
@@ -98,3 +115,47 @@ def broadcast_state(model: nn.Module, ctx: RankContext, *, parameters: bool = Tr
     with torch.no_grad():
         for t in tensors:
             dist.broadcast(t.data, group=ctx.group, group_src=0)
+
+
+def own_storage(batch: Any) -> Any:
+    """``batch`` with every tensor that is a view into a larger storage (a rank's share
+    sliced from the global batch) copied into a storage of its own size.
+
+    The memory rule sizes an input by its storage: a share that views the whole batch would
+    be planned (and measured) as the whole batch, and a later share with its own storage
+    would measure less than predicted. Captured and stepped with own storages, the input is
+    counted at its own size, the same on every step.
+    """
+    from torch.utils._pytree import tree_map
+
+    def own(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return tree_map(own, batch)
+
+
+def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,
+                         buckets: list[GradBucket]) -> None:
+    """Raise OutcoreError unless every rank planned the same schedule and buckets: the
+    ranks' collectives (bucket all-reduces, SyncBatchNorm's) must match one to one. Plans
+    differ when the ranks were given another policy, budget or options, or shares that
+    plan differently, or a measured cost model (``gpu="this-cpu"``) whose timings differ
+    per rank."""
+    if ctx.world_size == 1:
+        return
+    text = repr((planned.schedule.instructions, sorted(planned.schedule.variants.items()),
+                 planned.plan.sub_batches, [(b.tensors, b.offsets) for b in buckets]))
+    mine = hashlib.sha256(text.encode()).hexdigest()
+    digests: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(digests, mine, group=ctx.group)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise OutcoreError(f"ranks {differ} planned another step than rank 0 (their "
+                           "collectives would not match): give every rank the same policy, "
+                           "budget and options, shares of the same shape, and a cost model "
+                           "that is the same on every rank (a GPU profile rather than "
+                           "gpu='this-cpu')")

@@ -36,6 +36,7 @@ from outcore.units import format_bytes
 #: ``outcore.policies.auto.policy``; every other entry is a registered policy name.
 CANDIDATES: tuple[str, ...] = (
     "outcore-auto",
+    "outcore-checkpoint",
     "vdnn-dyn",
     "superneurons",
     "modnn",

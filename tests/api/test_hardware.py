@@ -32,7 +32,8 @@ def test_cuda_default_is_the_gpu_that_is_there(monkeypatch):
     props = type("P", (), {"total_memory": 80 * 2**30})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
     assert hardware.default_gpu(None, "cuda") == "h100"
-    assert hardware.default_gpu(None, "cpu") == hardware.DEFAULT_GPU
+    assert hardware.default_gpu(None, "cpu") == "this-cpu"
+    assert hardware.default_gpu(None, "cpu-emulated") == hardware.DEFAULT_GPU
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Some Future GPU")
     assert hardware.default_gpu(None, "cuda") == hardware.DEFAULT_GPU
 

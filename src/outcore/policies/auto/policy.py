@@ -27,6 +27,7 @@ the executor measures), so the predicted peak of the result is what the device w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,6 +71,8 @@ class _Pricer:
             prefix.append(prefix[-1] + t)
         self.prefix = prefix
         self.groups = graph.aliases()
+        self.shared_memory = bool(getattr(getattr(cost, "profile", None), "shared_memory",
+                                          False))
 
     def _time(self, op_id: int) -> float:
         op = self.graph.ops[op_id]
@@ -95,6 +98,11 @@ class _Pricer:
         if first_bwd is not None:
             window = self.prefix[first_bwd] - self.prefix[self.position[producer.id] + 1]
         exposed = max(0.0, self.transfer(t.nbytes) - window)
+        if self.shared_memory:  # an offload frees nothing: recompute (RNG replayed if random)
+            return Choice(tid, Decision.RECOMPUTE, recompute, t.nbytes,
+                          f"recompute {producer.name} ({producer.category}): "
+                          f"{recompute * 1e3:.3f} ms; host and device memory are one memory, "
+                          "so an offload would free nothing")
         if producer.random or recompute > exposed:
             return Choice(tid, Decision.OFFLOAD, exposed, t.nbytes,
                           f"offload: {t.nbytes} B, transfer {self.transfer(t.nbytes) * 1e3:.3f} ms "
@@ -229,6 +237,10 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         return monotone_plan(graph, ctx, auto_policy)
     if ctx.cost is None or ctx.budget is None or not config.portfolio:
         return greedy_policy(graph, ctx)  # a host budget it breaks: outcore.plan says so
+    if getattr(getattr(ctx.cost, "profile", None), "shared_memory", False):
+        # host and device memory are one memory: an offload frees nothing, so no plan may
+        # hold host copies (outcore.cost.profiles.HardwareProfile.shared_memory)
+        ctx = dataclasses.replace(ctx, host_budget=0)
     candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
     result = run_portfolio(graph, ctx, candidates, {"outcore-auto": greedy_policy},
                            allow_variants=config.allow_variants)

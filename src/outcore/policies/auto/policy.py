@@ -40,7 +40,13 @@ from outcore.plan.plan import Decision, Plan
 from outcore.plan.residency import resident_spans
 from outcore.plan.schedule import Schedule
 from outcore.policies.auto.config import AutoConfig
-from outcore.policies.auto.portfolio import CANDIDATES, HOST_SPARING, crowned, run_portfolio
+from outcore.policies.auto.portfolio import (
+    CANDIDATES,
+    HOST_SPARING,
+    SHARED_MEMORY,
+    crowned,
+    run_portfolio,
+)
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -241,7 +247,9 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         # host and device memory are one memory: an offload frees nothing, so no plan may
         # hold host copies (outcore.cost.profiles.HardwareProfile.shared_memory)
         ctx = dataclasses.replace(ctx, host_budget=0)
-    candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
+        candidates: tuple[str, ...] = SHARED_MEMORY + HOST_SPARING
+    else:
+        candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
     result = run_portfolio(graph, ctx, candidates, {"outcore-auto": greedy_policy},
                            allow_variants=config.allow_variants)
     return crowned(result, ctx.budget)

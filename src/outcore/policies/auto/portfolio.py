@@ -14,7 +14,9 @@ Nothing a candidate returned is mutated: the winner's Plan and Schedule are copi
 outcore-auto's name and reasons go on them. ``PortfolioResult.explain()`` says which
 candidate won and by how much, and why each other one lost.
 
-With a host budget (``ctx.host_budget``), a schedule whose host copies exceed it does not fit
+On a profile with ``shared_memory`` (this CPU), host copies free nothing: the host budget is
+0 and only ``SHARED_MEMORY`` and ``HOST_SPARING`` run. With a host budget
+(``ctx.host_budget``), a schedule whose host copies exceed it does not fit
 either, and ``HOST_SPARING`` (plans that move nothing to the host) joins the candidates.
 
 Adding a planner is one line in ``CANDIDATES`` (a registered policy name).
@@ -47,6 +49,10 @@ CANDIDATES: tuple[str, ...] = (
 
 #: Tried as well when a host budget is given: plans that move nothing to the host.
 HOST_SPARING: tuple[str, ...] = ("recompute-cheap",)
+
+#: The candidates on a device whose host memory is its own memory (``this-cpu``): the
+#: others plan offloads, which free nothing there. Host-sparing plans join them.
+SHARED_MEMORY: tuple[str, ...] = ("outcore-auto", "outcore-checkpoint")
 
 Runner = Callable[[Graph, PolicyContext], PolicyOutput]
 

@@ -7,7 +7,7 @@ from it in backward. This planner does that on the Graph, without module boundar
    at or before it is still read by a later forward op (the residual stream between two
    blocks, the output of a plain layer in a chain). Keeping the cut tensors and recomputing
    every other forward intermediate is checkpointing with one segment per cut; keeping every
-   ``s``-th cut makes longer segments.
+   ``s``-th cut (from offset 0, 1 or 2) makes longer segments.
 2. **Recompute everything else.** Every forward intermediate that is not kept is
    RECOMPUTE, including those backward never reads (``outcore.plan.lower`` then rebuilds
    them inside the chain instead of keeping them alive from forward to backward). The
@@ -44,6 +44,10 @@ from outcore.policies.registry import PolicyContext, PolicyOutput, register
 NAME = "outcore-checkpoint"
 #: Segment strides tried (keep every s-th cut).
 STRIDES = (1, 2, 3, 4, 6, 8)
+#: Offsets tried per stride (where the first segment boundary falls).
+MAX_OFFSETS = 3
+#: Activations tried at once when keeping back (a chunk that does not fit is halved).
+KEEP_CHUNK = 8
 
 
 @dataclass(frozen=True)
@@ -124,10 +128,10 @@ def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
     cuts = find_cuts(graph)
     best: tuple[int, Plan, Schedule] | None = None
     lowest = memory_curve(graph, schedule).peak
-    for stride in STRIDES:
-        if stride > 1 and stride >= len(cuts):
-            break
-        plan = segment_plan(graph, [c.storage for c in cuts[::stride]], budget)
+    layouts = [(stride, offset) for stride in STRIDES if stride == 1 or stride < len(cuts)
+               for offset in range(min(stride, MAX_OFFSETS))]
+    for stride, offset in layouts:
+        plan = segment_plan(graph, [c.storage for c in cuts[offset::stride]], budget)
         sched = lowerer(graph, plan)
         peak = memory_curve(graph, sched).peak
         lowest = min(lowest, peak)
@@ -157,18 +161,26 @@ def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
         producer = graph.producer_op(tid)
         return seconds[producer.id] / max(graph.tensors[tid].nbytes, 1)
 
-    for tid in sorted(saved, key=value, reverse=True):
-        if seconds[graph.producer_op(tid).id] <= 0:
-            continue
-        del plan.decisions[tid]
+    order = [t for t in sorted(saved, key=value, reverse=True)
+             if seconds[graph.producer_op(t).id] > 0]
+    pending = [order[i:i + KEEP_CHUNK] for i in range(0, len(order), KEEP_CHUNK)]
+    while pending:  # group testing: a chunk that fits is kept whole, else split in halves
+        chunk = pending.pop(0)
+        for tid in chunk:
+            del plan.decisions[tid]
         trial = lowerer(graph, plan)
         if memory_curve(graph, trial).peak <= budget:
             schedule = trial
-            plan.reasons[tid] = ("kept: recomputing it would cost "
-                                 f"{seconds[graph.producer_op(tid).id] * 1e3:.3f} ms and the "
-                                 "budget holds it")
-        else:
+            for tid in chunk:
+                plan.reasons[tid] = ("kept: recomputing it would cost "
+                                     f"{seconds[graph.producer_op(tid).id] * 1e3:.3f} ms and "
+                                     "the budget holds it")
+            continue
+        for tid in chunk:
             plan.decisions[tid] = Decision.RECOMPUTE
+        if len(chunk) > 1:
+            half = len(chunk) // 2
+            pending[:0] = [chunk[:half], chunk[half:]]
     return plan, schedule
 
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-from collections import Counter
 import json
 import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -89,8 +89,8 @@ class Row:
 # ---- workloads ------------------------------------------------------------------------------
 
 def gpt(quick: bool) -> Workload:
-    cfg = (dict(seq_len=64, n_layer=3, n_head=4, d_model=128) if quick
-           else dict(seq_len=256, n_layer=6, n_head=4, d_model=256))
+    cfg = ({"seq_len": 64, "n_layer": 3, "n_head": 4, "d_model": 128} if quick
+           else {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256})
     w = outcore.zoo.get("transformer", 4 if quick else 8, vocab=512, dropout=0.1,
                         tie_weights=False, **cfg)
     return Workload("gpt", w.model, w.loss_fn, w.batch, f"GPT decoder {cfg}, vocab 512, "

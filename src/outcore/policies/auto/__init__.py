@@ -5,8 +5,8 @@ Policies registered: ``outcore-auto`` (options: ``AutoConfig``) and ``outcore-ch
 (``segments``: recompute-only checkpoint segments, one of the portfolio's candidates).
 """
 
+from outcore.policies.auto import segments  # registers outcore-checkpoint
 from outcore.policies.auto.config import AutoConfig
-from outcore.policies.auto import segments as _segments  # registers outcore-checkpoint
 from outcore.policies.auto.policy import Choice, greedy_policy, plan_auto
 from outcore.policies.auto.portfolio import (
     CANDIDATES,
@@ -17,4 +17,4 @@ from outcore.policies.auto.portfolio import (
 )
 
 __all__ = ["CANDIDATES", "AutoConfig", "Choice", "Entry", "PortfolioResult", "crowned",
-           "greedy_policy", "plan_auto", "run_portfolio"]
+           "greedy_policy", "plan_auto", "run_portfolio", "segments"]

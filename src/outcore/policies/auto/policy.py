@@ -252,4 +252,5 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
     result = run_portfolio(graph, ctx, candidates, {"outcore-auto": greedy_policy},
                            allow_variants=config.allow_variants)
+    assert ctx.budget is not None  # checked above; replace() loses the narrowing
     return crowned(result, ctx.budget)

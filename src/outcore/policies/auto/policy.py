@@ -243,14 +243,21 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         return monotone_plan(graph, ctx, auto_policy)
     if ctx.cost is None or ctx.budget is None or not config.portfolio:
         return greedy_policy(graph, ctx)  # a host budget it breaks: outcore.plan says so
+    runners = {"outcore-auto": greedy_policy}
+    notes: list[str] = []
     if getattr(getattr(ctx.cost, "profile", None), "shared_memory", False):
-        # host and device memory are one memory: an offload frees nothing, so no plan may
-        # hold host copies (outcore.cost.profiles.HardwareProfile.shared_memory)
-        ctx = dataclasses.replace(ctx, host_budget=0)
-        candidates: tuple[str, ...] = SHARED_MEMORY + HOST_SPARING
-    else:
-        candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
-    result = run_portfolio(graph, ctx, candidates, {"outcore-auto": greedy_policy},
+        # host and device memory are one memory: an offload frees nothing, so plans that
+        # hold no host copy are tried first (outcore.cost.profiles.HardwareProfile)
+        sparing = run_portfolio(graph, dataclasses.replace(ctx, host_budget=0),
+                                SHARED_MEMORY + HOST_SPARING, runners,
+                                allow_variants=config.allow_variants)
+        if sparing.winner is not None:
+            return crowned(sparing, ctx.budget)
+        notes.append("outcore-auto: no plan without host copies fits; host and device "
+                     "memory are one memory here, so the host copies below free no RAM, "
+                     "they only keep the device's budget")
+    candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
+    result = run_portfolio(graph, ctx, candidates, runners,
                            allow_variants=config.allow_variants)
-    assert ctx.budget is not None  # checked above; replace() loses the narrowing
-    return crowned(result, ctx.budget)
+    out = crowned(result, ctx.budget)
+    return dataclasses.replace(out, notes=notes + list(out.notes)) if notes else out

@@ -14,8 +14,8 @@ Nothing a candidate returned is mutated: the winner's Plan and Schedule are copi
 outcore-auto's name and reasons go on them. ``PortfolioResult.explain()`` says which
 candidate won and by how much, and why each other one lost.
 
-On a profile with ``shared_memory`` (this CPU), host copies free nothing: the host budget is
-0 and only ``SHARED_MEMORY`` and ``HOST_SPARING`` run. With a host budget
+On a profile with ``shared_memory`` (this CPU), host copies free nothing: ``SHARED_MEMORY``
+and ``HOST_SPARING`` run first with a host budget of 0. With a host budget
 (``ctx.host_budget``), a schedule whose host copies exceed it does not fit
 either, and ``HOST_SPARING`` (plans that move nothing to the host) joins the candidates.
 
@@ -50,8 +50,9 @@ CANDIDATES: tuple[str, ...] = (
 #: Tried as well when a host budget is given: plans that move nothing to the host.
 HOST_SPARING: tuple[str, ...] = ("recompute-cheap",)
 
-#: The candidates on a device whose host memory is its own memory (``this-cpu``): the
-#: others plan offloads, which free nothing there. Host-sparing plans join them.
+#: The candidates tried first on a device whose host memory is its own memory
+#: (``this-cpu``), with ``HOST_SPARING`` and a host budget of 0: the others plan offloads,
+#: which free nothing there. Only when none fits does the whole portfolio run.
 SHARED_MEMORY: tuple[str, ...] = ("outcore-auto", "outcore-checkpoint")
 
 Runner = Callable[[Graph, PolicyContext], PolicyOutput]

@@ -10,8 +10,9 @@ GPT-2), one training step per tool:
   attention saved, everything else recomputed);
 * ``compile``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget``
   (``--compile-budget``, default 0.5);
-* ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``: recompute
-  only, the host is the device's own memory), its budget searched so that its measured
+* ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
+  ``host_budget=0``: recompute only, the host is the device's own memory), its budget
+  searched so that its measured
   activation peak is at most the peer's (``match_budget``).
 
 **Activation peak**: the CPU allocator's own events (``torch.profiler``,
@@ -200,7 +201,8 @@ def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
 
 
 def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any], Any]:
-    planned = outcore.plan(graph, budget, gpu="this-cpu", simulate=False)
+    planned = outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
+                           host_budget=0)
     executor = Executor(planned.graph, planned.schedule)
     def step() -> Any:
         return executor.run(w.batch).loss
@@ -228,7 +230,8 @@ def lowest_budget(graph: Any, static: int) -> int:
     budget = static
     for _ in range(6):  # each refusal names what its first candidate needs: climb to it
         try:
-            outcore.plan(graph, budget, gpu="this-cpu", simulate=False)
+            outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
+                           host_budget=0)
             return budget
         except outcore.InfeasibleBudgetError as exc:
             budget = max(budget + 1, int(exc.required))
@@ -295,7 +298,8 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
     graph = outcore.capture(w.model, w.loss_fn, w.batch)
     static = sum(p.numel() * p.element_size() for p in w.model.parameters())
     lo = lowest_budget(graph, static)
-    hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False).predicted_peak
+    hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
+                           host_budget=0).predicted_peak
     for peer in [k for k in tools if k != "eager"]:
         t0 = time.perf_counter()
         step, act, note = match_budget(w, graph, tools[peer][1], lo, hi)

@@ -136,3 +136,16 @@ def test_registered_and_in_outcore_auto(gpt):
     with pytest.raises(InfeasibleBudgetError) as info:
         registry.get("outcore-checkpoint").fn(graph, PolicyContext(budget=1000, cost=COST))
     assert info.value.required > 1000
+
+
+def test_outcore_auto_reaches_full_checkpointing_memory_on_this_cpu(gpt):
+    """At the budget of full segments, outcore-auto (this CPU: no host copies) fits, without
+    offloading, and its plan runs bit-equal to eager."""
+    w, graph = gpt
+    full = lower(graph, segment_plan(graph, [c.storage for c in find_cuts(graph)]))
+    budget = memory_curve(graph, full).peak
+    out = registry.get("outcore-auto").fn(graph, PolicyContext(budget=budget, cost=COST))
+    trace = memory_curve(graph, out.schedule)
+    assert trace.peak <= budget and max(trace.host, default=0) == 0
+    assert not out.plan.tensors_with(Decision.OFFLOAD)
+    _run_equal(w, graph, out.schedule)

@@ -2,7 +2,11 @@
 
 ``default_gpu(graph, device)`` is what ``outcore.plan``/``compile`` use when no ``gpu=`` is
 given: on ``device="cuda"`` the profile of ``torch.cuda.get_device_name()`` (an H100 plans as
-"h100"), else ``DEFAULT_GPU``; when that profile gives no peak for a dtype the graph computes
+"h100"), on ``device="cpu"`` the measured profile of this CPU (``"this-cpu"``: host and
+device memory are one memory, so nothing is offloaded), else ``DEFAULT_GPU`` (which is also
+the GPU ``"cpu-emulated"`` emulates by default: its copy engines keep that GPU's
+compute-to-link ratio, ``outcore.runtime.devices.bandwidth``, and its capacity is a budget
+offloading does relieve); when that profile gives no peak for a dtype the graph computes
 in (bfloat16 on a V100), the first catalogue profile that knows every one of them. Each
 choice other than the plain default is logged on the ``outcore`` logger.
 """
@@ -12,6 +16,8 @@ from __future__ import annotations
 from outcore.log import info
 
 DEFAULT_GPU = "v100-pcie"
+#: Devices whose memory is this CPU's RAM: planned with its measured profile when no gpu=.
+CPU_DEVICES = ("cpu",)
 
 #: Substrings of ``torch.cuda.get_device_name()`` -> profile, most specific first.
 _NAMES = (
@@ -64,6 +70,13 @@ def default_gpu(graph: object = None, device: str | None = None) -> str:
     """The profile to plan with when the user names none (see the module docstring)."""
     from outcore.cost.profiles import get_profile, profiles
 
+    if device in CPU_DEVICES:
+        from outcore.cost.profiles import THIS_CPU
+
+        info(f"planning for this CPU (device={device!r}): measured profile {THIS_CPU!r}; "
+             "host and device memory are one memory, so nothing is offloaded (pass gpu= to "
+             "plan for a GPU instead)")
+        return THIS_CPU
     name = (detect_cuda_profile() if device == "cuda" else None) or DEFAULT_GPU
     needed = graph_dtypes(graph) if graph is not None else set()
     missing = needed - set(get_profile(name).peak_flops)

@@ -32,7 +32,8 @@ def test_cuda_default_is_the_gpu_that_is_there(monkeypatch):
     props = type("P", (), {"total_memory": 80 * 2**30})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
     assert hardware.default_gpu(None, "cuda") == "h100"
-    assert hardware.default_gpu(None, "cpu") == hardware.DEFAULT_GPU
+    assert hardware.default_gpu(None, "cpu") == "this-cpu"
+    assert hardware.default_gpu(None, "cpu-emulated") == hardware.DEFAULT_GPU
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Some Future GPU")
     assert hardware.default_gpu(None, "cuda") == hardware.DEFAULT_GPU
 
@@ -52,3 +53,29 @@ def test_bfloat16_plans_and_trains_under_the_default_profile():
         assert torch.isfinite(trainer.step(*batch).float())
     finally:
         trainer.close()
+
+
+def test_this_cpu_shares_memory_and_auto_never_offloads_there():
+    """device="cpu" plans with this CPU's profile, whose host memory is the device's own:
+    outcore-auto then holds no host copy (an offload would free nothing)."""
+    from outcore.api import cost_model_for
+    from outcore.cost.profiles import HardwareProfile, get_profile
+    from outcore.plan.memory import memory_curve
+
+    profile = get_profile("this-cpu")
+    assert profile.shared_memory
+    assert HardwareProfile.from_dict(profile.to_dict()).shared_memory
+    assert not get_profile(hardware.DEFAULT_GPU).shared_memory
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4))
+    batch = (torch.randn(1024, 64), torch.randint(0, 4, (1024,)))
+    graph = outcore.capture(model, torch.nn.functional.cross_entropy, batch)
+    trace = memory_curve(graph, outcore.plan(graph, None).schedule)
+    budget = trace.peak - (trace.peak - trace.static) // 10  # something must move
+    planned = outcore.plan(graph, budget, gpu="this-cpu")
+    assert planned.predicted_peak <= budget
+    assert max(memory_curve(graph, planned.schedule).host, default=0) == 0
+    assert planned.plan.decisions, "something was recomputed"
+    assert cost_model_for(None, graph, "cpu").profile.shared_memory

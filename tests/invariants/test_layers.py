@@ -14,6 +14,7 @@ import outcore
 PLAIN_PACKAGES = ["graph", "plan", "policies", "cost", "sim", "pool", "variants"]
 #: The modules of those packages that run torch (they measure or trace on this machine).
 TORCH_SIDE = {"outcore.cost.measure_ops", "outcore.cost.measure_host", "outcore.cost.measure_step",
+              "outcore.cost.measure_temporaries",
               "outcore.variants.conv_im2col", "outcore.variants.conv_fft",
               "outcore.variants.torchmeta", "outcore.variants.attention",
               "outcore.variants.profile"}

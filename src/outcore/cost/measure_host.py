@@ -96,5 +96,6 @@ def measure_this_cpu() -> HardwareProfile:
         copy_engines=2,
         launch_overhead=launch,
         link="memcpy (emulated device)",
+        shared_memory=True,
         sources=("measured by outcore.cost.measure_host at first use",),
     )

@@ -52,7 +52,7 @@ THIS_CPU = "this-cpu"
 _JSON_KEYS = frozenset({
     "name", "aliases", "description", "memory", "peak_tflops", "memory_bandwidth_gbs", "link",
     "link_peak_gbs", "h2d_gbs", "d2h_gbs", "copy_engines", "launch_overhead_us", "sources",
-    "efficiency",
+    "efficiency", "shared_memory",
 })
 _REQUIRED = ("name", "memory", "peak_tflops", "memory_bandwidth_gbs", "h2d_gbs", "d2h_gbs",
              "copy_engines", "launch_overhead_us")
@@ -77,6 +77,7 @@ def _positive(profile: str, key: str, value: Any, *, allow_zero: bool = False) -
 class HardwareProfile:
     """One device: memory, peak FLOP/s per dtype, DRAM and host-link bandwidths.
 
+    ``shared_memory``: device and host memory are the same memory (see the field).
     ``efficiency`` optionally overrides the cost model's per-category compute efficiencies
     (category name -> fraction of peak in (0, 1]) and ``"memory"`` for the memory term.
     """
@@ -95,6 +96,9 @@ class HardwareProfile:
     sources: tuple[str, ...] = field(default=(), repr=False)
     aliases: tuple[str, ...] = ()
     efficiency: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: the device's memory and the host's are one memory (this CPU): an offload moves bytes
+    #: within the same RAM and frees nothing, so planners for this profile never offload
+    shared_memory: bool = False
 
     def __post_init__(self) -> None:
         n = self.name or "<unnamed>"
@@ -179,6 +183,7 @@ class HardwareProfile:
             sources=tuple(doc.get("sources", ())),
             aliases=tuple(doc.get("aliases", ())),
             efficiency=dict(doc.get("efficiency", {})),
+            shared_memory=doc.get("shared_memory", False) is True,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -202,6 +207,8 @@ class HardwareProfile:
             doc["link_peak_gbs"] = self.link_peak_bandwidth / 1e9
         if self.efficiency:
             doc["efficiency"] = dict(self.efficiency)
+        if self.shared_memory:
+            doc["shared_memory"] = True
         return doc
 
 

@@ -35,8 +35,15 @@ HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 
 def effective_decisions(graph: Graph, plan: Plan) -> dict[int, Decision]:
     """Storage id -> decision actually lowered. Only activations a policy may move are moved:
-    static tensors and step outputs are always kept; an error names any other misuse."""
+    static tensors and step outputs are always kept; an error names any other misuse.
+
+    RECOMPUTE may also name a forward intermediate that backward never reads (a base
+    activation outside ``graph.activations()``): it changes nothing in forward, but a
+    recompute chain that needs it rebuilds it from its own inputs instead of keeping it
+    alive from forward to backward (checkpoint segments: only the segment's input is kept).
+    """
     movable = {t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT}
+    rebuildable = forward_intermediates(graph)
     result: dict[int, Decision] = {}
     for tid, decision in plan.decisions.items():
         if decision is Decision.KEEP:
@@ -47,9 +54,17 @@ def effective_decisions(graph: Graph, plan: Plan) -> dict[int, Decision]:
         if t.is_view or t.kind in STATIC_KINDS:
             raise ScheduleError(f"plan {plan.policy!r} asks to {decision} {t.name!r}, which is a "
                                 f"{'view' if t.is_view else t.kind}; decide about base activations")
-        if tid in movable:
+        if tid in movable or (decision is Decision.RECOMPUTE and tid in rebuildable):
             result[tid] = decision
     return result
+
+
+def forward_intermediates(graph: Graph) -> set[int]:
+    """Base activations produced in forward that are not step outputs (whether or not
+    backward reads them): what a recompute chain may rebuild."""
+    return {t.id for t in graph.tensors
+            if not t.is_view and t.kind is TensorKind.ACTIVATION and t.producer is not None
+            and graph.ops[t.producer].phase is Phase.FORWARD}
 
 
 def check_variants(graph: Graph, plan: Plan) -> None:

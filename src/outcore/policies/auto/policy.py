@@ -27,6 +27,7 @@ the executor measures), so the predicted peak of the result is what the device w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,13 @@ from outcore.plan.plan import Decision, Plan
 from outcore.plan.residency import resident_spans
 from outcore.plan.schedule import Schedule
 from outcore.policies.auto.config import AutoConfig
-from outcore.policies.auto.portfolio import CANDIDATES, HOST_SPARING, crowned, run_portfolio
+from outcore.policies.auto.portfolio import (
+    CANDIDATES,
+    HOST_SPARING,
+    SHARED_MEMORY,
+    crowned,
+    run_portfolio,
+)
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -70,6 +77,8 @@ class _Pricer:
             prefix.append(prefix[-1] + t)
         self.prefix = prefix
         self.groups = graph.aliases()
+        self.shared_memory = bool(getattr(getattr(cost, "profile", None), "shared_memory",
+                                          False))
 
     def _time(self, op_id: int) -> float:
         op = self.graph.ops[op_id]
@@ -95,6 +104,11 @@ class _Pricer:
         if first_bwd is not None:
             window = self.prefix[first_bwd] - self.prefix[self.position[producer.id] + 1]
         exposed = max(0.0, self.transfer(t.nbytes) - window)
+        if self.shared_memory:  # an offload frees nothing: recompute (RNG replayed if random)
+            return Choice(tid, Decision.RECOMPUTE, recompute, t.nbytes,
+                          f"recompute {producer.name} ({producer.category}): "
+                          f"{recompute * 1e3:.3f} ms; host and device memory are one memory, "
+                          "so an offload would free nothing")
         if producer.random or recompute > exposed:
             return Choice(tid, Decision.OFFLOAD, exposed, t.nbytes,
                           f"offload: {t.nbytes} B, transfer {self.transfer(t.nbytes) * 1e3:.3f} ms "
@@ -229,7 +243,21 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         return monotone_plan(graph, ctx, auto_policy)
     if ctx.cost is None or ctx.budget is None or not config.portfolio:
         return greedy_policy(graph, ctx)  # a host budget it breaks: outcore.plan says so
+    runners = {"outcore-auto": greedy_policy}
+    notes: list[str] = []
+    if getattr(getattr(ctx.cost, "profile", None), "shared_memory", False):
+        # host and device memory are one memory: an offload frees nothing, so plans that
+        # hold no host copy are tried first (outcore.cost.profiles.HardwareProfile)
+        sparing = run_portfolio(graph, dataclasses.replace(ctx, host_budget=0),
+                                SHARED_MEMORY + HOST_SPARING, runners,
+                                allow_variants=config.allow_variants)
+        if sparing.winner is not None:
+            return crowned(sparing, ctx.budget)
+        notes.append("outcore-auto: no plan without host copies fits; host and device "
+                     "memory are one memory here, so the host copies below free no RAM, "
+                     "they only keep the device's budget")
     candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
-    result = run_portfolio(graph, ctx, candidates, {"outcore-auto": greedy_policy},
+    result = run_portfolio(graph, ctx, candidates, runners,
                            allow_variants=config.allow_variants)
-    return crowned(result, ctx.budget)
+    out = crowned(result, ctx.budget)
+    return dataclasses.replace(out, notes=notes + list(out.notes)) if notes else out

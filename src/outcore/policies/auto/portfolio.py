@@ -14,7 +14,9 @@ Nothing a candidate returned is mutated: the winner's Plan and Schedule are copi
 outcore-auto's name and reasons go on them. ``PortfolioResult.explain()`` says which
 candidate won and by how much, and why each other one lost.
 
-With a host budget (``ctx.host_budget``), a schedule whose host copies exceed it does not fit
+On a profile with ``shared_memory`` (this CPU), host copies free nothing: ``SHARED_MEMORY``
+and ``HOST_SPARING`` run first with a host budget of 0. With a host budget
+(``ctx.host_budget``), a schedule whose host copies exceed it does not fit
 either, and ``HOST_SPARING`` (plans that move nothing to the host) joins the candidates.
 
 Adding a planner is one line in ``CANDIDATES`` (a registered policy name).
@@ -36,6 +38,7 @@ from outcore.units import format_bytes
 #: ``outcore.policies.auto.policy``; every other entry is a registered policy name.
 CANDIDATES: tuple[str, ...] = (
     "outcore-auto",
+    "outcore-checkpoint",
     "vdnn-dyn",
     "superneurons",
     "modnn",
@@ -46,6 +49,11 @@ CANDIDATES: tuple[str, ...] = (
 
 #: Tried as well when a host budget is given: plans that move nothing to the host.
 HOST_SPARING: tuple[str, ...] = ("recompute-cheap",)
+
+#: The candidates tried first on a device whose host memory is its own memory
+#: (``this-cpu``), with ``HOST_SPARING`` and a host budget of 0: the others plan offloads,
+#: which free nothing there. Only when none fits does the whole portfolio run.
+SHARED_MEMORY: tuple[str, ...] = ("outcore-auto", "outcore-checkpoint")
 
 Runner = Callable[[Graph, PolicyContext], PolicyOutput]
 

@@ -1,0 +1,390 @@
+"""outcore-auto against PyTorch's own memory tools, at equal memory, on this CPU.
+
+For each model (a GPT-style decoder, a ResNet-18 on 64x64 images, a tiny Hugging Face
+GPT-2), one training step per tool:
+
+* ``eager``: ``loss.backward()``;
+* ``checkpoint``: ``torch.utils.checkpoint`` (non-reentrant) around every repeated block;
+* ``selective``: the same with ``create_selective_checkpoint_contexts`` and an op-list
+  policy in the manner of torchtitan's "op" mode (outputs of matmuls, convolutions and
+  attention saved, everything else recomputed);
+* ``compile``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget``
+  (``--compile-budget``, default 0.5);
+* ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
+  ``host_budget=0``: recompute only, the host is the device's own memory), its budget
+  searched so that its measured
+  activation peak is at most the peer's (``match_budget``).
+
+**Activation peak**: the CPU allocator's own events (``torch.profiler``,
+``profile_memory=True``), parameters and gradients left out
+(``outcore.runtime.devices.allocator_peak``): what the step allocates on top of the model.
+**Step time**: the median of ``--rounds`` interleaved rounds (every tool once per round,
+in a shuffled order), with the spread (min-max) over rounds; ratios are to eager in the same
+run. Run:
+
+    python benchmarks/vs_pytorch.py                # the three models, full size
+    python benchmarks/vs_pytorch.py --quick        # scaled down, a few minutes
+    python benchmarks/vs_pytorch.py --models gpt --rounds 15 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+import outcore
+from outcore.runtime.devices.allocator_peak import allocator_peak
+from outcore.runtime.executor import Executor
+
+#: ATen ops whose outputs selective checkpointing saves (torchtitan-style op list).
+SAVE_OPS = {
+    torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default, torch.ops.aten.convolution.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+}
+
+
+@dataclass
+class Workload:
+    name: str
+    model: nn.Module
+    loss_fn: Callable[..., torch.Tensor]
+    batch: tuple[torch.Tensor, torch.Tensor]
+    about: str
+
+
+@dataclass
+class Row:
+    model: str
+    tool: str
+    activation: int
+    seconds: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+# ---- workloads ------------------------------------------------------------------------------
+
+def gpt(quick: bool) -> Workload:
+    cfg = ({"seq_len": 64, "n_layer": 3, "n_head": 4, "d_model": 128} if quick
+           else {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256})
+    w = outcore.zoo.get("transformer", 4 if quick else 8, vocab=512, dropout=0.1,
+                        tie_weights=False, **cfg)
+    return Workload("gpt", w.model, w.loss_fn, w.batch, f"GPT decoder {cfg}, vocab 512, "
+                    f"dropout 0.1, batch {w.batch[0].shape[0]}")
+
+
+def resnet(quick: bool) -> Workload:
+    size, batch = (32, 8) if quick else (64, 32)
+    w = outcore.zoo.get("resnet18", batch, image_size=size, num_classes=100)
+    return Workload("resnet18", w.model, w.loss_fn, w.batch,
+                    f"ResNet-18 {size}x{size}, batch {batch}, 100 classes")
+
+
+class _Logits(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits
+
+
+def hf_gpt2(quick: bool) -> Workload:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
+    from tv_compat import import_torchvision
+
+    import_torchvision()  # transformers imports torchvision (see tv_compat)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, seq, batch = (2, 64, 4) if quick else (4, 128, 8)
+    config = GPT2Config(vocab_size=1000, n_positions=seq, n_embd=128, n_layer=layers, n_head=4,
+                        attn_implementation="eager")
+    torch.manual_seed(0)
+    model = _Logits(GPT2LMHeadModel(config)).train()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (batch, seq), generator=gen)
+
+    def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+    return Workload("hf-gpt2", model, lm_loss, (ids, torch.roll(ids, -1, 1)),
+                    f"transformers GPT2LMHeadModel, {layers} layers, d 128, seq {seq}, "
+                    f"batch {batch}")
+
+
+WORKLOADS = {"gpt": gpt, "resnet18": resnet, "hf-gpt2": hf_gpt2}
+
+
+# ---- the peers ------------------------------------------------------------------------------
+
+def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, block) for every child of a ModuleList/Sequential that is not a
+    leaf layer, has parameters and shares its class with a sibling (transformer blocks,
+    ResNet blocks)."""
+    found = []
+    for parent in model.modules():
+        if isinstance(parent, (nn.ModuleList, nn.Sequential)):
+            kids = list(parent.named_children())
+            counts = Counter(type(m) for _, m in kids)
+            found.extend((parent, n, m) for n, m in kids if counts[type(m)] >= 2
+                         and any(True for _ in m.children())
+                         and any(True for _ in m.parameters()))
+    return found
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, block: nn.Module, selective: bool) -> None:
+        super().__init__()
+        self.block = block
+        self.selective = selective
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.selective:
+            ctx = partial(create_selective_checkpoint_contexts, _save_policy)
+            return checkpoint(self.block, *args, use_reentrant=False, context_fn=ctx, **kwargs)
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def _save_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def wrap_blocks(model: nn.Module, selective: bool) -> tuple[nn.Module, int]:
+    """A copy of ``model`` with every repeated block checkpointed (a Hugging Face model
+    through its own ``gradient_checkpointing_enable``, with the same checkpoint options)."""
+    wrapped = copy.deepcopy(model)
+    hf = getattr(wrapped, "model", None)
+    if hasattr(hf, "gradient_checkpointing_enable"):
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if selective:
+            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_policy)
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return wrapped, hf.config.n_layer
+    blocks = _blocks(wrapped)
+    for parent, name, block in blocks:
+        setattr(parent, name, _Checkpointed(block, selective))
+    return wrapped, len(blocks)
+
+
+def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
+    def step() -> Any:
+        loss = w.loss_fn(model(w.batch[0]), w.batch[1])
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any], Any]:
+    planned = outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
+                           host_budget=0)
+    executor = Executor(planned.graph, planned.schedule)
+    def step() -> Any:
+        return executor.run(w.batch).loss
+
+    return step, planned
+
+
+def zero_grad(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def activation(step: Callable[[], Any], model: nn.Module) -> int:
+    """The step's activation peak: allocator bytes over the step, gradients left out (they
+    are freed before the step, as ``zero_grad(set_to_none=True)`` does)."""
+    zero_grad(model)
+    step()  # warm up (allocator caches, lazy inits)
+    zero_grad(model)
+    grads = [p for p in model.parameters() if p.requires_grad]
+    return allocator_peak(step, lambda: [p.grad for p in grads]).peak
+
+
+def lowest_budget(graph: Any, static: int) -> int:
+    """The lowest budget outcore-auto accepts on this CPU (from its infeasibility error)."""
+    budget = static
+    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+        try:
+            outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
+                           host_budget=0)
+            return budget
+        except outcore.InfeasibleBudgetError as exc:
+            budget = max(budget + 1, int(exc.required))
+    return budget
+
+
+def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int,
+                 tries: int = 5) -> tuple[Callable[[], Any] | None, int, str]:
+    """The plan with the largest measured activation peak at most ``target`` among budgets
+    bisected in ``[lo, hi]`` (outcore-auto's lowest budget, its in-core peak): the planned
+    peak counts tensors, the allocator also sees kernel temporaries, so each budget is
+    measured. Returns the lowest plan, marked, when even that is above ``target``."""
+    best: tuple[Callable[[], Any], int, str] | None = None
+    lowest: tuple[Callable[[], Any], int, str] | None = None
+    budget = lo
+    for i in range(tries):
+        step, planned = outcore_step(w, graph, budget)
+        act = activation(step, w.model)
+        note = f"budget {budget / 2**20:.1f} MiB, {planned.plan.policy}"
+        if i == 0:
+            lowest = (step, act, note + "; ABOVE the peer: outcore's lowest")
+        if act <= target:
+            if best is None or act > best[1]:
+                best = (step, act, note)
+            lo = budget
+            if target - act < 0.02 * target:
+                break
+        else:
+            if i == 0:
+                break
+            hi = budget
+        budget = (lo + hi) // 2
+    return best or lowest or (None, 0, "no plan")
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: bool,
+              log: Callable[[str], None]) -> list[Row]:
+    tools: dict[str, tuple[Callable[[], Any], int, str]] = {}
+    models: dict[str, nn.Module] = {}
+    eager_model = w.model
+    s = eager_step(eager_model, w)
+    tools["eager"] = (s, activation(s, eager_model), "")
+    for name, sel in (("checkpoint", False), ("selective", True)):
+        m, n = wrap_blocks(w.model, sel)
+        s = eager_step(m, w)
+        tools[name] = (s, activation(s, m), f"{n} blocks")
+        models[name] = m
+    if not skip_compile:
+        import torch._functorch.config as fconfig
+
+        torch._dynamo.reset()
+        fconfig.activation_memory_budget = compile_budget
+        m = copy.deepcopy(w.model)
+        cm = torch.compile(m)
+        t0 = time.perf_counter()
+        s = eager_step(cm, w)
+        s()
+        log(f"  torch.compile took {time.perf_counter() - t0:.0f} s")
+        tools[f"compile {compile_budget}"] = (s, activation(s, m), "")
+        models[f"compile {compile_budget}"] = m
+    log("  " + ", ".join(f"{k}: {v[1] / 2**20:.1f} MiB" for k, v in tools.items()))
+    graph = outcore.capture(w.model, w.loss_fn, w.batch)
+    static = sum(p.numel() * p.element_size() for p in w.model.parameters())
+    lo = lowest_budget(graph, static)
+    hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
+                           host_budget=0).predicted_peak
+    for peer in [k for k in tools if k != "eager"]:
+        t0 = time.perf_counter()
+        step, act, note = match_budget(w, graph, tools[peer][1], lo, hi)
+        log(f"  outcore @ {peer}: {act / 2**20:.1f} MiB ({note}; "
+            f"{time.perf_counter() - t0:.0f} s to match)")
+        if step is not None:
+            tools[f"outcore @ {peer}"] = (step, act, note)
+    rows = {k: Row(w.name, k, act, note=note) for k, (_, act, note) in tools.items()}
+    names = list(tools)
+    for _ in range(rounds):
+        random.shuffle(names)
+        for k in names:
+            zero_grad(models.get(k, w.model))
+            t0 = time.perf_counter()
+            tools[k][0]()
+            rows[k].seconds.append(time.perf_counter() - t0)
+    return list(rows.values())
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| model | tool | activation MiB | / eager | step ms (median) | spread ms | / eager |",
+           "|---|---|---|---|---|---|---|"]
+    eager = {r.model: r for r in rows if r.tool == "eager"}
+    for r in rows:
+        e = eager[r.model]
+        out.append(f"| {r.model} | {r.tool} | {r.activation / 2**20:.1f} | "
+                   f"{r.activation / e.activation:.2f} | {r.median * 1e3:.1f} | "
+                   f"{min(r.seconds) * 1e3:.1f}-{max(r.seconds) * 1e3:.1f} | "
+                   f"{r.median / e.median:.2f} |")
+    return "\n".join(out)
+
+
+def verdicts(rows: list[Row]) -> list[str]:
+    """Per peer: is outcore's peak <= the peer's, and its time <= the peer's beyond the
+    spread (its slowest round faster than the peer's fastest = resolved)?"""
+    lines = []
+    by = {(r.model, r.tool): r for r in rows}
+    for r in rows:
+        o = by.get((r.model, f"outcore @ {r.tool}"))
+        if o is None:
+            continue
+        mem = "<=" if o.activation <= r.activation else ">"
+        if max(o.seconds) < min(r.seconds):
+            speed = "faster beyond the spread"
+        elif min(o.seconds) > max(r.seconds):
+            speed = "slower beyond the spread"
+        else:
+            speed = "within the spread (median " + (
+                "faster" if o.median < r.median else "slower") + ")"
+        lines.append(f"{r.model} @ {r.tool}: memory {mem} peer, time {speed} "
+                     f"({o.median / r.median:.2f}x the peer's median)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile-budget", type=float, default=0.5)
+    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rounds = args.rounds or (5 if args.quick else 15)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    rows: list[Row] = []
+    for name in args.models:
+        w = WORKLOADS[name](args.quick)
+        log(f"{name}: {w.about}")
+        rows.extend(run_model(w, rounds, args.compile_budget, args.skip_compile, log))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")
+    print(table(rows))
+    print()
+    for line in verdicts(rows):
+        print("* " + line)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([{**asdict(r), "median": r.median} for r in rows], fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

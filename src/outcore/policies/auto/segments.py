@@ -1,0 +1,194 @@
+"""outcore-checkpoint: recompute-only plans with recompute chains of any depth (segments).
+
+Activation checkpointing keeps a block's input and rebuilds everything inside the block
+from it in backward. This planner does that on the Graph, without module boundaries:
+
+1. **Cuts.** A forward position is a cut when exactly one non-static base tensor produced
+   at or before it is still read by a later forward op (the residual stream between two
+   blocks, the output of a plain layer in a chain). Keeping the cut tensors and recomputing
+   every other forward intermediate is checkpointing with one segment per cut; keeping every
+   ``s``-th cut (from offset 0, 1 or 2) makes longer segments.
+2. **Recompute everything else.** Every forward intermediate that is not kept is
+   RECOMPUTE, including those backward never reads (``outcore.plan.lower`` then rebuilds
+   them inside the chain instead of keeping them alive from forward to backward). The
+   lowering rebuilds a tensor recursively from its producer's inputs back to kept tensors
+   (a chain of any depth), once per step; random ops (dropout) replay their forward RNG
+   state when recomputed (``outcore.runtime.executor``), so gradients stay bit-equal.
+3. **Keep back what fits.** From the fastest segment plan that fits the budget, activations
+   backward reads are kept again one by one, most recompute time per byte first (matmul,
+   convolution and attention outputs before element-wise ones, as selective checkpointing
+   saves them), whenever the peak still fits: the plan uses the memory it is given.
+
+Peaks are the memory rule's (``plan.memory``), so the plan's predicted peak is what the
+executor measures. A budget below every segment plan's peak raises InfeasibleBudgetError
+with the lowest peak seen. The plan never offloads (it suits devices whose host memory is
+their own memory, and host budgets of zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from outcore.cost.model import CostModel
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.ir import STATIC_KINDS, Graph, Phase
+from outcore.plan.lower import forward_intermediates, lower
+from outcore.plan.memory import memory_curve
+from outcore.plan.plan import Decision, Plan
+from outcore.plan.schedule import Schedule
+from outcore.policies.baseline import movable_activations
+from outcore.policies.config import PolicyConfig
+from outcore.policies.registry import PolicyContext, PolicyOutput, register
+
+NAME = "outcore-checkpoint"
+#: Segment strides tried (keep every s-th cut).
+STRIDES = (1, 2, 3, 4, 6, 8)
+#: Offsets tried per stride (where the first segment boundary falls).
+MAX_OFFSETS = 3
+#: Activations tried at once when keeping back (a chunk that does not fit is halved).
+KEEP_CHUNK = 8
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A forward position (index among forward ops) where only ``storage`` crosses."""
+
+    position: int
+    storage: int
+    nbytes: int
+
+
+def find_cuts(graph: Graph) -> list[Cut]:
+    """The cuts of ``graph``'s forward (module docstring), in forward order, one per storage
+    (the first position it is the only crossing tensor)."""
+    forward = [op for op in graph.ops if op.phase is Phase.FORWARD]
+    position = {op.id: i for i, op in enumerate(forward)}
+    last: dict[int, int] = {}
+    born: dict[int, int] = {}
+    for i, op in enumerate(forward):
+        for out in op.outputs:
+            t = graph.tensors[out]
+            if t.kind not in STATIC_KINDS:
+                born.setdefault(t.storage, i)
+        for inp in op.inputs:
+            s = graph.tensors[inp].storage
+            if s in born:
+                last[s] = max(last.get(s, -1), position[op.id])
+    # sweep: +1 at birth, -1 after the last forward read; a cut when exactly one is open
+    opens: dict[int, list[int]] = {}
+    closes: dict[int, list[int]] = {}
+    for s, b in born.items():
+        end = last.get(s, b)
+        if end > b:
+            opens.setdefault(b, []).append(s)
+            closes.setdefault(end, []).append(s)
+    live: set[int] = set()
+    cuts: list[Cut] = []
+    seen: set[int] = set()
+    for i in range(len(forward)):
+        live.update(opens.get(i, ()))
+        live.difference_update(closes.get(i, ()))
+        if len(live) == 1:
+            (s,) = live
+            if s not in seen:
+                seen.add(s)
+                cuts.append(Cut(i, s, graph.tensors[s].nbytes))
+    return cuts
+
+
+def segment_plan(graph: Graph, keep: Iterable[int], budget: int | None = None) -> Plan:
+    """Recompute every forward intermediate except ``keep`` (storage ids)."""
+    kept = set(keep)
+    plan = Plan(policy=NAME, budget=budget)
+    for tid in sorted(forward_intermediates(graph) - kept):
+        plan.decisions[tid] = Decision.RECOMPUTE
+        plan.reasons[tid] = "recomputed from the nearest kept tensors (checkpoint segment)"
+    for tid in kept:
+        plan.reasons[tid] = "kept: a segment boundary (the only tensor crossing this point)"
+    return plan
+
+
+def _op_seconds(graph: Graph, cost: CostModel | None) -> list[float]:
+    if cost is None:
+        return [float(op.flops) * 1e-12 + 1e-6 for op in graph.ops]
+    return [float(cost.op_time(op)) for op in graph.ops]
+
+
+def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
+                    lowerer: Callable[[Graph, Plan], Schedule] = lower
+                    ) -> tuple[Plan, Schedule]:
+    """The fastest-looking recompute-only plan that fits ``budget`` (module docstring)."""
+    full = Plan(policy=NAME, budget=budget)
+    schedule = lowerer(graph, full)
+    if budget is None or memory_curve(graph, schedule).peak <= budget:
+        for tid in movable_activations(graph):
+            full.reasons[tid] = "kept: the budget holds without recomputing anything"
+        return full, schedule
+    cuts = find_cuts(graph)
+    best: tuple[int, Plan, Schedule] | None = None
+    lowest = memory_curve(graph, schedule).peak
+    layouts = [(stride, offset) for stride in STRIDES if stride == 1 or stride < len(cuts)
+               for offset in range(min(stride, MAX_OFFSETS))]
+    for stride, offset in layouts:
+        plan = segment_plan(graph, [c.storage for c in cuts[offset::stride]], budget)
+        sched = lowerer(graph, plan)
+        peak = memory_curve(graph, sched).peak
+        lowest = min(lowest, peak)
+        if peak <= budget:
+            recomputes = sum(1 for d in plan.decisions.values() if d is Decision.RECOMPUTE)
+            if best is None or recomputes < best[0]:
+                best = (recomputes, plan, sched)
+    if best is None:
+        raise InfeasibleBudgetError(
+            NAME, budget, lowest,
+            "Even recomputing every activation from its segment's input does not fit; raise "
+            "the budget, let outcore-auto offload, or split the batch (modnn).")
+    _, plan, sched = best
+    return _keep_back(graph, plan, sched, budget, cost, lowerer)
+
+
+def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
+               cost: CostModel | None, lowerer: Callable[[Graph, Plan], Schedule]
+               ) -> tuple[Plan, Schedule]:
+    """Keep again, most recompute seconds per byte first, every recomputed activation that
+    backward reads while the peak stays within ``budget``."""
+    seconds = _op_seconds(graph, cost)
+    saved = [t for t in movable_activations(graph)
+             if plan.decisions.get(t) is Decision.RECOMPUTE]
+
+    def value(tid: int) -> float:
+        producer = graph.producer_op(tid)
+        return seconds[producer.id] / max(graph.tensors[tid].nbytes, 1)
+
+    order = [t for t in sorted(saved, key=value, reverse=True)
+             if seconds[graph.producer_op(t).id] > 0]
+    pending = [order[i:i + KEEP_CHUNK] for i in range(0, len(order), KEEP_CHUNK)]
+    while pending:  # group testing: a chunk that fits is kept whole, else split in halves
+        chunk = pending.pop(0)
+        for tid in chunk:
+            del plan.decisions[tid]
+        trial = lowerer(graph, plan)
+        if memory_curve(graph, trial).peak <= budget:
+            schedule = trial
+            for tid in chunk:
+                plan.reasons[tid] = ("kept: recomputing it would cost "
+                                     f"{seconds[graph.producer_op(tid).id] * 1e3:.3f} ms and "
+                                     "the budget holds it")
+            continue
+        for tid in chunk:
+            plan.decisions[tid] = Decision.RECOMPUTE
+        if len(chunk) > 1:
+            half = len(chunk) // 2
+            pending[:0] = [chunk[:half], chunk[half:]]
+    return plan, schedule
+
+
+@register(NAME, "recompute-only checkpoint segments found on the graph (the only tensor "
+          "crossing a point is kept, everything else rebuilt from it by chains of any depth, "
+          "dropout replayed bit-exact), then the most expensive recomputes kept back while "
+          "the budget holds; never offloads")
+def checkpoint_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
+    ctx.config_as(PolicyConfig)  # no options
+    plan, schedule = plan_checkpoint(graph, ctx.budget, ctx.cost)
+    return PolicyOutput(plan, schedule, graph)

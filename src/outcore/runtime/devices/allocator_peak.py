@@ -1,0 +1,91 @@
+"""What the CPU allocator holds over a step, from the profiler's allocation events.
+
+outcore's own peak (``plan.memory``, the executor's ``peak_bytes``) counts tensors at the
+dispatcher: a kernel's internal temporaries (convolution backward's column buffers, a
+norm's or a loss's scratch) and storages that outlive their tensors are invisible to it.
+The allocator sees every one of them. ``allocator_peak(step)`` runs ``step`` under
+``torch.profiler`` with ``profile_memory=True`` and replays the allocation events (each
+with its address and signed size) in time order:
+
+* ``peak``: the most bytes allocated at once during the step, counted from the start of
+  the step (whatever was allocated before, parameters included, is not counted);
+* ``excluded``: allocations whose address is one of ``exclude()``'s tensors' data pointers
+  after the step and that are still alive at its end are left out of every sample (pass
+  the parameters' ``.grad`` to measure activations only: gradients left out, as
+  ``loss.backward()`` and outcore's executor both allocate them during the step);
+* ``held_at_end``: bytes still allocated when the step returns (excluded ones left out).
+
+Frees of blocks allocated before the step (the previous step's gradients, say) are not
+counted: they would lower the curve below its starting point and hide what the step itself
+needs. Free such tensors before calling, as a training loop's ``zero_grad`` does.
+
+CPU allocations only (CUDA has ``torch.cuda.max_memory_allocated``). Invariant: ``peak >=
+held_at_end >= 0``; the numbers are exact allocator bytes, not estimates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class AllocatorPeak:
+    """The result of ``allocator_peak`` (module docstring)."""
+
+    peak: int
+    held_at_end: int
+    excluded: int
+    allocations: int
+    result: Any = None
+
+
+def _events(prof: Any) -> list[tuple[int, int, int]]:
+    """(time ns, address, signed bytes) of every CPU allocation event, in time order."""
+    from torch._C._profiler import _ExtraFields_Allocation
+
+    out: list[tuple[int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        fields = node.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu":
+            out.append((node.start_time_ns, fields.ptr, fields.alloc_size))
+        stack.extend(node.children)
+    out.sort(key=lambda e: e[0])
+    return out
+
+
+def allocator_peak(step: Callable[[], Any],
+                   exclude: Callable[[], Iterable[torch.Tensor | None]] = tuple
+                   ) -> AllocatorPeak:
+    """Run ``step`` once and measure what the CPU allocator held (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = step()
+    events = _events(prof)
+    ptrs = {t.untyped_storage().data_ptr() for t in exclude() if t is not None}
+    last_alloc: dict[int, int] = {}  # address -> index of its latest allocation
+    before: set[int] = set()  # frees of blocks allocated before the step: not counted
+    for i, (_, ptr, size) in enumerate(events):
+        if size > 0:
+            last_alloc[ptr] = i
+        elif size < 0:
+            if ptr in last_alloc:
+                last_alloc.pop(ptr)
+            else:
+                before.add(i)
+    skip = {i for ptr, i in last_alloc.items() if ptr in ptrs} | before
+    live = peak = 0
+    for i, (_, _, size) in enumerate(events):
+        if i in skip:
+            continue
+        live += size
+        peak = max(peak, live)
+    excluded = sum(events[i][2] for i in skip if events[i][2] > 0)
+    return AllocatorPeak(peak=peak, held_at_end=live, excluded=excluded,
+                         allocations=sum(1 for e in events if e[2] > 0), result=result)

@@ -23,23 +23,29 @@ from corpus import BY_NAME, CORPUS
 from harness import POLICIES, check, in_core_peak
 
 
-def _cell(name: str, policy: str, budget: int) -> str:
+def _cell(name: str, policy: str, budget: int, details: list[str]) -> str:
     try:
         outcome = check(BY_NAME[name], policy, budget)
     except Exception as exc:  # noqa: BLE001 - a failure is a table cell, with its reason
+        details.append(f"{name} {policy}: {type(exc).__name__}: {exc}")
         return f"{type(exc).__name__}: {str(exc)[:60]}".replace("|", "/").replace("\n", " ")
     if outcome.ok:
         return "ok" if outcome.budget <= budget else f"ok@{outcome.budget / budget:.2f}x"
+    details.append(f"{name} {policy}: " + "; ".join(outcome.problems))
     return "diff: " + outcome.problems[0][:40]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--policies", default="", help="comma-separated policies (default: all)")
     parser.add_argument("--out", default="", help="also write the table to this file")
+    parser.add_argument("--details", default="", help="write each failure in full to this file")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else [c.name for c in CORPUS]
-    header = ["model", "ops", "in-core peak", "budget", *POLICIES]
+    policies = args.policies.split(",") if args.policies else POLICIES
+    details: list[str] = []
+    header = ["model", "ops", "in-core peak", "budget", *policies]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     print("\n".join(lines), flush=True)
     passed = total = 0
@@ -48,12 +54,13 @@ def main() -> None:
         try:
             ops, peak, budget = in_core_peak(BY_NAME[name])
         except Exception as exc:  # noqa: BLE001
-            cells = [name, "-", "-", "-", *[f"capture: {type(exc).__name__}"] * len(POLICIES)]
+            details.append(f"{name} capture: {type(exc).__name__}: {exc}")
+            cells = [name, "-", "-", "-", *[f"capture: {type(exc).__name__}"] * len(policies)]
         else:
-            results = [_cell(name, policy, budget) for policy in POLICIES]
+            results = [_cell(name, policy, budget, details) for policy in policies]
             cells = [name, str(ops), f"{peak / 2**20:.2f} MiB", f"{budget / 2**20:.2f} MiB",
                      *results]
-        total += len(POLICIES)
+        total += len(policies)
         passed += sum(c.startswith("ok") for c in cells[4:])
         line = "| " + " | ".join(cells) + " |"
         lines.append(line)
@@ -63,6 +70,8 @@ def main() -> None:
     print(summary)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n" + summary + "\n")
+    if args.details:
+        Path(args.details).write_text("\n\n".join(details) + "\n")
 
 
 if __name__ == "__main__":

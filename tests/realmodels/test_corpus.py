@@ -19,7 +19,6 @@ from corpus import BY_NAME, CORPUS, DEFAULT_SLICE, KNOWN_FAILURES
 from harness import POLICIES, check, in_core_peak
 
 
-
 @functools.cache
 def _peak(name: str) -> int:
     return in_core_peak(BY_NAME[name])[2]

@@ -298,7 +298,19 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     **{(name, "superneurons"): _SN_ATTENTION for name in ("hf_bart", "hf_gpt_neox")},
 }
 
-#: The slice in the default test run: BatchNorm and dropout (DenseNet), lifted constants and
-#: stochastic depth (Swin), drop-path and layer scale (timm ViT), a model returning its own
-#: loss from a dict batch (Llama) and value specialisation (BART).
-DEFAULT_SLICE = ["tv_densenet", "tv_swin", "timm_deit_ls", "hf_llama", "hf_bart"]
+#: The default test run's slice: (model, policy) pairs chosen so that each capture class and
+#: each policy runs at least once on a small model, and one pair of each known-failure cause
+#: (an xfail(strict=True) that turns into a failure when its cause is fixed). The whole grid
+#: is marked ``corpus``. Classes: BatchNorm and dropout replayed by a recompute (DenseNet),
+#: lifted constants and stochastic depth (Swin), drop-path and layer scale (timm ViT), a model
+#: returning its own loss from a dict batch whose mask torch.compile builds otherwise (Llama),
+#: value specialisation of ``.item()`` checks (BART), LayerDrop drawn in Python: graph breaks
+#: under torch.compile (wav2vec2). Token ids are the integer inputs.
+DEFAULT_PAIRS: list[tuple[str, str]] = [
+    ("tv_densenet", "outcore-auto"), ("tv_densenet", "recompute-cheap"),
+    ("tv_swin", "offload-all"), ("tv_swin", "backend"),
+    ("timm_deit_ls", "pooch"), ("timm_deit_ls", "modnn"),
+    ("hf_llama", "outcore-auto"), ("hf_llama", "superneurons"), ("hf_llama", "backend"),
+    ("hf_bart", "recompute-cheap"), ("hf_bart", "superneurons"),
+    ("hf_wav2vec2", "offload-all"), ("hf_wav2vec2", "backend"),
+]

@@ -276,25 +276,19 @@ BY_NAME = {case.name: case for case in CORPUS}
 _CONV_VARIANT_DIFF = ("issue 21 item 4 (operator variants): the im2col convolution variant the "
                       "policy picks by workspace computes other values than the framework's "
                       "kernel (loss/gradients far beyond rounding)")
-_GROUPED_VARIANT = ("issue 21 item 4 (operator variants): the im2col variant is offered for a "
-                    "grouped/depthwise convolution it cannot run (RuntimeError: Expected size "
-                    "for first two dimensions of batch2 tensor)")
-_VARIANT_OOM = ("issue 21 item 4 (operator variants): the im2col variant's real buffers exceed "
-                "what the plan assumed (DeviceOutOfMemory in convolution_backward)")
 _SN_ATTENTION = ("issue 13 (superneurons' schedule): the measured peak exceeds the predicted one "
                  "by one attention-sized tensor at the SDPA backward (DeviceOutOfMemory); no "
                  "operator variant is involved (all 'framework', workspace 0)")
 
 #: (model, policy) -> cause, for pairs that fail today: each is an ``xfail(strict=True)`` in
 #: ``test_corpus.py`` (passing turns it into a failure: remove the entry) and a ``xfail``
-#: cell in ``benchmarks/realmodel_corpus.py``'s table. Taken from a full corpus run
-#: (BENCHMARKS.md, "Real-model corpus").
+#: cell in ``benchmarks/realmodel_corpus.py``'s table. Each entry was seen failing in a corpus
+#: run of the current code (the superneurons and moDNN columns, 2026-11-26).
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    **{(name, "superneurons"): _CONV_VARIANT_DIFF for name in (
-        "tv_resnet18", "tv_resnet50", "tv_resnext")},
-    **{(name, "modnn"): _CONV_VARIANT_DIFF for name in (
-        "tv_resnet18", "tv_resnet50", "tv_resnext")},
-    **{(name, "modnn"): _VARIANT_OOM for name in ("tv_swin", "timm_deit_ls")},
+    **{(name, policy): _CONV_VARIANT_DIFF
+       for name in ("tv_resnet18", "tv_resnet50", "tv_resnext", "tv_mobilenet_v2",
+                    "tv_mobilenet_v3", "tv_efficientnet_b0")
+       for policy in ("superneurons", "modnn")},
     **{(name, "superneurons"): _SN_ATTENTION for name in ("hf_bart", "hf_gpt_neox")},
 }
 
@@ -310,6 +304,7 @@ DEFAULT_PAIRS: list[tuple[str, str]] = [
     ("tv_densenet", "outcore-auto"), ("tv_densenet", "recompute-cheap"),
     ("tv_swin", "offload-all"), ("tv_swin", "backend"),
     ("timm_deit_ls", "pooch"), ("timm_deit_ls", "modnn"),
+    ("tv_mobilenet_v3", "superneurons"),
     ("hf_llama", "outcore-auto"), ("hf_llama", "superneurons"), ("hf_llama", "backend"),
     ("hf_bart", "recompute-cheap"), ("hf_bart", "superneurons"),
     ("hf_wav2vec2", "offload-all"), ("hf_wav2vec2", "backend"),

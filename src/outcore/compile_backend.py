@@ -18,7 +18,11 @@ How it works, per graph dynamo hands the backend (one per graph break or recompi
    tangent placeholder: the gradient autograd passes back for it.
 2. **Plan.** ``outcore.api.plan`` with the backend's budget and policy. A budget that cannot
    fit raises ``InfeasibleBudgetError`` from the first call of the compiled model (dynamo would
-   otherwise hide it inside its own ``BackendCompilerFailed``).
+   otherwise hide it inside its own ``BackendCompilerFailed``). The schedule must run as a
+   forward followed by a backward (``runtime.split.split_point``): a portfolio candidate that
+   re-makes a tensor during the forward (moDNN re-makes views of a block it brought back)
+   cannot, so under outcore-auto the backend then takes outcore-auto's own greedy plan
+   (``portfolio=False``, lowered by ``outcore.plan.lower``: every forward op first) and warns.
 3. **Run.** ``outcore.runtime.split`` generates the schedule as a forward and a backward half
    (a ``CompiledGraph``). A ``torch.autograd.Function`` runs the forward half under
    ``no_grad``, applies buffer updates once, returns the outputs and keeps every tensor live
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
@@ -53,11 +57,17 @@ from torch._functorch._aot_autograd import descriptors as aot
 from outcore.api import plan
 from outcore.capture.convert import NodeMap, build_graph
 from outcore.capture.step import CapturedStep
-from outcore.errors import CaptureError, OutcoreError, ReplanWarning
+from outcore.errors import CaptureError, OutcoreError, ReplanWarning, ScheduleError
 from outcore.graph.ir import Graph
 from outcore.runtime.devices import make_device
 from outcore.runtime.devices.base import Device
 from outcore.runtime.split import CompiledGraph, GraphStats, Signature
+
+if TYPE_CHECKING:
+    from outcore.planned import PlannedStep
+
+#: Names of outcore-auto (whose portfolio may pick a plan the backend cannot split).
+_AUTO = ("auto", "outcore-auto")
 
 Role = str  # "param" (needs a gradient), "buffer" (module state), "input" (an argument)
 #            or "const" (a number, e.g. a dynamic size, fixed for one specialisation)
@@ -320,14 +330,34 @@ class OutcoreBackend:
             self._check_device(inputs)
             graph, signature = capture_dynamo_graph(gm, inputs, f"compiled{len(self.graphs)}",
                                                     states)
-            planned = plan(graph, self.budget, policy=self.policy,
-                           gpu=self.gpu or default_gpu(graph, self.device),
-                           simulate=False, **self.options)
+            planned = self._plan(graph, self.gpu or default_gpu(graph, self.device))
             compiled = CompiledGraph(planned, signature, self._make_device, self.budget)
         except OutcoreError as err:
             return _Raiser(err)
         self.graphs.append(compiled)
         return _Tracked(self, compiled)
+
+    def _plan(self, graph: Graph, gpu: str) -> PlannedStep:
+        """Plan ``graph``; a schedule that cannot be cut into a forward and a backward is
+        replaced, under outcore-auto, by its greedy planner's (module docstring, step 2)."""
+        from outcore.log import announce
+        from outcore.runtime.split import split_point
+
+        planned = plan(graph, self.budget, policy=self.policy, gpu=gpu, simulate=False,
+                       **self.options)
+        try:
+            split_point(planned.graph, planned.schedule)
+        except ScheduleError as err:
+            if self.policy not in _AUTO or self.options.get("portfolio") is False:
+                raise
+            announce(f"outcore-auto's chosen plan ({planned.plan.policy}) re-makes a tensor "
+                     f"during the forward ({err}); a torch.compile backend runs the forward "
+                     "and the backward separately, so the backend uses outcore-auto's own "
+                     "greedy plan (portfolio=False) for this graph", ReplanWarning,
+                     stacklevel=4)
+            planned = plan(graph, self.budget, policy=self.policy, gpu=gpu, simulate=False,
+                           **{**self.options, "portfolio": False})
+        return planned
 
     def _make_device(self) -> Device:
         return make_device(self.device, capacity=self.budget,

@@ -11,6 +11,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "spine"))
 import outcore
+from outcore.errors import ReplanWarning
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.schedule import Compute, Offload
 from outcore.runtime.split import generate_split, split_point
@@ -321,3 +322,65 @@ def test_backend_checks_its_arguments_at_once():
         outcore.backend(budget="1e400")
     with pytest.raises(outcore.errors.UnknownGPUError):
         outcore.backend(gpu="h9000")
+
+
+# -- a portfolio winner that cannot be split (issue 13: timm's GhostNet under moDNN's plan) --
+def test_unsplittable_auto_plan_falls_back_to_the_greedy_plan(monkeypatch):
+    """outcore-auto's portfolio may pick a plan that re-makes a tensor during the forward
+    (moDNN re-makes views of a block it brought back: timm_ghostnet in the corpus). The
+    backend cannot cut such a schedule into a forward and a backward, so it re-plans with
+    outcore-auto's greedy planner (portfolio=False) and warns; gradients still equal eager."""
+    import dataclasses
+
+    from outcore import compile_backend
+
+    real_plan = compile_backend.plan
+    calls = []
+
+    def unsplittable_winner(graph, budget, **kwargs):
+        calls.append(kwargs.get("portfolio"))
+        planned = real_plan(graph, budget, **kwargs)
+        if kwargs.get("portfolio") is False:
+            return planned
+        instructions = planned.schedule.instructions
+        late = next(i for i in instructions if isinstance(i, Compute))
+        moved = [i for i in instructions if i is not late] + [late]
+        return dataclasses.replace(planned, schedule=dataclasses.replace(
+            planned.schedule, instructions=moved))
+
+    monkeypatch.setattr(compile_backend, "plan", unsplittable_winner)
+    model = plain_mlp()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    be = outcore.backend(None, device="cpu-emulated")
+    with pytest.warns(ReplanWarning, match="greedy plan"):
+        loss = F.cross_entropy(torch.compile(model, backend=be, dynamic=False)(x), y)
+    loss.backward()
+    F.cross_entropy(reference(x), y).backward()
+    assert calls == [None, False]
+    assert_same_grads(model, reference)
+    assert be.stats.measured_peak == be.stats.predicted_peak
+    be.close()
+
+
+def test_unsplittable_plan_of_a_named_policy_is_refused_with_the_reason(monkeypatch):
+    """A policy the user named is not replaced: the first call raises its ScheduleError."""
+    import dataclasses
+
+    from outcore import compile_backend
+
+    real_plan = compile_backend.plan
+
+    def unsplittable(graph, budget, **kwargs):
+        planned = real_plan(graph, budget, **kwargs)
+        instructions = planned.schedule.instructions
+        late = next(i for i in instructions if isinstance(i, Compute))
+        moved = [i for i in instructions if i is not late] + [late]
+        return dataclasses.replace(planned, schedule=dataclasses.replace(
+            planned.schedule, instructions=moved))
+
+    monkeypatch.setattr(compile_backend, "plan", unsplittable)
+    be = outcore.backend(None, policy="recompute-cheap", device="cpu-emulated")
+    compiled = torch.compile(plain_mlp(), backend=be, dynamic=False)
+    with pytest.raises(outcore.ScheduleError, match="after the backward"):
+        compiled(torch.randn(8, 16))

@@ -118,6 +118,16 @@ def _timm(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
     return build
 
 
+def _timm_mixer() -> nn.Module:
+    """MLP-Mixer at a tiny size: the registered ``mixer_*`` builders fix ``num_blocks`` and
+    ``embed_dim`` (passing them again is a TypeError), so the class is built directly."""
+    import_torchvision()
+    from timm.models.mlp_mixer import MlpMixer
+
+    return MlpMixer(num_classes=10, img_size=32, patch_size=8, num_blocks=2, embed_dim=32,
+                    drop_path_rate=0.1)
+
+
 _DP = {"drop_path_rate": 0.1}
 TIMM = [
     Case("timm_vit_tiny", "timm", _timm("vit_tiny_patch16_224", img_size=32, patch_size=8,
@@ -133,8 +143,7 @@ TIMM = [
     Case("timm_mobilenetv3", "timm", _timm("mobilenetv3_small_050", **_DP), images()),
     Case("timm_resnet10t", "timm", _timm("resnet10t", **_DP), images()),
     Case("timm_regnetx", "timm", _timm("regnetx_002", **_DP), images()),
-    Case("timm_mixer", "timm", _timm("mixer_s16_224", img_size=32, num_blocks=2,
-                                     **_DP), images()),
+    Case("timm_mixer", "timm", _timm_mixer, images()),
     Case("timm_poolformer", "timm", _timm("poolformer_s12", **_DP), images()),
     Case("timm_swin", "timm", _timm("swin_tiny_patch4_window7_224", img_size=32,
                                     window_size=4, depths=(1, 1), num_heads=(1, 2),
@@ -263,7 +272,35 @@ HF = [
 CORPUS: list[Case] = [*TORCHVISION, *TIMM, *HF]
 BY_NAME = {case.name: case for case in CORPUS}
 
-#: The slice in the default test run: BatchNorm and dropout (DenseNet), lifted constants and
-#: stochastic depth (Swin), drop-path and layer scale (timm ViT), a model returning its own
-#: loss from a dict batch (Llama) and value specialisation (BART).
-DEFAULT_SLICE = ["tv_densenet", "tv_swin", "timm_deit_ls", "hf_llama", "hf_bart"]
+# -- pairs known to fail ----------------------------------------------------------------------
+_SN_ATTENTION = ("issue 13 (superneurons' schedule): the measured peak exceeds the predicted one "
+                 "by one attention-sized tensor at the SDPA backward (DeviceOutOfMemory); no "
+                 "operator variant is involved (all 'framework', workspace 0)")
+
+#: (model, policy) -> cause, for pairs that fail today: each is an ``xfail(strict=True)`` in
+#: ``test_corpus.py`` (passing turns it into a failure: remove the entry) and a ``xfail``
+#: cell in ``benchmarks/realmodel_corpus.py``'s table. Each entry was seen failing in a corpus
+#: run of the current code (the superneurons and moDNN columns, 2026-11-26).
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    **{(name, "superneurons"): _SN_ATTENTION for name in ("hf_bart", "hf_gpt_neox",
+                                                             "hf_whisper")},
+}
+
+#: The default test run's slice: (model, policy) pairs chosen so that each capture class and
+#: each policy runs at least once on a small model, and one pair of each known-failure cause
+#: (an xfail(strict=True) that turns into a failure when its cause is fixed). The whole grid
+#: is marked ``corpus``. Classes: BatchNorm and dropout replayed by a recompute (DenseNet),
+#: lifted constants and stochastic depth (Swin), drop-path and layer scale (timm ViT), a model
+#: returning its own loss from a dict batch whose mask torch.compile builds otherwise (Llama),
+#: value specialisation of ``.item()`` checks (BART), an audio encoder (wav2vec2; its graph
+#: breaks under torch.compile are covered by tests/api/test_backend.py, faster). Token ids are
+#: the integer inputs.
+DEFAULT_PAIRS: list[tuple[str, str]] = [
+    ("tv_densenet", "outcore-auto"), ("tv_densenet", "recompute-cheap"),
+    ("tv_swin", "offload-all"), ("tv_swin", "backend"),
+    ("timm_deit_ls", "pooch"), ("timm_deit_ls", "modnn"),
+    ("tv_mobilenet_v3", "superneurons"), ("tv_mobilenet_v3", "modnn"),
+    ("hf_llama", "outcore-auto"), ("hf_llama", "superneurons"), ("hf_llama", "backend"),
+    ("hf_bart", "recompute-cheap"), ("hf_bart", "superneurons"),
+    ("hf_wav2vec2", "offload-all"),
+]

@@ -5,7 +5,12 @@ through ``outcore.compile`` on ``cpu-emulated`` at half the model's in-core peak
 everything kept, freed at last use), and returns what differs: the loss, each gradient, each
 buffer (BatchNorm statistics updated once), and whether the measured peak equals the
 predicted one within the budget. ``policy="backend"`` runs the step through
-``torch.compile(model, backend=outcore.backend(...))`` instead.
+``torch.compile(model, backend=outcore.backend(...))`` instead, and is compared bit-exact
+with the same model through ``torch.compile(backend="aot_eager")``: the same dynamo graphs and
+the same joint ATen graphs, run by PyTorch without outcore. Those may differ from eager in
+rounding before outcore runs (Hugging Face builds an explicit causal mask under dynamo where
+eager uses SDPA's ``is_causal``; across a graph break a gradient's contributions are summed in
+another order), so against eager the backend is held to ``rtol=1e-3`` only.
 """
 
 from __future__ import annotations
@@ -58,6 +63,29 @@ def in_core_peak(case: Case) -> tuple[int, int, int]:
     floor = reference_peaks(graph).layer_lower_bound
     peak = planned.predicted_peak
     return len(graph.ops), peak, floor + (peak - floor) // 2
+
+
+def _compiled_loss(model: nn.Module, case: Case, batch: Any) -> torch.Tensor:
+    """The loss of ``model`` (a ``torch.compile``d module) on ``batch``."""
+    if case.loss_fn is None:
+        return loss_of(call_model(model, batch))
+    x, y = batch
+    return case.loss_fn(call_model(model, x), y)
+
+
+def aot_eager_step(model: nn.Module, case: Case, batch: Any) -> torch.Tensor:
+    """One step through ``torch.compile(backend="aot_eager")``: PyTorch's own reference
+    backend, which runs the joint graphs outcore's backend plans, without outcore."""
+    torch._dynamo.reset()
+    model.train()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    try:
+        torch.manual_seed(7)
+        loss = _compiled_loss(compiled, case, batch)
+        loss.backward()
+    finally:
+        torch._dynamo.reset()
+    return loss.detach()
 
 
 def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1,
@@ -160,7 +188,12 @@ def _check(case: Case, policy: str, budget: int) -> Outcome:
         variants = _variants([trainer.planned.schedule])
         parts = trainer.stats.sub_batches
         full_draws = any("same masks as eager" in n for n in trainer.stats.notes)
-    expected = eager_step(reference, case, batch, parts, full_draws)
+    if policy == "backend":
+        eager = copy.deepcopy(reference)
+        expected = aot_eager_step(reference, case, batch)
+        _against_eager(outcome, reference, eager, expected, eager_step(eager, case, batch))
+    else:
+        expected = eager_step(reference, case, batch, parts, full_draws)
     if outcome.measured != outcome.predicted:
         outcome.problems.append(f"measured peak {outcome.measured} != predicted "
                                 f"{outcome.predicted}")
@@ -179,6 +212,18 @@ def _check(case: Case, policy: str, budget: int) -> Outcome:
     return outcome
 
 
+def _against_eager(outcome: Outcome, compiled: nn.Module, eager: nn.Module,
+                   loss: torch.Tensor, expected: torch.Tensor) -> None:
+    """torch.compile's own reference (``compiled``, after its step) within rtol 1e-3 of
+    eager: what dynamo and AOT autograd change is rounding, never the result."""
+    if not torch.allclose(loss, expected, rtol=1e-3):
+        outcome.problems.append(f"aot_eager loss {float(loss)} far from eager {float(expected)}")
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters(), strict=True):
+        if p.grad is not None and q.grad is not None \
+                and not torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5):
+            outcome.problems.append(f"aot_eager grad of {name} far from eager")
+
+
 def _variants(schedules: list[Any]) -> list[str]:
     """The operator algorithms other than the framework's a plan chose (opted in by the
     policy: SuperNeurons and moDNN pick convolution/attention algorithms by workspace)."""
@@ -192,11 +237,7 @@ def _backend_step(model: nn.Module, case: Case, batch: Any, budget: int,
     compiled = torch.compile(model, backend=be, dynamic=False)
     try:
         torch.manual_seed(7)
-        if case.loss_fn is None:
-            loss = loss_of(call_model(compiled, batch))
-        else:
-            x, y = batch
-            loss = case.loss_fn(call_model(compiled, x), y)
+        loss = _compiled_loss(compiled, case, batch)
         loss.backward()
     finally:
         be.close()

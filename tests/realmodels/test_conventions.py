@@ -323,3 +323,77 @@ def test_a_node_outcore_cannot_hold_names_node_module_and_way_out():
     with pytest.raises(CaptureError, match=r"node block \(call_module.*model\.block \(ReLU\)"
                                            r".*Way out"):
         build_graph(gm, "bad")
+
+
+class RandomOps(nn.Module):
+    """Every random op real models draw in a training step: dropout, an in-place
+    ``bernoulli_`` (timm's drop-path), ``rand_like`` noise and attention with dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(torch.relu(self.fc1(x)), 0.3)
+        keep = x.new_empty(x.shape[0], 1, 1).bernoulli_(0.8)  # drop-path
+        h = h + torch.tanh(self.fc2(h)) * keep / 0.8
+        h = h * (1 + 0.1 * torch.rand_like(h))
+        q = h.view(h.shape[0], h.shape[1], 2, 8).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.2)
+        return self.fc3(F.gelu(a.transpose(1, 2).reshape_as(h)))
+
+
+def _recomputes_a_random_op(graph, schedule) -> bool:
+    from outcore.plan.schedule import Compute
+
+    random_ops = {op.id for op in graph.ops if op.random}
+    assert len(random_ops) >= 4, "dropout, bernoulli, rand_like and SDPA dropout are random"
+    return any(isinstance(i, Compute) and i.recompute and i.op in random_ops
+               for i in schedule.instructions)
+
+
+def test_random_ops_are_replayed_by_a_recompute():
+    """A recompute of a random op draws what the forward drew (its RNG state is saved and
+    replayed), so gradients equal eager's under the same seed bit for bit."""
+    torch.manual_seed(0)
+    model = RandomOps()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(6, 2, 8), torch.randint(0, 4, (6, 2)))
+
+    def loss_fn(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    trainer = outcore.compile(model, loss_fn, batch, budget=None, device="cpu-emulated",
+                              policy="recompute-cheap")
+    assert _recomputes_a_random_op(trainer.planned.graph, trainer.planned.schedule)
+    step_both(trainer, model, reference, batch, lambda m, b: loss_fn(m(b[0]), b[1]))
+    assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+
+
+def test_random_ops_are_replayed_across_the_backend_split():
+    """Through ``torch.compile``'s backend the forward half saves each random op's RNG state
+    and the backward half's recompute replays it: gradients equal eager's bit for bit."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = RandomOps()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(6, 2, 8), torch.randint(0, 4, (6, 2))
+    be = outcore.backend(None, policy="recompute-cheap", device="cpu-emulated")
+    try:
+        torch.manual_seed(3)
+        out = torch.compile(model, backend=be, dynamic=False)(x)
+        loss = F.cross_entropy(out.flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.manual_seed(3)
+        expected = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
+        expected.backward()
+        (compiled,) = be.graphs
+        assert _recomputes_a_random_op(compiled.planned.graph, compiled.planned.schedule)
+        assert torch.equal(loss.detach(), expected.detach())
+        same_grads(model, reference)
+        assert be.stats.measured_peak == be.stats.predicted_peak
+    finally:
+        be.close()
+        torch._dynamo.reset()

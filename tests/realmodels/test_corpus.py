@@ -2,8 +2,13 @@
 emulated device, halfway between the model's layer-wise lower bound and its in-core peak
 (see harness.check for what is compared).
 
-The default run takes ``corpus.DEFAULT_SLICE`` under every policy; the whole corpus is marked
-``corpus`` and run by ``benchmarks/realmodel_corpus.py`` (which writes BENCHMARKS.md's table).
+The default run takes the pairs of ``corpus.DEFAULT_PAIRS`` (each class of model and each
+policy at least once, on small models); every other pair of the corpus is marked ``corpus``
+(``pytest -m corpus tests/realmodels``), and ``benchmarks/realmodel_corpus.py`` runs the whole
+grid as BENCHMARKS.md's table.
+A pair known to fail is an ``xfail(strict=True)`` naming its cause and the issue item that owns
+it (``known_failures``): when the cause is fixed the pair passes, the xfail turns into a
+failure, and its entry must go.
 """
 
 from __future__ import annotations
@@ -12,20 +17,8 @@ import functools
 
 import pytest
 
-from corpus import BY_NAME, CORPUS, DEFAULT_SLICE
+from corpus import BY_NAME, CORPUS, DEFAULT_PAIRS, KNOWN_FAILURES
 from harness import POLICIES, check, in_core_peak
-
-_HF_MASK = ("under torch.compile transformers builds an explicit causal mask (is_tracing on "
-            "the attention_mask) where eager uses SDPA's is_causal, another kernel: rounding "
-            "differs from eager before outcore runs (passes without attention_mask)")
-
-#: (model, policy) pairs known to fail, with the cause (each is an xfail).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("hf_llama", "backend"): _HF_MASK,
-    ("hf_bart", "superneurons"): "superneurons' plan exceeds the emulated device at run time "
-                                 "(DeviceOutOfMemory allocating attention): its predicted peak "
-                                 "misses a resident tensor (policy bug, not capture)",
-}
 
 
 @functools.cache
@@ -33,22 +26,41 @@ def _peak(name: str) -> int:
     return in_core_peak(BY_NAME[name])[2]
 
 
+def _pairs(pairs: list[tuple[str, str]]) -> list[object]:
+    """(name, policy) parameters, each known failure marked xfail(strict=True) with its cause."""
+    params: list[object] = []
+    for name, policy in pairs:
+        cause = KNOWN_FAILURES.get((name, policy))
+        marks = [pytest.mark.xfail(strict=True, reason=cause)] if cause else []
+        params.append(pytest.param(name, policy, marks=marks, id=f"{name}-{policy}"))
+    return params
+
+
 def _run(name: str, policy: str) -> None:
-    cause = KNOWN_FAILURES.get((name, policy))
-    if cause is not None:
-        pytest.xfail(cause)
     outcome = check(BY_NAME[name], policy, _peak(name))
     assert outcome.ok, f"{name} under {policy}: " + "; ".join(outcome.problems[:5])
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("name", DEFAULT_SLICE)
+@pytest.mark.parametrize(("name", "policy"), _pairs(DEFAULT_PAIRS))
 def test_default_slice(name, policy):
     _run(name, policy)
 
 
 @pytest.mark.corpus
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("name", [c.name for c in CORPUS if c.name not in DEFAULT_SLICE])
+@pytest.mark.parametrize(("name", "policy"),
+                         _pairs([(c.name, policy) for c in CORPUS for policy in POLICIES
+                                 if (c.name, policy) not in DEFAULT_PAIRS]))
 def test_whole_corpus(name, policy):
     _run(name, policy)
+
+
+def test_known_failures_name_real_pairs_and_an_owner():
+    """Every known failure names a corpus model, a policy of the harness and the issue item
+    that owns its cause (so a stale entry cannot hide); the default pairs are corpus pairs
+    and cover every policy."""
+    for (name, policy), cause in KNOWN_FAILURES.items():
+        assert name in BY_NAME, name
+        assert policy in POLICIES, policy
+        assert cause.startswith("issue "), cause
+    assert {policy for _, policy in DEFAULT_PAIRS} == set(POLICIES)
+    assert all(name in BY_NAME for name, _ in DEFAULT_PAIRS)

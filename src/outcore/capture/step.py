@@ -11,7 +11,7 @@ from torch import fx, nn
 from outcore.capture.batching import BatchSignature, split_batch_leaves
 from outcore.capture.convert import NodeMap
 from outcore.capture.specialize import ScalarGuard
-from outcore.errors import OutcoreError
+from outcore.errors import CaptureError, OutcoreError
 from outcore.graph.ir import Graph
 
 
@@ -124,7 +124,9 @@ class CapturedStep:
                 loss = graph.tensors[graph.by_name("tangents_1").id]
                 values[tid] = torch.full(loss.shape, loss_scale, dtype=getattr(torch, loss.dtype))
             else:
-                raise ValueError(f"unknown graph input {graph.tensors[tid].name}: {desc!r}")
+                raise CaptureError(f"the joint graph has an input outcore cannot bind: "
+                                   f"{graph.tensors[tid].name} ({desc!r}); report it with the "
+                                   "model, or run the step eagerly")
         return values
 
     def parameter(self, name: str) -> nn.Parameter:

@@ -325,12 +325,23 @@ def test_backend_checks_its_arguments_at_once():
 
 
 # -- a portfolio winner that cannot be split (issue 13: timm's GhostNet under moDNN's plan) --
+def _first_compute_moved_last(planned):
+    """``planned`` with its first forward Compute moved to the end: a schedule that cannot be
+    cut into a forward and a backward graph."""
+    import dataclasses
+
+    instructions = planned.schedule.instructions
+    late = next(i for i in instructions if isinstance(i, Compute))
+    moved = [i for i in instructions if i is not late] + [late]
+    return dataclasses.replace(planned, schedule=dataclasses.replace(
+        planned.schedule, instructions=moved))
+
+
 def test_unsplittable_auto_plan_falls_back_to_the_greedy_plan(monkeypatch):
     """outcore-auto's portfolio may pick a plan that re-makes a tensor during the forward
     (moDNN re-makes views of a block it brought back: timm_ghostnet in the corpus). The
     backend cannot cut such a schedule into a forward and a backward, so it re-plans with
     outcore-auto's greedy planner (portfolio=False) and warns; gradients still equal eager."""
-    import dataclasses
 
     from outcore import compile_backend
 
@@ -342,11 +353,7 @@ def test_unsplittable_auto_plan_falls_back_to_the_greedy_plan(monkeypatch):
         planned = real_plan(graph, budget, **kwargs)
         if kwargs.get("portfolio") is False:
             return planned
-        instructions = planned.schedule.instructions
-        late = next(i for i in instructions if isinstance(i, Compute))
-        moved = [i for i in instructions if i is not late] + [late]
-        return dataclasses.replace(planned, schedule=dataclasses.replace(
-            planned.schedule, instructions=moved))
+        return _first_compute_moved_last(planned)
 
     monkeypatch.setattr(compile_backend, "plan", unsplittable_winner)
     model = plain_mlp()
@@ -365,19 +372,13 @@ def test_unsplittable_auto_plan_falls_back_to_the_greedy_plan(monkeypatch):
 
 def test_unsplittable_plan_of_a_named_policy_is_refused_with_the_reason(monkeypatch):
     """A policy the user named is not replaced: the first call raises its ScheduleError."""
-    import dataclasses
 
     from outcore import compile_backend
 
     real_plan = compile_backend.plan
 
     def unsplittable(graph, budget, **kwargs):
-        planned = real_plan(graph, budget, **kwargs)
-        instructions = planned.schedule.instructions
-        late = next(i for i in instructions if isinstance(i, Compute))
-        moved = [i for i in instructions if i is not late] + [late]
-        return dataclasses.replace(planned, schedule=dataclasses.replace(
-            planned.schedule, instructions=moved))
+        return _first_compute_moved_last(real_plan(graph, budget, **kwargs))
 
     monkeypatch.setattr(compile_backend, "plan", unsplittable)
     be = outcore.backend(None, policy="recompute-cheap", device="cpu-emulated")

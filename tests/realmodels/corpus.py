@@ -273,18 +273,11 @@ CORPUS: list[Case] = [*TORCHVISION, *TIMM, *HF]
 BY_NAME = {case.name: case for case in CORPUS}
 
 # -- pairs known to fail ----------------------------------------------------------------------
-_SN_ATTENTION = ("issue 13 (superneurons' schedule): the measured peak exceeds the predicted one "
-                 "by one attention-sized tensor at the SDPA backward (DeviceOutOfMemory); no "
-                 "operator variant is involved (all 'framework', workspace 0)")
-
 #: (model, policy) -> cause, for pairs that fail today: each is an ``xfail(strict=True)`` in
 #: ``test_corpus.py`` (passing turns it into a failure: remove the entry) and a ``xfail``
 #: cell in ``benchmarks/realmodel_corpus.py``'s table. Each entry was seen failing in a corpus
 #: run of the current code (the superneurons and moDNN columns, 2026-11-26).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    **{(name, "superneurons"): _SN_ATTENTION for name in ("hf_bart", "hf_gpt_neox",
-                                                             "hf_whisper")},
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 #: The default test run's slice: (model, policy) pairs chosen so that each capture class and
 #: each policy runs at least once on a small model, and one pair of each known-failure cause

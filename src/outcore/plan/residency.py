@@ -16,7 +16,10 @@ The memory rule (written here only):
 * ``Compute`` makes its outputs resident, in ``op.outputs`` order. An output that is
   already resident and is not a view (a recompute's duplicate) exists during the
   instruction only (made, then dropped at once), and so does the workspace of the op's
-  variant (``workspace(op_id)``; by default read from ``schedule.variants``);
+  variant (``workspace(op_id)``; by default read from ``schedule.variants``). A base output
+  that is not resident while a view of its storage is (recomputed after its base was freed
+  and a view kept) rejoins that storage, and the kernel's fresh output exists during the
+  instruction only (a TRANSIENT allocation naming a tensor of ``made_resident``: a rebase);
 * ``Prefetch`` makes its tensor resident at issue (the storage is reserved while the copy
   runs); ``Wait(h2d)`` makes it usable;
 * ``Free`` drops one tensor (a tensor that is not resident is ignored, and is a violation);
@@ -226,6 +229,12 @@ class Replay:
         for out in op.outputs:
             if not resident[out]:
                 new.append(out)
+                if storage_of[out] == out and self.count[out] and tensors[out].nbytes:
+                    # re-made while a view of its old storage is resident: the kernel's new
+                    # storage lives during the instruction, then the output is rebound to
+                    # the resident one (a rebase)
+                    made.append(Allocation(TRANSIENT, tensors[out].nbytes, out))
+                    transient += tensors[out].nbytes
                 self._make_resident(out, made)
             elif not tensors[out].is_view and tensors[out].nbytes:  # a recompute's duplicate
                 made.append(Allocation(TRANSIENT, tensors[out].nbytes, out))

@@ -26,9 +26,9 @@ from torch import fx
 
 from outcore.capture.step import CapturedStep
 from outcore.graph.ir import Graph
-from outcore.plan.residency import NONE, Step, no_workspace, residency_steps
+from outcore.plan.residency import NONE, TRANSIENT, Step, no_workspace, residency_steps
 from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
-from outcore.runtime.layout import layout_bases, recorded_stride, relayout
+from outcore.runtime.layout import layout_bases, rebase, recorded_stride, relayout
 
 
 @dataclass
@@ -46,7 +46,9 @@ class Emitter:
         self.graph = graph
         self.step = step
         self.impls = impls
-        self.globals: dict[str, Any] = {"_relayout": relayout}
+        self.globals: dict[str, Any] = {"_relayout": relayout, "_rebase": rebase}
+        #: storage id -> its resident tensors, as the emitted code goes (``track``)
+        self.resident_of: dict[int, set[int]] = {}
         self.lines: list[str] = []
         #: tensor id -> the stride capture recorded, for each base a layout-sensitive op reads
         self.strides: dict[int, tuple[int, ...]] = {}
@@ -80,6 +82,25 @@ class Emitter:
         counter[0] += 1
         self.globals[name] = value
         return name
+
+    def track(self, step: Step) -> None:
+        """Follow which tensors are resident per storage (to find a rebase's holder)."""
+        storage_of = self.graph.tensors
+        if step.dropped != NONE:
+            self.resident_of[storage_of[step.dropped].storage].discard(step.dropped)
+        for tid in step.made_resident:
+            self.resident_of.setdefault(storage_of[tid].storage, set()).add(tid)
+
+    def rebase(self, step: Step) -> None:
+        """After a Compute: each output the replay rebases (a TRANSIENT allocation naming a
+        tensor it made resident) is rebound to the storage a resident view of it holds, so
+        the kernel's fresh storage dies with the instruction, as the memory rule counts it."""
+        made = set(step.made_resident)
+        for alloc in step.allocations:
+            if alloc.storage == TRANSIENT and alloc.tensor in made:
+                tid = alloc.tensor
+                holder = min(self.resident_of.get(tid, set()) - {tid})
+                self.lines.append(f"v{tid} = _rebase(v{tid}, v{holder})")
 
     def compute(self, oid: int, new: tuple[int, ...], recompute: bool) -> None:
         """Emit op ``oid``; only the outputs in ``new`` (made resident by it) are bound."""
@@ -122,6 +143,7 @@ class Emitter:
         parallel)."""
         if isinstance(ins, Compute):
             self.compute(ins.op, step.made_resident, ins.recompute)
+            self.rebase(step)
             self.lines += [f"rt.grad_ready({t}, v{t})" for t in step.made_resident
                            if t in notify]
         elif isinstance(ins, Free):
@@ -136,6 +158,7 @@ class Emitter:
         elif isinstance(ins, Wait):
             fn = "wait_offload" if ins.direction == "d2h" else "wait_prefetch"
             self.lines.append(f"rt.{fn}({ins.tensor})")
+        self.track(step)
 
 
 def generate(graph: Graph, schedule: Schedule,
@@ -155,7 +178,9 @@ def generate(graph: Graph, schedule: Schedule,
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
     steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
-    static = list(next(steps).made_resident)
+    first = next(steps)
+    em.track(first)
+    static = list(first.made_resident)
     for tid in static:
         em.lines.append(f"v{tid} = inputs[{tid}]")
         em.bind_layout(tid)

@@ -81,3 +81,12 @@ def relayout_copy(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
     out.copy_(value)
     return out
+
+
+def rebase(fresh: torch.Tensor, holder: torch.Tensor) -> torch.Tensor:
+    """``fresh`` (a recomputed base) as a tensor over ``holder``'s storage, where a view of the
+    base's first value still lives: the same values (a recompute replays the op), one storage
+    instead of two; ``fresh``'s own storage is released with the caller's last reference."""
+    out = torch.empty(0, dtype=fresh.dtype, device=fresh.device)
+    return out.set_(holder.untyped_storage(), fresh.storage_offset(), fresh.size(),
+                    fresh.stride())

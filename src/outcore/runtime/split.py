@@ -120,7 +120,9 @@ def generate_split(graph: Graph, schedule: Schedule,
     em = Emitter(graph, step, impls or {})
     replay = Replay(graph, schedule, no_workspace)  # what is resident, what a Free releases
     steps = iter(replay)
-    static = list(next(steps).made_resident)
+    first = next(steps)
+    em.track(first)
+    static = list(first.made_resident)
     em.lines += [f"v{tid} = inputs[{tid}]" for tid in static]
     for ins, step in zip(schedule.instructions[:cut], steps, strict=False):
         em.emit(ins, step)

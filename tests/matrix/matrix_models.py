@@ -208,7 +208,8 @@ class IntFeatures(nn.Module):
 #: every registered policy (``outcore.policies()``)
 ALL_POLICIES = ['keep-all', 'liveness', 'offload-all', 'recompute-cheap', 'vdnn-all', 'vdnn-conv',
                 'vdnn-base', 'vdnn-all-m', 'vdnn-all-p', 'vdnn-conv-m', 'vdnn-conv-p', 'vdnn-dyn',
-                'superneurons', 'modnn', 'pooch', 'dymem', 'outcore-optimal', 'outcore-auto']
+                'superneurons', 'modnn', 'pooch', 'dymem', 'outcore-optimal', 'outcore-checkpoint',
+                'outcore-auto']
 _BAG = ("found by this matrix, not fixed: the real _embedding_bag kernel's offset2bag has one "
         "more element than the fake one, so the measured peak exceeds the predicted by 8 B")
 _COUPLED = ("sub-batches (issue 21 items 6/7/9, another helper's area): a model that couples "

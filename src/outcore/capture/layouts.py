@@ -30,6 +30,7 @@ from torch._prims_common import (
     is_non_overlapping_and_dense_or_false,
     make_channels_last_strides_for,
     make_contiguous_strides_for,
+    suggest_memory_format,
 )
 
 from outcore.runtime.layout import relayout_copy, same_layout
@@ -41,13 +42,9 @@ def _suggested(t: torch.Tensor) -> Stride:
     """Strides of a tensor shaped like ``t``, contiguous in ``t``'s suggested format
     (``at::empty_like(t, t.suggest_memory_format())``)."""
     shape = tuple(t.shape)
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
-            and not t.is_contiguous():
-        return tuple(make_channels_last_strides_for(shape))
-    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d) \
-            and not t.is_contiguous():
-        return tuple(make_channels_last_strides_for(shape))
-    return tuple(make_contiguous_strides_for(shape))
+    if suggest_memory_format(t) is torch.contiguous_format:
+        return tuple(make_contiguous_strides_for(shape))
+    return tuple(make_channels_last_strides_for(shape))
 
 
 def _contiguous(t: torch.Tensor) -> Stride:

@@ -25,19 +25,10 @@ import torch
 from outcore.cost.measure_ops import _arguments
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph
+from outcore.runtime.devices.allocator_peak import allocation_events
 
 #: ``graph.meta`` key of the measured temporaries (a list, one int per op).
 TEMPORARIES = "op_temporaries"
-
-
-def _tree_allocations(node: Any, out: list[int]) -> None:
-    from torch._C._profiler import _ExtraFields_Allocation
-
-    fields = node.extra_fields
-    if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu":
-        out.append(fields.alloc_size)
-    for child in node.children:
-        _tree_allocations(child, out)
 
 
 def _transient(sizes: list[int]) -> int:
@@ -114,8 +105,7 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0) -> li
         node = stack.pop()
         name = node.name
         if name.startswith("outcore_op_"):
-            sizes: list[int] = []
-            _tree_allocations(node, sizes)
+            sizes = [size for _, _, size in allocation_events([node])]
             op = int(name.removeprefix("outcore_op_"))
             if op >= 0:
                 result[op] = max(result[op], _transient(sizes))

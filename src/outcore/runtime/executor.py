@@ -200,12 +200,29 @@ class Executor:
         self.schedule = schedule
         self.step = step
         self.device: Device = device if device is not None else SyncCPUDevice()
-        chosen = {**variant_impls(graph, schedule), **(impls or {})}
+        #: op id -> the callable run for it instead of its ATen kernel
+        self.impls: dict[int, Callable[..., Any]] = {**variant_impls(graph, schedule),
+                                                     **(impls or {})}
         self.grad_hook = grad_hook
         notify = grad_hook.tensors if grad_hook is not None else frozenset()
-        self.generated: GeneratedStep = generate(graph, schedule, chosen, notify)
+        self.generated: GeneratedStep = generate(graph, schedule, self.impls, notify)
         self.capacity: int | None = self.device.capacity
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
+
+    def kernel(self, oid: int) -> Callable[..., Any]:
+        """The callable op ``oid`` runs: its replacement, or its ATen kernel."""
+        chosen = self.impls.get(oid)
+        if chosen is not None:
+            return chosen
+        target = self.step.op_nodes[oid].target
+        assert callable(target)  # an op's node calls a function
+        return target
+
+    def replace_ops(self, impls: dict[int, Callable[..., Any]]) -> None:
+        """Run ``impls[oid]`` for op ``oid`` from now on (the step's code is generated again)."""
+        self.impls.update(impls)
+        notify = self.grad_hook.tensors if self.grad_hook is not None else frozenset()
+        self.generated = generate(self.graph, self.schedule, self.impls, notify)
 
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
             timed: bool = False, measure: bool = True, loss_scale: float = 1.0) -> StepResult:

@@ -70,9 +70,7 @@ def relayout(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     """``value`` itself when it already has ``stride``; else a copy laid out with it."""
     if same_layout(value.stride(), value.shape, stride):
         return value
-    out = torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device)
-    out.copy_(value)
-    return out
+    return relayout_copy(value, stride)
 
 
 def relayout_copy(value: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

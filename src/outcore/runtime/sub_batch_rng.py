@@ -29,6 +29,7 @@ traced order, draws per sub-batch instead; ``why_not`` says why, and the note sh
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,11 +158,15 @@ class SubBatchRandom:
         return out.copy_(rows)
 
 
+#: executor -> its SubBatchRandom (None: its random ops draw per sub-batch), once prepared
+_INSTALLED: weakref.WeakKeyDictionary[Any, SubBatchRandom | None] = weakref.WeakKeyDictionary()
+
+
 def install(executor: Any, parts: int) -> SubBatchRandom | None:
     """The executor's ``SubBatchRandom``, installed on first use (``prepare``)."""
-    if not hasattr(executor, "_sub_batch_random"):
+    if executor not in _INSTALLED:
         prepare(executor, parts)
-    return executor._sub_batch_random  # type: ignore[no-any-return]
+    return _INSTALLED[executor]
 
 
 def prepare(executor: Any, parts: int) -> str | None:
@@ -171,7 +176,7 @@ def prepare(executor: Any, parts: int) -> str | None:
     Not possible (``why_not``, or the full-batch draws would raise the step's peak:
     ``draw_peak`` above the plan's): the ops draw per sub-batch, which is warned."""
     graph, schedule = executor.graph, executor.schedule
-    executor._sub_batch_random = None
+    _INSTALLED[executor] = None
     ops = random_ops(graph)
     if not ops:
         return None
@@ -189,13 +194,12 @@ def prepare(executor: Any, parts: int) -> str | None:
         return text
     rng = SubBatchRandom()
     scales = {int(t): int(d) for t, d in graph.meta["random_scales"].items()}
-    namespace = executor.generated.fn.__globals__  # op callables: f{op} (codegen)
     step = graph.source
     assert isinstance(step, CapturedStep)
     for oid in ops:
         rng.plans[oid] = _op_plan(graph, step, oid, scales)
-        namespace[f"f{oid}"] = rng.wrap(oid, namespace[f"f{oid}"])
-    executor._sub_batch_random = rng
+    executor.replace_ops({oid: rng.wrap(oid, executor.kernel(oid)) for oid in ops})
+    _INSTALLED[executor] = rng
     return (f"{len(ops)} random ops ({names}) draw the full batch's random numbers and keep "
             "each sub-batch's rows: the same masks as eager PyTorch for the same seed")
 

@@ -64,6 +64,12 @@ class Choice:
     why: str
 
 
+def shared_memory(cost: object) -> bool:
+    """Whether ``cost`` prices a device whose memory is the host's (``HardwareProfile.
+    shared_memory``: this CPU), where an offload frees nothing."""
+    return bool(getattr(getattr(cost, "profile", None), "shared_memory", False))
+
+
 class _Pricer:
     """Prices recompute and offload for one graph under one cost model."""
 
@@ -77,8 +83,7 @@ class _Pricer:
             prefix.append(prefix[-1] + t)
         self.prefix = prefix
         self.groups = graph.aliases()
-        self.shared_memory = bool(getattr(getattr(cost, "profile", None), "shared_memory",
-                                          False))
+        self.shared_memory = shared_memory(cost)
 
     def _time(self, op_id: int) -> float:
         op = self.graph.ops[op_id]
@@ -245,7 +250,7 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         return greedy_policy(graph, ctx)  # a host budget it breaks: outcore.plan says so
     runners = {"outcore-auto": greedy_policy}
     notes: list[str] = []
-    if getattr(getattr(ctx.cost, "profile", None), "shared_memory", False):
+    if shared_memory(ctx.cost):
         # host and device memory are one memory: an offload frees nothing, so plans that
         # hold no host copy are tried first (outcore.cost.profiles.HardwareProfile)
         sparing = run_portfolio(graph, dataclasses.replace(ctx, host_budget=0),

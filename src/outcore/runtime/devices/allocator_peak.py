@@ -45,10 +45,16 @@ class AllocatorPeak:
 
 def _events(prof: Any) -> list[tuple[int, int, int]]:
     """(time ns, address, signed bytes) of every CPU allocation event, in time order."""
+    return allocation_events(prof.profiler.kineto_results.experimental_event_tree())
+
+
+def allocation_events(roots: Any) -> list[tuple[int, int, int]]:
+    """(time ns, address, signed bytes) of every CPU allocation event under the profiler
+    event nodes ``roots`` (and their descendants), in time order."""
     from torch._C._profiler import _ExtraFields_Allocation
 
     out: list[tuple[int, int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    stack = list(roots)
     while stack:
         node = stack.pop()
         fields = node.extra_fields

@@ -43,7 +43,8 @@ class NodeMap:
     output_roles: list[tuple[str, int, str]] = field(default_factory=list)  # role, tid, name
 
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
+    """An op's name as the graph records it (``Op.target``): ``aten.<overload>`` for ATen ops."""
     if isinstance(target, torch._ops.OpOverload):
         return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
     return getattr(target, "__name__", str(target))
@@ -129,7 +130,7 @@ class _Builder:
             outputs.append(tid)
             self.map.node_tensors[node] = tid
         inputs = self._inputs(node)
-        target = _target_name(node.target)
+        target = target_name(node.target)
         category = categorize(target)
         for tid in inputs:
             if oid not in self.tensors[tid].consumers:
@@ -306,7 +307,7 @@ def _module_of(node: fx.Node) -> str:
 
 def _node_error(node: fx.Node, what: str) -> CaptureError:
     return CaptureError(
-        f"cannot capture node {node.name} ({node.op} {_target_name(node.target)}) from module "
+        f"cannot capture node {node.name} ({node.op} {target_name(node.target)}) from module "
         f"{_module_of(node)}: it {what}. Way out: run that part outside the model (e.g. in the "
         "data loader), rewrite it with plain torch operations, or report the node kind to "
         "outcore with this message.")

@@ -28,7 +28,6 @@ Invariant: ``sum_i w_i * L_i`` is the full batch's loss, and a sub-batch with ``
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from outcore.capture.convert import target_name
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError
 from outcore.graph.ir import Graph
@@ -98,13 +98,13 @@ class _Walk:
                 self.batch.add(node)
 
     def terms(self, node: fx.Node) -> list[Term]:
-        target = _name(node.target)
+        target = target_name(node.target)
         args = node.args
         if target in _LINEAR:
             return [t for a in args[:2] if isinstance(a, fx.Node) and a in self.batch
                     for t in self.terms(a)]
         if target == "getitem" and isinstance(args[0], fx.Node) \
-                and _name(args[0].target) in _NLL and args[1] == 0:
+                and target_name(args[0].target) in _NLL and args[1] == 0:
             return [self._nll(args[0])]
         if target in _SCALED:
             self.constants += [a for a in args if isinstance(a, (int, float))]
@@ -142,12 +142,6 @@ class _Walk:
             raise _refuse(f"{node.name!r} divides by a batch-dependent value, but not a sum "
                           "over samples by a scalar")
         return [Term("ratio", node.name, bottom)]
-
-
-def _name(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
-    return "getitem" if target is operator.getitem else getattr(target, "__name__", str(target))
 
 
 def _val(node: fx.Node) -> Any:
@@ -232,7 +226,7 @@ def _position(step: CapturedStep) -> Any:
 def _denominator(step: CapturedStep, graph: Graph, term: Term, batch: Any) -> float:
     node = term.denominator
     assert node is not None
-    if _name(node.target) not in _NLL:
+    if target_name(node.target) not in _NLL:
         return float(_evaluate(step, graph, node, batch))
     target_node, weight_node = node.args[1], node.args[2]
     ignore = int(node.args[4]) if len(node.args) > 4 else -100  # type: ignore[arg-type]

@@ -150,7 +150,6 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     limit = check_budget(budget)
     name = check_policy(policy, options)
     gpu = check_gpu(gpu)
-    info = get(name)
     split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
     if limit is not None:
         layer_bound = reference_peaks(graph).layer_lower_bound
@@ -170,25 +169,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
-        with progress.task(f"planning {graph.name} with {name}"):
-            out = _run_policy(info.fn, graph, ctx, recapture is not None and not split_ok)
-        trace = memory_curve(out.graph, out.schedule)
-        peak = trace.peak
-        if out.predicted_peak is not None and out.predicted_peak != peak:
-            raise AssertionError(f"policy {name!r} predicted a peak of {out.predicted_peak} "
-                                 f"bytes, the memory rule gives {peak}")
-        if limit is not None and peak > limit:
-            raise InfeasibleBudgetError(name, limit, peak, "This policy ignores budgets or "
-                                        "cannot move enough; try policy='auto'.")
-        result = PlannedStep(out.graph, out.plan, out.schedule, peak, limit,
-                             notes=list(out.notes))
-    result.host_peak = max(trace.host, default=0)
-    result.host_budget = host_limit
-    result.host_sizes = _offload_sizes(result.schedule, trace)
-    if host_limit is not None and result.host_peak > host_limit:
-        from outcore.host import HostBudgetError
-
-        raise HostBudgetError(name, host_limit, result.host_peak, host_source)
+        result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok)
+    _check_host(result, trace, name, host_limit, host_source)
     if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
 
@@ -198,20 +180,7 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         plan_cache.store(key, (result.plan, result.schedule, result.predicted_peak,
                                result.simulation, list(result.notes)))
     if bound and simulate and limit is not None and result.plan.sub_batches == 1:
-        from outcore.policies.optimal.policy import lower_bound
-
-        with progress.task(f"bounding {graph.name}'s step time (LP relaxation)"):
-            found = lower_bound(result.graph, limit, model)
-        if found is not None and result.simulation is not None \
-                and found > result.simulation.step_time:
-            # the bound covers schedules that outcore.plan.lower builds from keep/offload/
-            # recompute decisions; a policy's own schedule (PoocH's early swap-in) can beat it
-            result.notes.append(
-                f"no lower bound reported: this schedule ({result.plan.policy}, built outside "
-                f"outcore.plan.lower) beats the LP bound of lowered plans "
-                f"({found * 1e3:.2f} ms)")
-        else:
-            result.lower_bound = found
+        _attach_bound(result, limit, model)
     if result.plan.sub_batches > 1:
         result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
     from outcore.log import info as log_info
@@ -220,6 +189,60 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
              f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
              f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
     return result
+
+
+def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool
+               ) -> tuple[PlannedStep, MemoryTrace]:
+    """Run policy ``name`` and check its schedule with the memory rule: the policy's own
+    predicted peak (when it states one) must be the rule's, and the peak must fit the budget.
+    """
+    from outcore import progress
+
+    with progress.task(f"planning {graph.name} with {name}"):
+        out = _run_policy(get(name).fn, graph, ctx, unsplit)
+    trace = memory_curve(out.graph, out.schedule)
+    peak = trace.peak
+    if out.predicted_peak is not None and out.predicted_peak != peak:
+        raise AssertionError(f"policy {name!r} predicted a peak of {out.predicted_peak} "
+                             f"bytes, the memory rule gives {peak}")
+    if ctx.budget is not None and peak > ctx.budget:
+        raise InfeasibleBudgetError(name, ctx.budget, peak, "This policy ignores budgets or "
+                                    "cannot move enough; try policy='auto'.")
+    return PlannedStep(out.graph, out.plan, out.schedule, peak, ctx.budget,
+                       notes=list(out.notes)), trace
+
+
+def _check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: int | None,
+                host_source: str) -> None:
+    """Fill ``result``'s host memory figures from ``trace`` (the memory rule's curve of its
+    schedule); raise ``HostBudgetError`` when its host copies exceed ``host_limit``."""
+    result.host_peak = max(trace.host, default=0)
+    result.host_budget = host_limit
+    result.host_sizes = _offload_sizes(result.schedule, trace)
+    if host_limit is not None and result.host_peak > host_limit:
+        from outcore.host import HostBudgetError
+
+        raise HostBudgetError(name, host_limit, result.host_peak, host_source)
+
+
+def _attach_bound(result: PlannedStep, limit: int, model: Any) -> None:
+    """Fill ``result.lower_bound`` (``outcore.policies.optimal.lower_bound``), or say in its
+    notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it)."""
+    from outcore import progress
+    from outcore.policies.optimal.policy import lower_bound
+
+    with progress.task(f"bounding {result.graph.name}'s step time (LP relaxation)"):
+        found = lower_bound(result.graph, limit, model)
+    if found is not None and result.simulation is not None \
+            and found > result.simulation.step_time:
+        # the bound covers schedules that outcore.plan.lower builds from keep/offload/
+        # recompute decisions; a policy's own schedule (PoocH's early swap-in) can beat it
+        result.notes.append(
+            f"no lower bound reported: this schedule ({result.plan.policy}, built outside "
+            f"outcore.plan.lower) beats the LP bound of lowered plans "
+            f"({found * 1e3:.2f} ms)")
+    else:
+        result.lower_bound = found
 
 
 def _host_budget(graph: Graph, host_budget: int | str | None) -> tuple[int | None, str]:

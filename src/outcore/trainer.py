@@ -48,7 +48,13 @@ import torch
 from torch import nn
 
 from outcore.capture.aot import autocast_state, capture
-from outcore.capture.batching import LossFn, batch_of, split_batch_leaves, step_loss
+from outcore.capture.batching import (
+    LossFn,
+    batch_of,
+    own_storage,
+    split_batch_leaves,
+    step_loss,
+)
 from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
 from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
@@ -134,7 +140,7 @@ class Trainer:
         self.stats = TrainerStats()
         self._warned_eval = False
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
-        self._current = self._entry(example_batch)
+        self._current = self._entry(own_storage(example_batch))
 
     # -- what the current plan is ----------------------------------------------------------
     @property
@@ -163,7 +169,8 @@ class Trainer:
         for ``scaler.step(optimizer)`` to unscale. In eval mode (``model.eval()``) the forward
         runs eagerly without gradient instead.
         """
-        batch = batch_of(args, self.loss_fn)
+        # a slice of a larger tensor is planned and moved at its own size, not its storage's
+        batch = own_storage(batch_of(args, self.loss_fn))
         if not torch.is_grad_enabled():
             return self._eval_step(batch)
         if not self.model.training and not self._warned_eval:
@@ -346,6 +353,7 @@ class PlannedTrainer:
         from outcore.runtime.subbatch import run_sub_batches
 
         parts = self.planned.plan.sub_batches
+        x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
         check_batch(self.planned.graph, (x, y), parts)
         _refuse_split_input_grads(parts, (x, y))
         if parts > 1:

@@ -149,7 +149,7 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
     shards = [_eager_grads(model, loss_fn, _shard(full, r, world)) for r in range(world)]
     ddp = {n: sum(s[n] for s in shards) / world for n in shards[0]}
     whole = _eager_grads(model, loss_fn, full)
-    from outcore.distributed.trainer import own_storage
+    from outcore.capture.batching import own_storage
 
     graph = outcore.capture(model, loss_fn, own_storage(mine))  # as compile captures a share
     budget = None

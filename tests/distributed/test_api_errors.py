@@ -30,7 +30,7 @@ def test_distributed_must_be_true_or_a_process_group():
 
 
 def test_a_share_viewing_a_larger_batch_gets_its_own_storage():
-    from outcore.distributed.trainer import own_storage
+    from outcore.capture.batching import own_storage
 
     batch = torch.randn(8, 4)
     labels = torch.arange(8)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from outcore.errors import CaptureError
 
@@ -195,3 +195,23 @@ def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:
                     if loss_fn is not None else
                     f"step() takes one batch (the model's input) when loss_fn is None; got "
                     f"{len(args)} arguments")
+
+
+def own_storage(batch: Any) -> Any:
+    """``batch`` with every tensor that is a view into a larger storage (``data[i:i + b]``
+    sliced from a dataset tensor, a rank's share of the global batch) copied into a storage
+    of its own size; tensors that require grad are left as they are (their ``.grad`` must
+    reach the user's tensor), as is everything else.
+
+    The memory rule sizes an input by its storage: a slice that views a whole dataset would
+    be planned, moved and measured as the whole dataset. Captured and stepped with own
+    storages, an input is counted at its own size, the same on every step.
+    """
+    def own(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.requires_grad:
+            return t
+        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return tree_map(own, batch)

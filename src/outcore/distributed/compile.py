@@ -21,9 +21,10 @@ from torch import nn
 
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
+from outcore.capture.batching import own_storage
 from outcore.distributed.group import RankContext, rank_context
 from outcore.distributed.sync_bn import traced_sync_batchnorm
-from outcore.distributed.trainer import DataParallelTrainer, broadcast_state, own_storage
+from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.grad_buckets import (

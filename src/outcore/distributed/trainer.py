@@ -7,7 +7,8 @@ As with PyTorch's DistributedDataParallel:
   step from rank 0's; BatchNorm normalises with each rank's own batch statistics (as DDP
   without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's over the ranks
   (``outcore.distributed.sync_bn``; its recomputes replay, ``outcore.distributed.replay``);
-* the step's batch is used with its own storage (``own_storage``), as it was captured;
+* the step's batch is used with its own storage, as it was captured
+  (``outcore.capture.batching.own_storage``, in ``PlannedTrainer.step``);
 * the first step compares the ranks' plans (``same_plan_everywhere``) before any other
   collective (at the first step, not when the trainer is built: ranks plan at their own
   speed, and a short group timeout must not end the slower one's planning);
@@ -76,7 +77,7 @@ class DataParallelTrainer(PlannedTrainer):
                     same_plan_everywhere(self.ctx, self.planned, self.buckets)))
                 self._plans_compared = True
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(*own_storage((x, y)))
+            loss = super().step(x, y)  # PlannedTrainer.step gives the batch its own storage
             if self.reducer is None and self.ctx.world_size > 1:
                 self._collective("the all-reduce of the accumulated gradients",
                                  self._allreduce_grads)
@@ -115,27 +116,6 @@ def broadcast_state(model: nn.Module, ctx: RankContext, *, parameters: bool = Tr
     with torch.no_grad():
         for t in tensors:
             dist.broadcast(t.data, group=ctx.group, group_src=0)
-
-
-def own_storage(batch: Any) -> Any:
-    """``batch`` with every tensor that is a view into a larger storage (a rank's share
-    sliced from the global batch) copied into a storage of its own size.
-
-    The memory rule sizes an input by its storage: a share that views the whole batch would
-    be planned (and measured) as the whole batch, and a later share with its own storage
-    would measure less than predicted. Captured and stepped with own storages, the input is
-    counted at its own size, the same on every step.
-    """
-    from torch.utils._pytree import tree_map
-
-    def own(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        if t.untyped_storage().nbytes() == t.numel() * t.element_size():
-            return t
-        return t.clone(memory_format=torch.contiguous_format)
-
-    return tree_map(own, batch)
 
 
 def same_plan_everywhere(ctx: RankContext, planned: PlannedStep,

@@ -201,6 +201,8 @@ def _to_plan(graph: Graph, problem: Problem, choice: list[tuple], how: str) -> P
                                f"{q - 1} [{how}]")
         elif pick[0] == "recompute":
             plan.decisions[t] = Decision.RECOMPUTE
+            for u in c.chain:  # re-made first (forward intermediates backward never reads)
+                plan.decisions[u] = Decision.RECOMPUTE
             plan.reasons[t] = (f"recompute {graph.producer_op(t).name}: "
                                f"{(c.recompute or 0.0) * 1e3:.3f} ms; frees {c.nbytes} B over "
                                f"stages {c.last_forward + 1}..{c.first_backward - 1} [{how}]")

@@ -156,6 +156,7 @@ class Model:
                         col += 1
         self.ncols = col
         self.cuts = dict(cuts or {})
+        self._built: tuple | None = None
 
     # -- prices per model -------------------------------------------------------------------
     def options(self, c: Candidate) -> tuple[int, ...]:
@@ -378,12 +379,20 @@ class Model:
         return values
 
     def solve(self, *, integral: bool, time_limit: float = 10.0, gap: float = 1e-4,
-              fixed: dict[int, float] | None = None) -> Solution:
-        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search."""
-        rows, lo, hi = self.build()
+              fixed: dict[int, float] | None = None, node_limit: int | None = None
+              ) -> Solution:
+        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
+        ``node_limit`` bounds the branch-and-bound work (deterministic, unlike
+        ``time_limit``, which is wall-clock); the matrix is built once per Model."""
+        if self._built is None:
+            rows, lo0, hi0 = self.build()
+            matrix = coo_matrix((rows.v, (rows.r, rows.c)),
+                                shape=(len(rows.lo), self.ncols)).tocsr()
+            self._built = (matrix, rows.lo, rows.hi, lo0, hi0)
+        matrix, row_lo, row_hi, lo0, hi0 = self._built
+        lo, hi = lo0.copy(), hi0.copy()
         for col, value in (fixed or {}).items():
             lo[col] = hi[col] = value
-        matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), self.ncols)).tocsr()
         cost = np.zeros(self.ncols)
         cost[self.A + self.p.stages] = 1.0
         integrality = np.zeros(self.ncols)
@@ -393,9 +402,12 @@ class Model:
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
+        options: dict[str, float | bool] = {"time_limit": time_limit, "mip_rel_gap": gap,
+                                            "presolve": True}
+        if node_limit is not None:
+            options["node_limit"] = node_limit
         res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
-                   constraints=LinearConstraint(matrix, rows.lo, rows.hi),
-                   options={"time_limit": time_limit, "mip_rel_gap": gap, "presolve": True})
+                   constraints=LinearConstraint(matrix, row_lo, row_hi), options=options)
         sol = Solution(status=str(res.message))
         if res.x is None:
             return sol

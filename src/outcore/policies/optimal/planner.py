@@ -20,6 +20,7 @@ Steps (``plan_optimal``):
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -39,7 +40,9 @@ NAME = "outcore-optimal"
 EXACT_CANDIDATES = 80
 MAX_CUTS = 8
 #: Candidates re-solved together in one step of the local search.
-SEGMENT = 30
+SEGMENT = 40
+#: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
+NODE_LIMIT = 200
 
 
 @dataclass
@@ -81,12 +84,15 @@ def lowest_peak(problem: Problem) -> int:
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                  exact_candidates: int = EXACT_CANDIDATES,
-                 time_limit: float = 20.0, search_limit: float = 1.5) -> OptimalResult:
+                 time_limit: float = 20.0, search_limit: float = 2.0,
+                 bound: bool = True) -> OptimalResult:
     """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
 
     ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
-    when it is reached); ``search_limit`` the MILP over the LP's fractional candidates on
-    graphs too large for the exact model.
+    when it is reached); ``search_limit`` the local search on graphs too large for the
+    exact model (``_search``). ``bound=False`` skips the bound model (the result's
+    ``lower_bound`` is then the in-core step, still a valid bound): outcore-auto's
+    portfolio ranks plans by their simulated step and needs no bound.
     """
     from outcore.sim import simulate
 
@@ -99,10 +105,11 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
             "That is the peak with every activation freed over its whole gap (offloaded or "
             "recomputed); split the batch into sub-batches (policy modnn) or shrink it.")
     exact = len(problem.candidates) <= exact_candidates
-    bound = _bound(problem, exact, time_limit)
-    plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit, search_limit)
+    floor_time = _bound(problem, exact, time_limit) if bound else problem.in_core_time
+    plan, schedule, solved_exact = _primal(graph, problem, cost, exact, time_limit,
+                                           search_limit)
     step = simulate(graph, schedule, cost).step_time
-    return OptimalResult(plan, schedule, step, bound, solved_exact,
+    return OptimalResult(plan, schedule, step, floor_time, solved_exact,
                          time.perf_counter() - started, len(problem.candidates))
 
 
@@ -114,8 +121,10 @@ def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
     return max(in_core, sol.bound)
 
 
-def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
+def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_limit: float,
             search_limit: float) -> tuple[Plan, Schedule, bool]:
+    from outcore.sim import simulate
+
     budget = problem.budget
     if max(problem.memory, default=0) <= budget:
         plan = _to_plan(graph, problem, [("keep",)] * len(problem.candidates), "fits in core")
@@ -128,16 +137,25 @@ def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
         sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
-        if not exact:
-            sol = _improve(model, sol, search_limit)
-        plan = _to_plan(graph, problem, sol.choice, _why(sol, exact))
-        schedule = lower(graph, plan)
-        verify(graph, schedule)
-        trace = memory_curve(graph, schedule)
-        if trace.peak <= budget:
-            return plan, schedule, exact and sol.optimal and not cuts
-        last = (plan, schedule)
-        _add_cuts(graph, schedule, trace.device, budget, stage_of, cuts)
+        tries = [sol] if exact else _search(model, sol, time_limit, search_limit)
+        best: tuple[float, Plan, Schedule, Solution] | None = None
+        worst: tuple[Plan, Schedule, list[int]] | None = None
+        for found in tries:
+            plan = _to_plan(graph, problem, found.choice, _why(found, exact))
+            schedule = lower(graph, plan)
+            verify(graph, schedule)
+            trace = memory_curve(graph, schedule)
+            if trace.peak > budget:
+                worst = worst or (plan, schedule, trace.device)
+                continue
+            step = simulate(graph, schedule, cost).step_time
+            if best is None or step < best[0]:
+                best = (step, plan, schedule, found)
+        if best is not None:
+            return best[1], best[2], exact and best[3].optimal and not cuts
+        assert worst is not None
+        last = (worst[0], worst[1])
+        _add_cuts(graph, worst[1], worst[2], budget, stage_of, cuts)
     if last is None:
         raise InfeasibleBudgetError(
             NAME, budget, lowest_peak(problem),
@@ -149,15 +167,44 @@ def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
         "sub-batches (modnn) or a larger budget.")
 
 
-def _improve(model: Model, start: Solution, time_limit: float) -> Solution:
-    """From the LP relaxation ``start``: fix every candidate the LP left integral, then solve
-    the rest as a MILP (HiGHS, time-limited); when that finds nothing, the rounded LP."""
+def _search(model: Model, start: Solution, time_limit: float,
+            search_limit: float) -> list[Solution]:
+    """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
+    rounded LP; the MILP over the candidates the LP left fractional (the others fixed); then
+    a local search from it: each ``SEGMENT`` of candidates in production order is
+    re-solved as a MILP with every other candidate fixed, and kept when the model's step
+    falls, until ``search_limit`` seconds have passed. Every MILP is bounded by
+    ``NODE_LIMIT`` nodes (deterministic work) and ``time_limit`` seconds."""
+    out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit)
-    return sol if sol.choice else start
+    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit, node_limit=NODE_LIMIT)
+    incumbent = sol if sol.choice else None
+    if incumbent is not None:
+        out.append(incumbent)
+    if incumbent is None or not math.isfinite(incumbent.objective):
+        return out
+    cands = model.p.candidates
+    order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
+    improved = False
+    deadline = time.perf_counter() + search_limit
+    for lo in range(0, len(order), SEGMENT):
+        if time.perf_counter() > deadline:
+            break
+        free = set(order[lo:lo + SEGMENT])
+        pins: dict[int, float] = {}
+        for k, pick in enumerate(incumbent.choice):
+            if k not in free:
+                pins.update(model.fix(k, pick))
+        step = model.solve(integral=True, fixed=pins, time_limit=time_limit,
+                           node_limit=NODE_LIMIT)
+        if step.choice and step.objective < incumbent.objective * (1 - 1e-6):
+            incumbent, improved = step, True
+    if improved:
+        out.append(incumbent)
+    return out
 
 
 def _add_cuts(graph: Graph, schedule: Schedule, device: list[int], budget: int,

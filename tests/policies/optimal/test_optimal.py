@@ -12,9 +12,9 @@ from outcore.api import cost_model_for
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
-from outcore.plan.verify import verify
 from outcore.plan.plan import Decision
 from outcore.plan.schedule import Compute
+from outcore.plan.verify import verify
 from outcore.policies.optimal import plan_optimal
 from outcore.policies.optimal.problem import build_problem
 from outcore.sim.synthetic import residual_chain

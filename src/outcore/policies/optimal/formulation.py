@@ -48,8 +48,11 @@ Two models share this code:
   plan re-makes it too (a recompute chain), so ``r_k <= y_u + sum_{b' <= b_k} z_(u,b')``:
   ``y_u`` adds its bytes over ``(last use of u, min b_k)``, ``z_(u,b')`` (u re-made before
   stage ``b'``, once for every later use) adds the least time re-making it costs (its
-  producer's time shared among the producer's outputs) to the compute stream at ``b'``;
-  the bytes a chain holds while it runs are not counted (a relaxation). Its LP (or MILP dual) value is
+  producer's time) to the compute stream at ``b'``; the bytes a chain holds while it runs
+  are not counted (a relaxation); deeper freed inputs likewise, up to ``CHAIN_DEPTH``
+  levels (deeper re-makes are free). A recompute finds each of its producer's candidate
+  inputs resident, or recomputes it, or prefetches it then (lowering's just-in-time
+  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Its LP (or MILP dual) value is
   a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
   from these decisions (framework kernels, one sub-batch).
 * **primal**: exact prefetch stages, recompute priced at the producer's time (plus, for a
@@ -346,7 +349,8 @@ class Model:
             for d in c.dead_inputs:
                 need = (self.r[k] if d.needed_by < 0
                         else self.remake[(d.needed_by, b)][0])
-                entries = {self.ext[d.storage][0]: 1.0, need: -1.0}  # type: ignore[dict-item]
+                assert need is not None  # the bound model has r_k for every candidate
+                entries = {self.ext[d.storage][0]: 1.0, need: -1.0}
                 if d.maker >= 0:
                     entries.update({z: 1.0 for when, z in remakes[d.maker] if when <= b})
                 rows.add(entries, 0.0)
@@ -359,7 +363,8 @@ class Model:
             rk = self.r[k]
             for leaf in c.bound_leaves:
                 u = index[leaf]
-                later = [j for j in range(len(self.x[u])) if self.time_stage(u, j) > c.first_backward]
+                later = [j for j in range(len(self.x[u]))
+                         if self.time_stage(u, j) > c.first_backward]
                 if rk is None or not later:
                     continue
                 entries = {rk: 1.0, self.x[u][later[0]]: 1.0}

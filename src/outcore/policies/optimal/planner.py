@@ -20,6 +20,7 @@ Steps (``plan_optimal``):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ NAME = "outcore-optimal"
 #: Up to this many candidates the primal and bound models are solved as MILPs.
 EXACT_CANDIDATES = 80
 MAX_CUTS = 8
+#: Beyond this many candidates the plan is the greedy planner's and the bound the in-core
+#: step (the LP relaxation of SuperNeurons' 2,500-unit ResNet does not solve in seconds).
+LARGE_CANDIDATES = 2000
 #: Candidates re-solved together in one step of the local search.
 SEGMENT = 40
 #: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
@@ -105,12 +109,30 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
             "That is the peak with every activation freed over its whole gap (offloaded or "
             "recomputed); split the batch into sub-batches (policy modnn) or shrink it.")
     exact = len(problem.candidates) <= exact_candidates
+    if len(problem.candidates) > LARGE_CANDIDATES and problem.in_core_peak > budget:
+        plan, schedule = _greedy(graph, budget, cost)
+        return OptimalResult(plan, schedule, simulate(graph, schedule, cost).step_time,
+                             problem.in_core_time, False, time.perf_counter() - started,
+                             len(problem.candidates))
     floor_time = _bound(problem, exact, time_limit) if bound else problem.in_core_time
     plan, schedule, solved_exact = _primal(graph, problem, cost, exact, time_limit,
                                            search_limit)
     step = simulate(graph, schedule, cost).step_time
     return OptimalResult(plan, schedule, step, floor_time, solved_exact,
                          time.perf_counter() - started, len(problem.candidates))
+
+
+def _greedy(graph: Graph, budget: int, cost: CostModel) -> tuple[Plan, Schedule]:
+    """Beyond ``LARGE_CANDIDATES``: outcore's greedy planner's plan, renamed (the LP takes
+    minutes there; the bound reported is the in-core step)."""
+    from outcore.policies.auto.policy import plan_auto
+
+    plan, schedule = plan_auto(graph, budget, cost)
+    note = (f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; the graph "
+            f"has more than {LARGE_CANDIDATES} movable activations, beyond the LP's reach]")
+    plan = dataclasses.replace(plan, policy=NAME,
+                               reasons={t: r + note for t, r in plan.reasons.items()})
+    return plan, dataclasses.replace(schedule, policy=NAME)
 
 
 def _bound(problem: Problem, exact: bool, time_limit: float) -> float:

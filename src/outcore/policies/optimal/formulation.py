@@ -388,7 +388,8 @@ class Model:
               ) -> Solution:
         """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
         ``node_limit`` bounds the branch-and-bound work (deterministic, unlike
-        ``time_limit``, which is wall-clock); the matrix is built once per Model."""
+        ``time_limit``, which is wall-clock and bounds MILPs only); the matrix is built once
+        per Model."""
         if self._built is None:
             rows, lo0, hi0 = self.build()
             matrix = coo_matrix((rows.v, (rows.r, rows.c)),
@@ -407,8 +408,11 @@ class Model:
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
-        options: dict[str, float | bool] = {"time_limit": time_limit, "mip_rel_gap": gap,
-                                            "presolve": True}
+        # an LP always ends (and is fast); a wall-clock limit on it only makes a loaded
+        # machine's answer differ from an idle one's
+        options: dict[str, float | bool] = {"mip_rel_gap": gap, "presolve": True}
+        if integral:
+            options["time_limit"] = time_limit
         if node_limit is not None:
             options["node_limit"] = node_limit
         res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),

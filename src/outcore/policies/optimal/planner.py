@@ -47,6 +47,9 @@ LARGE_CANDIDATES = 2000
 SEGMENT = 40
 #: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
 NODE_LIMIT = 200
+#: Wall-clock net under those node-limited MILPs: high, so that a loaded machine still
+#: gets the same answer as an idle one (where ``NODE_LIMIT`` ends them in about a second).
+SAFETY_LIMIT = 120.0
 
 
 @dataclass
@@ -159,7 +162,7 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
-        tries = [sol] if exact else _search(model, sol, time_limit, search_limit)
+        tries = [sol] if exact else _search(model, sol, search_limit)
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:
@@ -189,20 +192,19 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         "sub-batches (modnn) or a larger budget.")
 
 
-def _search(model: Model, start: Solution, time_limit: float,
-            search_limit: float) -> list[Solution]:
+def _search(model: Model, start: Solution, search_limit: float) -> list[Solution]:
     """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
     rounded LP; the MILP over the candidates the LP left fractional (the others fixed); then
     a local search from it: each ``SEGMENT`` of candidates in production order is
     re-solved as a MILP with every other candidate fixed, and kept when the model's step
     falls, until ``search_limit`` seconds have passed. Every MILP is bounded by
-    ``NODE_LIMIT`` nodes (deterministic work) and ``time_limit`` seconds."""
+    ``NODE_LIMIT`` nodes (deterministic work) and ``SAFETY_LIMIT`` seconds."""
     out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit, node_limit=NODE_LIMIT)
+    sol = model.solve(integral=True, fixed=fixed, time_limit=SAFETY_LIMIT, node_limit=NODE_LIMIT)
     incumbent = sol if sol.choice else None
     if incumbent is not None:
         out.append(incumbent)
@@ -220,7 +222,7 @@ def _search(model: Model, start: Solution, time_limit: float,
         for k, pick in enumerate(incumbent.choice):
             if k not in free:
                 pins.update(model.fix(k, pick))
-        step = model.solve(integral=True, fixed=pins, time_limit=time_limit,
+        step = model.solve(integral=True, fixed=pins, time_limit=SAFETY_LIMIT,
                            node_limit=NODE_LIMIT)
         if step.choice and step.objective < incumbent.objective * (1 - 1e-6):
             incumbent, improved = step, True

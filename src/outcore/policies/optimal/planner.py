@@ -8,14 +8,19 @@ Steps (``plan_optimal``):
 2. Bound: the relaxed model (``formulation``, ``relaxed=True``), as a MILP with HiGHS's dual
    bound when it has at most ``exact_candidates`` candidates, else its LP relaxation. The
    bound is never below the in-core compute time.
-3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else its
-   LP relaxation rounded (``("offload", q)`` by the largest prefetch share, recompute when
-   its share is the largest). The plan is lowered (``outcore.plan.lower``), verified
-   (``outcore.plan.verify``) and its peak taken with ``outcore.plan.memory``; where that
-   peak exceeds the budget, the budget of the model at the Compute the excess precedes is
-   lowered by the excess (a cut) and the model re-solved, up to ``MAX_CUTS`` rounds.
+3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else
+   from its LP relaxation (``_search``): the rounded LP (``("offload", q)`` by the largest
+   prefetch share, recompute when its share is the largest), the node-limited MILP over the
+   LP's fractional candidates, and a segment local search from it. Each is lowered
+   (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
+   ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
+   budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
+   and the model re-solved, up to ``MAX_CUTS`` rounds.
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
+
+Beyond ``LARGE_CANDIDATES`` movable activations the plan is the greedy planner's and the
+bound the in-core step (``_greedy``).
 """
 
 from __future__ import annotations

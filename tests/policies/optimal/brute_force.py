@@ -1,6 +1,8 @@
 """Brute force over every Plan of a small graph: each movable activation kept, recomputed, or
-offloaded with its prefetch issued before any stage of its gap; the fastest plan that
-verifies and fits, by simulation. The exact model must find it."""
+offloaded with its prefetch issued before any stage of its gap, and each forward
+intermediate that backward never reads marked RECOMPUTE or not (a recompute chain re-makes
+it instead of keeping it alive); the fastest plan that verifies and fits, by simulation.
+The exact model must find it."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import math
 
 from outcore.errors import ScheduleError
 from outcore.graph.ir import Graph
-from outcore.plan.lower import lower
+from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
+from outcore.policies.baseline import movable_activations
 from outcore.policies.optimal.problem import build_problem, stage_order
 from outcore.sim import simulate
 
@@ -26,9 +29,17 @@ def every_plan(graph: Graph, cost, budget: int):
         opts: list[tuple] = [("keep",), ("recompute",)]
         opts += [("offload", q) for q in range(c.last_forward + 1, c.first_backward + 1)]
         choices.append(opts)
+    # marking any other intermediate changes nothing: no recompute needs it
+    needed = {d.storage for c in problem.candidates for d in c.dead_inputs}
+    chains = sorted(needed & (forward_intermediates(graph) - set(movable_activations(graph))))
+    choices += [[("no",), ("chain",)]] * len(chains)
     for combo in itertools.product(*choices):
         plan = Plan(policy="enumerated", budget=budget)
-        for c, pick in zip(problem.candidates, combo, strict=True):
+        picks = combo[:len(problem.candidates)]
+        for u, flag in zip(chains, combo[len(problem.candidates):], strict=True):
+            if flag[0] == "chain":
+                plan.decisions[u] = Decision.RECOMPUTE
+        for c, pick in zip(problem.candidates, picks, strict=True):
             if pick[0] == "recompute":
                 plan.decisions[c.tensor] = Decision.RECOMPUTE
             elif pick[0] == "offload":

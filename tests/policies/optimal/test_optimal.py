@@ -12,8 +12,11 @@ from outcore.api import cost_model_for
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
+from outcore.plan.plan import Decision
+from outcore.plan.schedule import Compute
 from outcore.plan.verify import verify
 from outcore.policies.optimal import plan_optimal
+from outcore.policies.optimal.problem import build_problem
 from outcore.sim.synthetic import residual_chain
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,16 +53,40 @@ def test_an_infeasible_budget_names_the_lowest_peak():
 
 @settings(max_examples=12, deadline=None)
 @given(units=st.integers(2, 6), fraction=st.floats(0.55, 1.0),
-       gpu=st.sampled_from(["v100-pcie", "v100-nvlink", "a100"]))
-def test_every_plan_verifies_and_fits(units, fraction, gpu):
+       gpu=st.sampled_from(["v100-pcie", "v100-nvlink", "a100"]),
+       exact_candidates=st.sampled_from([80, 0]))
+def test_every_plan_verifies_and_fits(units, fraction, gpu, exact_candidates):
+    """Both paths: the exact MILP, and (``exact_candidates=0``) the LP relaxation with its
+    rounding and local search."""
     graph = residual_chain(units, activation_bytes=1 << 28, conv_flops=4e9)
     cost = cost_model_for(gpu)
     budget = int(reference_peaks(graph).liveness * fraction)
     try:
-        result = plan_optimal(graph, budget, cost)
+        result = plan_optimal(graph, budget, cost, exact_candidates=exact_candidates)
     except InfeasibleBudgetError as exc:
         assert exc.required > budget
         return
     verify(graph, result.schedule)
     assert memory_curve(graph, result.schedule).peak <= budget
     assert result.lower_bound <= result.step_time * (1 + 1e-9)
+
+
+def test_chains_are_planned_and_marked():
+    """A recompute whose producer reads a freed forward intermediate (the norm output under
+    the residual add) re-makes it: the plan marks it RECOMPUTE too, and the schedule runs
+    its producer again."""
+    budget = int(PEAK * 0.8)
+    result = plan_optimal(GRAPH, budget, COST)
+    problem = build_problem(GRAPH, COST, budget)
+    chained = {u for c in problem.candidates
+               if result.plan.decision(c.tensor) is Decision.RECOMPUTE for u in c.chain}
+    assert chained, "the optimum at 80% recomputes through a chain"
+    assert all(result.plan.decision(u) is Decision.RECOMPUTE for u in chained)
+    rerun = {i.op for i in result.schedule.instructions if isinstance(i, Compute) and i.recompute}
+    assert {GRAPH.tensors[u].producer for u in chained} <= rerun
+
+
+def test_outcore_optimal_leads_outcore_autos_portfolio():
+    from outcore.policies.auto.portfolio import CANDIDATES
+
+    assert CANDIDATES[0] == "outcore-optimal"

@@ -37,6 +37,7 @@ from outcore.units import format_bytes
 #: The portfolio, in order of preference on a tie. "outcore-auto" is the greedy planner of
 #: ``outcore.policies.auto.policy``; every other entry is a registered policy name.
 CANDIDATES: tuple[str, ...] = (
+    "outcore-optimal",
     "outcore-auto",
     "outcore-checkpoint",
     "vdnn-dyn",

@@ -44,11 +44,19 @@ Two models share this code:
   options_j]``, freed until the later end and issued at the earlier end; any candidate may be
   recomputed at its ``recompute_floor``; no leaf constraint; but a recompute whose producer
   reads an activation no policy may move and that the in-core schedule has freed by then
-  keeps that activation alive until the recompute (``lower`` extends its life), so
-  ``y_u >= r_k`` adds its bytes over ``(last use of u, min b_k)``. Its LP (or MILP dual) value is
+  keeps that activation alive until the recompute (``lower`` extends its life) unless the
+  plan re-makes it too (a recompute chain), so ``r_k <= y_u + sum_{b' <= b_k} z_(u,b')``:
+  ``y_u`` adds its bytes over ``(last use of u, min b_k)``, ``z_(u,b')`` (u re-made before
+  stage ``b'``, once for every later use) adds the least time re-making it costs (its
+  producer's time) to the compute stream at ``b'``; the bytes a chain holds while it runs
+  are not counted (a relaxation); deeper freed inputs likewise, up to ``CHAIN_DEPTH``
+  levels (deeper re-makes are free). A recompute finds each of its producer's candidate
+  inputs resident, or recomputes it, or prefetches it then (lowering's just-in-time
+  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Its LP (or MILP dual) value is
   a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
   from these decisions (framework kernels, one sub-batch).
-* **primal**: exact prefetch stages, recompute priced at the producer's time, only when its
+* **primal**: exact prefetch stages, recompute priced at the producer's time (plus, for a
+  chain, the producers of the freed forward intermediates it re-makes first), only when its
   inputs are resident (``leaves``: ``r_k + r_u + sum_{q_uj > b_k} x_uj <= 1``).
 """
 
@@ -135,15 +143,23 @@ class Model:
         # bound model: y_u >= r_k for every k whose producer reads u, a kept activation dead at
         # b_k in the in-core schedule (lowering keeps u alive until that recompute)
         self.ext: dict[int, tuple[int, int, int, list[int]]] = {}  # u -> col, bytes, from, ks
+        # ... or re-made (a recompute chain): z_(u,b) = u re-made before stage b, at its floor
+        # z_(m,b): op m re-run before stage b (a chain), at its full time
+        self.remake: dict[tuple[int, int], tuple[int, float]] = {}  # (m, b) -> col, seconds
         if relaxed:
             for k, c in enumerate(cands):
-                for u, nbytes, last in c.dead_inputs:
-                    if u not in self.ext:
-                        self.ext[u] = (col, nbytes, last, [])
+                for d in c.dead_inputs:
+                    if d.storage not in self.ext:
+                        self.ext[d.storage] = (col, d.nbytes, d.last, [])
                         col += 1
-                    self.ext[u][3].append(k)
+                    if k not in self.ext[d.storage][3]:
+                        self.ext[d.storage][3].append(k)
+                    if d.maker >= 0 and (d.maker, c.first_backward) not in self.remake:
+                        self.remake[(d.maker, c.first_backward)] = (col, d.seconds)
+                        col += 1
         self.ncols = col
         self.cuts = dict(cuts or {})
+        self._built: tuple | None = None
 
     # -- prices per model -------------------------------------------------------------------
     def options(self, c: Candidate) -> tuple[int, ...]:
@@ -182,6 +198,8 @@ class Model:
                 hi[rc] = 1.0
         for col, _, _, _ in self.ext.values():
             hi[col] = 1.0
+        for col, _ in self.remake.values():
+            hi[col] = 1.0
         return rows, lo, hi
 
     def _stream(self, rows: _Rows) -> None:
@@ -189,10 +207,15 @@ class Model:
         for k, c in enumerate(self.p.candidates):
             if self.r[k] is not None:
                 rec.setdefault(c.first_backward, []).append(k)
+        remade: dict[int, list[tuple[int, float]]] = {}
+        for (_, b), (col, floor) in self.remake.items():
+            remade.setdefault(b, []).append((col, floor))
         for s, cs in enumerate(self.p.op_time):
             entries = {self.A + s + 1: 1.0, self.A + s: -1.0}
             for k in rec.get(s + 1, []):
                 entries[self.r[k]] = -self.recompute_cost(k)  # type: ignore[index]
+            for col, floor in remade.get(s + 1, []):
+                entries[col] = -SECONDS * floor
             rows.add(entries, SECONDS * cs)
 
     def _memory(self, rows: _Rows) -> None:
@@ -296,10 +319,9 @@ class Model:
             rows.add(entries, -math.inf, 1.0)
             for a, b in itertools.pairwise(self.x[k]):
                 rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)
-        for col, _, _, ks in self.ext.values():
-            for k in ks:
-                rows.add({col: 1.0, self.r[k]: -1.0}, 0.0)  # type: ignore[dict-item]
         if self.relaxed:
+            self._dead_inputs(rows)
+            self._bound_leaves(rows, index)
             return
         for k, c in enumerate(cands):
             rk = self.r[k]
@@ -315,6 +337,41 @@ class Model:
                     entries[self.x[u][later[0]]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
 
+    def _dead_inputs(self, rows: _Rows) -> None:
+        """What needs a freed input ``d`` (k's recompute, or re-running ``d.needed_by``
+        before ``b_k``) has it: kept alive (``y``) or re-made at or before ``b_k`` (the
+        ``z`` of its maker's runs)."""
+        remakes: dict[int, list[tuple[int, int]]] = {}
+        for (m, when), (z, _) in self.remake.items():
+            remakes.setdefault(m, []).append((when, z))
+        for k, c in enumerate(self.p.candidates):
+            b = c.first_backward
+            for d in c.dead_inputs:
+                need = (self.r[k] if d.needed_by < 0
+                        else self.remake[(d.needed_by, b)][0])
+                assert need is not None  # the bound model has r_k for every candidate
+                entries = {self.ext[d.storage][0]: 1.0, need: -1.0}
+                if d.maker >= 0:
+                    entries.update({z: 1.0 for when, z in remakes[d.maker] if when <= b})
+                rows.add(entries, 0.0)
+
+    def _bound_leaves(self, rows: _Rows, index: dict[int, int]) -> None:
+        """A recompute before ``b_k`` finds each leaf ``u`` resident, or recomputes it then,
+        or prefetches it then (``lower``'s just-in-time bring-back, a prefetch at ``b_k``):
+        ``r_k + (u still freed at b_k) - r_u <= 1``."""
+        for k, c in enumerate(self.p.candidates):
+            rk = self.r[k]
+            for leaf in c.bound_leaves:
+                u = index[leaf]
+                later = [j for j in range(len(self.x[u]))
+                         if self.time_stage(u, j) > c.first_backward]
+                if rk is None or not later:
+                    continue
+                entries = {rk: 1.0, self.x[u][later[0]]: 1.0}
+                if self.r[u] is not None:
+                    entries[self.r[u]] = -1.0  # type: ignore[index]
+                rows.add(entries, -math.inf, 1.0)
+
     # -- solving ----------------------------------------------------------------------------
     def fix(self, k: int, pick: tuple) -> dict[int, float]:
         """Column values that force candidate ``k`` to ``pick`` (a ``Solution.choice`` entry)."""
@@ -327,12 +384,21 @@ class Model:
         return values
 
     def solve(self, *, integral: bool, time_limit: float = 10.0, gap: float = 1e-4,
-              fixed: dict[int, float] | None = None) -> Solution:
-        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search."""
-        rows, lo, hi = self.build()
+              fixed: dict[int, float] | None = None, node_limit: int | None = None
+              ) -> Solution:
+        """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
+        ``node_limit`` bounds the branch-and-bound work (deterministic, unlike
+        ``time_limit``, which is wall-clock and bounds MILPs only); the matrix is built once
+        per Model."""
+        if self._built is None:
+            rows, lo0, hi0 = self.build()
+            matrix = coo_matrix((rows.v, (rows.r, rows.c)),
+                                shape=(len(rows.lo), self.ncols)).tocsr()
+            self._built = (matrix, rows.lo, rows.hi, lo0, hi0)
+        matrix, row_lo, row_hi, lo0, hi0 = self._built
+        lo, hi = lo0.copy(), hi0.copy()
         for col, value in (fixed or {}).items():
             lo[col] = hi[col] = value
-        matrix = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), self.ncols)).tocsr()
         cost = np.zeros(self.ncols)
         cost[self.A + self.p.stages] = 1.0
         integrality = np.zeros(self.ncols)
@@ -342,9 +408,15 @@ class Model:
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
+        # an LP always ends (and is fast); a wall-clock limit on it only makes a loaded
+        # machine's answer differ from an idle one's
+        options: dict[str, float | bool] = {"mip_rel_gap": gap, "presolve": True}
+        if integral:
+            options["time_limit"] = time_limit
+        if node_limit is not None:
+            options["node_limit"] = node_limit
         res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
-                   constraints=LinearConstraint(matrix, rows.lo, rows.hi),
-                   options={"time_limit": time_limit, "mip_rel_gap": gap, "presolve": True})
+                   constraints=LinearConstraint(matrix, row_lo, row_hi), options=options)
         sol = Solution(status=str(res.message))
         if res.x is None:
             return sol

@@ -8,18 +8,25 @@ Steps (``plan_optimal``):
 2. Bound: the relaxed model (``formulation``, ``relaxed=True``), as a MILP with HiGHS's dual
    bound when it has at most ``exact_candidates`` candidates, else its LP relaxation. The
    bound is never below the in-core compute time.
-3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else its
-   LP relaxation rounded (``("offload", q)`` by the largest prefetch share, recompute when
-   its share is the largest). The plan is lowered (``outcore.plan.lower``), verified
-   (``outcore.plan.verify``) and its peak taken with ``outcore.plan.memory``; where that
-   peak exceeds the budget, the budget of the model at the Compute the excess precedes is
-   lowered by the excess (a cut) and the model re-solved, up to ``MAX_CUTS`` rounds.
+3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else
+   from its LP relaxation (``_search``): the rounded LP (``("offload", q)`` by the largest
+   prefetch share, recompute when its share is the largest), the node-limited MILP over the
+   LP's fractional candidates, and a segment local search from it. Each is lowered
+   (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
+   ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
+   budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
+   and the model re-solved, up to ``MAX_CUTS`` rounds.
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
+
+Beyond ``LARGE_CANDIDATES`` movable activations the plan is the greedy planner's and the
+bound the in-core step (``_greedy``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -38,8 +45,16 @@ NAME = "outcore-optimal"
 #: Up to this many candidates the primal and bound models are solved as MILPs.
 EXACT_CANDIDATES = 80
 MAX_CUTS = 8
+#: Beyond this many candidates the plan is the greedy planner's and the bound the in-core
+#: step (the LP relaxation of SuperNeurons' 2,500-unit ResNet does not solve in seconds).
+LARGE_CANDIDATES = 2000
 #: Candidates re-solved together in one step of the local search.
-SEGMENT = 30
+SEGMENT = 40
+#: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
+NODE_LIMIT = 200
+#: Wall-clock net under those node-limited MILPs: high, so that a loaded machine still
+#: gets the same answer as an idle one (where ``NODE_LIMIT`` ends them in about a second).
+SAFETY_LIMIT = 120.0
 
 
 @dataclass
@@ -81,12 +96,15 @@ def lowest_peak(problem: Problem) -> int:
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                  exact_candidates: int = EXACT_CANDIDATES,
-                 time_limit: float = 20.0, search_limit: float = 1.5) -> OptimalResult:
+                 time_limit: float = 20.0, search_limit: float = 2.0,
+                 bound: bool = True) -> OptimalResult:
     """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
 
     ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
-    when it is reached); ``search_limit`` the MILP over the LP's fractional candidates on
-    graphs too large for the exact model.
+    when it is reached); ``search_limit`` the local search on graphs too large for the
+    exact model (``_search``). ``bound=False`` skips the bound model (the result's
+    ``lower_bound`` is then the in-core step, still a valid bound): outcore-auto's
+    portfolio ranks plans by their simulated step and needs no bound.
     """
     from outcore.sim import simulate
 
@@ -99,11 +117,30 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
             "That is the peak with every activation freed over its whole gap (offloaded or "
             "recomputed); split the batch into sub-batches (policy modnn) or shrink it.")
     exact = len(problem.candidates) <= exact_candidates
-    bound = _bound(problem, exact, time_limit)
-    plan, schedule, solved_exact = _primal(graph, problem, exact, time_limit, search_limit)
+    if len(problem.candidates) > LARGE_CANDIDATES and problem.in_core_peak > budget:
+        plan, schedule = _greedy(graph, budget, cost)
+        return OptimalResult(plan, schedule, simulate(graph, schedule, cost).step_time,
+                             problem.in_core_time, False, time.perf_counter() - started,
+                             len(problem.candidates))
+    floor_time = _bound(problem, exact, time_limit) if bound else problem.in_core_time
+    plan, schedule, solved_exact = _primal(graph, problem, cost, exact, time_limit,
+                                           search_limit)
     step = simulate(graph, schedule, cost).step_time
-    return OptimalResult(plan, schedule, step, bound, solved_exact,
+    return OptimalResult(plan, schedule, step, floor_time, solved_exact,
                          time.perf_counter() - started, len(problem.candidates))
+
+
+def _greedy(graph: Graph, budget: int, cost: CostModel) -> tuple[Plan, Schedule]:
+    """Beyond ``LARGE_CANDIDATES``: outcore's greedy planner's plan, renamed (the LP takes
+    minutes there; the bound reported is the in-core step)."""
+    from outcore.policies.auto.policy import plan_auto
+
+    plan, schedule = plan_auto(graph, budget, cost)
+    note = (f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; the graph "
+            f"has more than {LARGE_CANDIDATES} movable activations, beyond the LP's reach]")
+    plan = dataclasses.replace(plan, policy=NAME,
+                               reasons={t: r + note for t, r in plan.reasons.items()})
+    return plan, dataclasses.replace(schedule, policy=NAME)
 
 
 def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
@@ -114,8 +151,10 @@ def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
     return max(in_core, sol.bound)
 
 
-def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
+def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_limit: float,
             search_limit: float) -> tuple[Plan, Schedule, bool]:
+    from outcore.sim import simulate
+
     budget = problem.budget
     if max(problem.memory, default=0) <= budget:
         plan = _to_plan(graph, problem, [("keep",)] * len(problem.candidates), "fits in core")
@@ -128,16 +167,25 @@ def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
         sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
-        if not exact:
-            sol = _improve(model, sol, search_limit)
-        plan = _to_plan(graph, problem, sol.choice, _why(sol, exact))
-        schedule = lower(graph, plan)
-        verify(graph, schedule)
-        trace = memory_curve(graph, schedule)
-        if trace.peak <= budget:
-            return plan, schedule, exact and sol.optimal and not cuts
-        last = (plan, schedule)
-        _add_cuts(graph, schedule, trace.device, budget, stage_of, cuts)
+        tries = [sol] if exact else _search(model, sol, search_limit)
+        best: tuple[float, Plan, Schedule, Solution] | None = None
+        worst: tuple[Plan, Schedule, list[int]] | None = None
+        for found in tries:
+            plan = _to_plan(graph, problem, found.choice, _why(found, exact))
+            schedule = lower(graph, plan)
+            verify(graph, schedule)
+            trace = memory_curve(graph, schedule)
+            if trace.peak > budget:
+                worst = worst or (plan, schedule, trace.device)
+                continue
+            step = simulate(graph, schedule, cost).step_time
+            if best is None or step < best[0]:
+                best = (step, plan, schedule, found)
+        if best is not None:
+            return best[1], best[2], exact and best[3].optimal and not cuts
+        assert worst is not None
+        last = (worst[0], worst[1])
+        _add_cuts(graph, worst[1], worst[2], budget, stage_of, cuts)
     if last is None:
         raise InfeasibleBudgetError(
             NAME, budget, lowest_peak(problem),
@@ -149,15 +197,43 @@ def _primal(graph: Graph, problem: Problem, exact: bool, time_limit: float,
         "sub-batches (modnn) or a larger budget.")
 
 
-def _improve(model: Model, start: Solution, time_limit: float) -> Solution:
-    """From the LP relaxation ``start``: fix every candidate the LP left integral, then solve
-    the rest as a MILP (HiGHS, time-limited); when that finds nothing, the rounded LP."""
+def _search(model: Model, start: Solution, search_limit: float) -> list[Solution]:
+    """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
+    rounded LP; the MILP over the candidates the LP left fractional (the others fixed); then
+    a local search from it: each ``SEGMENT`` of candidates in production order is
+    re-solved as a MILP with every other candidate fixed, and kept when the model's step
+    falls, until ``search_limit`` seconds have passed. Every MILP is bounded by
+    ``NODE_LIMIT`` nodes (deterministic work) and ``SAFETY_LIMIT`` seconds."""
+    out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, time_limit=time_limit)
-    return sol if sol.choice else start
+    sol = model.solve(integral=True, fixed=fixed, time_limit=SAFETY_LIMIT, node_limit=NODE_LIMIT)
+    incumbent = sol if sol.choice else None
+    if incumbent is not None:
+        out.append(incumbent)
+    if incumbent is None or not math.isfinite(incumbent.objective):
+        return out
+    cands = model.p.candidates
+    order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
+    improved = False
+    deadline = time.perf_counter() + search_limit
+    for lo in range(0, len(order), SEGMENT):
+        if time.perf_counter() > deadline:
+            break
+        free = set(order[lo:lo + SEGMENT])
+        pins: dict[int, float] = {}
+        for k, pick in enumerate(incumbent.choice):
+            if k not in free:
+                pins.update(model.fix(k, pick))
+        step = model.solve(integral=True, fixed=pins, time_limit=SAFETY_LIMIT,
+                           node_limit=NODE_LIMIT)
+        if step.choice and step.objective < incumbent.objective * (1 - 1e-6):
+            incumbent, improved = step, True
+    if improved:
+        out.append(incumbent)
+    return out
 
 
 def _add_cuts(graph: Graph, schedule: Schedule, device: list[int], budget: int,
@@ -201,6 +277,8 @@ def _to_plan(graph: Graph, problem: Problem, choice: list[tuple], how: str) -> P
                                f"{q - 1} [{how}]")
         elif pick[0] == "recompute":
             plan.decisions[t] = Decision.RECOMPUTE
+            for u in c.chain:  # re-made first (forward intermediates backward never reads)
+                plan.decisions[u] = Decision.RECOMPUTE
             plan.reasons[t] = (f"recompute {graph.producer_op(t).name}: "
                                f"{(c.recompute or 0.0) * 1e3:.3f} ms; frees {c.nbytes} B over "
                                f"stages {c.last_forward + 1}..{c.first_backward - 1} [{how}]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from outcore.graph.ir import Graph
-from outcore.policies.optimal.planner import NAME, _bound, plan_optimal
+from outcore.policies.optimal.planner import EXACT_CANDIDATES, NAME, _bound, plan_optimal
 from outcore.policies.optimal.problem import build_problem
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -22,7 +22,7 @@ def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
     key = (int(budget), repr(cost))
     if key not in cache:
         problem = build_problem(graph, cost, int(budget))
-        cache[key] = _bound(problem, len(problem.candidates) <= 80, 20.0)
+        cache[key] = _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES, 20.0)
     return cache[key]
 
 
@@ -37,7 +37,7 @@ def optimal_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
 
         plan = Plan(policy=NAME, budget=ctx.budget)
         return PolicyOutput(plan, lower(graph, plan), graph)
-    result = plan_optimal(graph, ctx.budget, ctx.cost)
-    cache: dict[tuple[int, str], float] = graph.meta.setdefault(_CACHE_KEY, {})
-    cache[(int(ctx.budget), repr(ctx.cost))] = result.lower_bound
+    # the bound is computed on demand (``lower_bound``, when outcore.plan reports it): the
+    # portfolio that runs this policy ranks plans by their simulated step alone
+    result = plan_optimal(graph, ctx.budget, ctx.cost, bound=False)
     return PolicyOutput(result.plan, result.schedule, graph)

@@ -18,10 +18,11 @@ no plan can free them at any Compute sample.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from outcore.cost.model import CostModel
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
-from outcore.plan.lower import HEAVY, lower
+from outcore.plan.lower import HEAVY, forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Plan
 from outcore.plan.schedule import Compute
@@ -31,6 +32,25 @@ from outcore.policies.baseline import movable_activations
 #: every stage as a prefetch point (exact); beyond, ``BOUND_OPTIONS`` heavy stages.
 EVERY_STAGE_LIMIT = 4000
 BOUND_OPTIONS = 12
+
+
+#: How many levels of freed inputs the bound model follows behind a recompute (deeper
+#: re-makes are free there: a relaxation).
+CHAIN_DEPTH = 4
+
+
+class DeadInput(NamedTuple):
+    """A freed forward tensor a recompute needs (bound model). ``maker`` is the op that
+    re-makes it (-1 when lowering cannot: it must be kept alive), ``seconds`` that op's
+    time, ``needed_by`` -1 when the candidate's own producer reads it, else the ``maker``
+    of the freed input whose re-make reads it."""
+
+    storage: int
+    nbytes: int
+    last: int
+    maker: int
+    seconds: float
+    needed_by: int
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,11 @@ class Candidate:
     price no plan can beat (the producer's time shared among its movable outputs).
     ``leaves`` are the candidates (by tensor id) among the producer's inputs whose gap
     contains ``first_backward``: they must be resident when the recompute runs.
+    ``chain`` are forward intermediates (storages) the primal recompute re-makes first (an
+    input the in-core schedule has freed by ``first_backward``, rebuilt from inputs that are
+    resident then); the plan marks them RECOMPUTE too, and ``recompute`` includes their
+    producers' times. ``dead_inputs`` lists, for the bound model, every such freed input:
+    ``DeadInput``, with the freed inputs re-making it needs in turn.
     """
 
     tensor: int
@@ -61,7 +86,9 @@ class Candidate:
     leaves: tuple[int, ...]
     options: tuple[int, ...]
     bound_options: tuple[int, ...] = ()
-    dead_inputs: tuple[tuple[int, int, int], ...] = ()  # (storage, bytes, last use stage)
+    dead_inputs: tuple[DeadInput, ...] = ()
+    chain: tuple[int, ...] = ()
+    bound_leaves: tuple[int, ...] = ()  # the producer's own inputs whose gap contains b
 
 
 @dataclass(frozen=True)
@@ -129,23 +156,27 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
             continue
         raw.append((tid, p, f, b))
     gaps = {tid: (f, b) for tid, _, f, b in raw}
+    movable_set = set(movable)
+    rebuildable = forward_intermediates(graph) - movable_set  # backward never reads them
     every_stage = sum(b - f for _, _, f, b in raw) <= EVERY_STAGE_LIMIT
     cands = []
     for tid, p, f, b in raw:
         producer = graph.producer_op(tid)
         nbytes = graph.tensors[tid].nbytes
-        price, leaves = _recompute_price(graph, producer.id, b, op_time[stage_of[producer.id]],
-                                         spans, gaps)
+        price, leaves, chain = _recompute_price(graph, producer.id, b, op_time, stage_of,
+                                                spans, gaps, rebuildable)
         cands.append(Candidate(
             tensor=tid, nbytes=nbytes, produce=p, last_forward=f, first_backward=b,
             d2h=float(model.transfer_time(nbytes, "d2h")),
             h2d=float(model.transfer_time(nbytes, "h2d")),
-            recompute=price, leaves=leaves,
+            recompute=price, leaves=leaves, chain=chain,
+            bound_leaves=_direct_leaves(graph, producer.id, b, gaps),
             recompute_floor=op_time[stage_of[producer.id]] / per_producer[producer.id],
             options=_options(heavy, f, b, options),
             bound_options=tuple(range(f + 1, b + 1)) if every_stage
             else _options(heavy, f, b, BOUND_OPTIONS),
-            dead_inputs=_dead_inputs(graph, producer.id, b, spans, set(movable))))
+            dead_inputs=_dead_inputs(graph, producer.id, b, spans, movable_set,
+                                     rebuildable, op_time, stage_of)))
     return Problem(tuple(order), op_time, tuple(memory), budget, tuple(cands),
                    int(model.copy_engines))
 
@@ -170,41 +201,94 @@ def _storage_spans(graph: Graph, stage_of: dict[int, int]
     return spans
 
 
-def _recompute_price(graph: Graph, producer: int, b: int, seconds: float,
+def _recompute_price(graph: Graph, producer: int, b: int, op_time: tuple[float, ...],
+                     stage_of: dict[int, int],
                      spans: dict[int, tuple[int, int, int | None, int]],
-                     gaps: dict[int, tuple[int, int]]) -> tuple[float | None, tuple[int, ...]]:
-    """The primal price of recomputing an output of ``producer`` before stage ``b``, and the
-    candidates that must then be resident (see ``Candidate``)."""
+                     gaps: dict[int, tuple[int, int]], rebuildable: set[int]
+                     ) -> tuple[float | None, tuple[int, ...], tuple[int, ...]]:
+    """The primal price of recomputing an output of ``producer`` before stage ``b``, the
+    candidates that must then be resident, and the chain re-made first (see ``Candidate``).
+    A freed input is re-made when it is a forward intermediate, recursively up to
+    ``CHAIN_DEPTH`` levels, until inputs alive at ``b``; otherwise the primal model may not
+    recompute (None)."""
     op = graph.ops[producer]
     if op.random or op.category is OpCategory.VIEW:
-        return None, ()
-    leaves = []
-    for inp in op.inputs:
-        t = graph.tensors[inp]
-        if t.kind in STATIC_KINDS:
-            continue
-        span = spans.get(t.storage)
-        if span is None or not span[0] <= b <= span[3]:
-            return None, ()  # dead at b in the in-core schedule: lowering would extend it
-        gap = gaps.get(t.storage)
-        if gap is not None and gap[0] < b < gap[1]:
-            leaves.append(t.storage)
-    return seconds, tuple(sorted(set(leaves)))
+        return None, (), ()
+    price = op_time[stage_of[producer]]
+    leaves: list[int] = []
+    chain: list[int] = []
+    frontier = [producer]
+    for depth in range(CHAIN_DEPTH + 1):
+        nxt: list[int] = []
+        for op_id in frontier:
+            for inp in graph.ops[op_id].inputs:
+                t = graph.tensors[inp]
+                if t.kind in STATIC_KINDS or t.storage in chain:
+                    continue
+                if _alive_at(spans, t.storage, b):
+                    _add_leaf(leaves, gaps, t.storage, b)
+                    continue
+                maker = graph.tensors[t.storage].producer
+                if (depth == CHAIN_DEPTH or t.storage not in rebuildable or maker is None
+                        or graph.ops[maker].random):
+                    return None, (), ()  # lowering would keep it alive instead
+                chain.append(t.storage)
+                price += op_time[stage_of[maker]]
+                nxt.append(maker)
+        frontier = nxt
+    return price, tuple(sorted(set(leaves))), tuple(chain)
+
+
+def _direct_leaves(graph: Graph, producer: int, b: int,
+                   gaps: dict[int, tuple[int, int]]) -> tuple[int, ...]:
+    """Candidates among ``producer``'s inputs whose gap contains ``b``: a recompute before
+    ``b`` finds them resident, or brings them back (prefetch or recompute) for itself."""
+    leaves: list[int] = []
+    for inp in graph.ops[producer].inputs:
+        _add_leaf(leaves, gaps, graph.tensors[inp].storage, b)
+    return tuple(sorted(set(leaves)))
+
+
+def _alive_at(spans: dict[int, tuple[int, int, int | None, int]], storage: int, b: int) -> bool:
+    span = spans.get(storage)
+    return span is not None and span[0] <= b <= span[3]
+
+
+def _add_leaf(leaves: list[int], gaps: dict[int, tuple[int, int]], storage: int, b: int) -> None:
+    gap = gaps.get(storage)
+    if gap is not None and gap[0] < b < gap[1]:
+        leaves.append(storage)
 
 
 def _dead_inputs(graph: Graph, producer: int, b: int,
                  spans: dict[int, tuple[int, int, int | None, int]],
-                 movable: set[int]) -> tuple[tuple[int, int, int], ...]:
+                 movable: set[int], rebuildable: set[int], op_time: tuple[float, ...],
+                 stage_of: dict[int, int]) -> tuple[DeadInput, ...]:
     """Inputs of ``producer`` that no policy may move and that the in-core schedule frees
-    before stage ``b``: (storage, bytes, last use stage)."""
-    out = []
-    for inp in graph.ops[producer].inputs:
-        t = graph.tensors[inp]
-        span = spans.get(t.storage)
-        if t.kind in STATIC_KINDS or span is None or t.storage in movable or span[3] >= b:
-            continue
-        out.append((t.storage, graph.tensors[t.storage].nbytes, span[3]))
-    return tuple(sorted(set(out)))
+    before stage ``b``, and (up to ``CHAIN_DEPTH`` levels) the freed inputs of their
+    producers, which re-making them needs in turn (see ``DeadInput``)."""
+    out: dict[tuple[int, int], DeadInput] = {}
+    frontier = [(producer, -1)]
+    for _ in range(CHAIN_DEPTH):
+        nxt = []
+        for op_id, needed_by in frontier:
+            for inp in graph.ops[op_id].inputs:
+                t = graph.tensors[inp]
+                span = spans.get(t.storage)
+                if (t.kind in STATIC_KINDS or span is None or t.storage in movable
+                        or span[3] >= b or (t.storage, needed_by) in out):
+                    continue
+                maker = graph.tensors[t.storage].producer
+                if t.storage not in rebuildable or maker is None:
+                    maker = -1
+                seconds = op_time[stage_of[maker]] if maker >= 0 else 0.0
+                out[(t.storage, needed_by)] = DeadInput(
+                    t.storage, graph.tensors[t.storage].nbytes, span[3], maker, seconds,
+                    needed_by)
+                if maker >= 0:
+                    nxt.append((maker, maker))
+        frontier = nxt
+    return tuple(out.values())
 
 
 def _options(heavy: list[int], f: int, b: int, count: int) -> tuple[int, ...]:

@@ -233,7 +233,8 @@ def plan_static(graph: Graph, ctx: PolicyContext, mode: VdnnMode | str,
     else:
         plan, schedule = release_schedule(graph, mode, policy=name)
     table = candidates(graph, ctx.cost, variant_table(graph, config.variants))
-    choice = table.uniform(setting)
+    choice = (table.memory_optimal() if setting is VdnnAlgo.MEMORY
+              else table.performance_optimal())
     peak = peak_with(graph, schedule, table, choice)
     _check_budget(name, ctx.budget, peak, _hint(mode, setting))
     plan.variants = dict(choice)

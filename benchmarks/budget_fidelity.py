@@ -32,7 +32,7 @@ from rich.table import Table
 import outcore
 from outcore import zoo
 from outcore.capture import capture
-from outcore.errors import OutcoreError
+from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.runtime.devices import EmulatedDevice
 from outcore.runtime.executor import Executor
@@ -61,7 +61,7 @@ def planned_peak(graph: Graph, budget: int, policy: str, **options: object) -> i
     try:
         return outcore.plan(graph, budget, policy=policy, simulate=False,
                             **options).predicted_peak
-    except (OutcoreError, ValueError):
+    except InfeasibleBudgetError:  # infeasibility only; any other error is a bug
         return None
 
 

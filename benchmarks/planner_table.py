@@ -16,7 +16,7 @@ import time
 from outcore import zoo
 from outcore.api import cost_model_for
 from outcore.capture import capture
-from outcore.errors import OutcoreError
+from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
 from outcore.policies.auto import plan_auto
@@ -49,14 +49,14 @@ def row(name: str) -> None:
             out = get(seed).fn(graph, PolicyContext(budget=budget, cost=cost))
             fits = memory_curve(out.graph, out.schedule).peak <= budget
             step = simulate(out.graph, out.schedule, cost).step_time if fits else None
-        except (OutcoreError, ValueError):
+        except InfeasibleBudgetError:  # infeasibility only; any other error is a bug
             step = None
         times[seed] = (step, time.perf_counter() - t0)
     t0 = time.perf_counter()
     try:
         _, schedule = plan_auto(graph, budget, cost)
         times["greedy"] = (simulate(graph, schedule, cost).step_time, time.perf_counter() - t0)
-    except OutcoreError:
+    except InfeasibleBudgetError:
         times["greedy"] = (None, time.perf_counter() - t0)
     result = plan_optimal(graph, budget, cost)
     times["optimal"] = (result.step_time, result.seconds)

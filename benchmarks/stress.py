@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 import outcore
 from outcore.capture import capture
-from outcore.errors import OutcoreError
+from outcore.errors import InfeasibleBudgetError
 from outcore.runtime.devices import EmulatedDevice
 from outcore.runtime.executor import Executor
 
@@ -96,7 +96,7 @@ def lowest_budget(graph, high: int) -> int:
         try:
             outcore.plan(graph, mid, simulate=False)
             hi = mid
-        except (OutcoreError, ValueError):
+        except InfeasibleBudgetError:  # infeasibility only; any other error is a bug
             lo = mid
     return hi
 

@@ -75,7 +75,7 @@ def test_execution_order_is_dfs():
 def test_offload_candidates_leave_fc_softmax_dropout_on_the_device():
     *_, g = captured("transformer")
     result = plan_dymem(g, PolicyContext(cost=SlowLink()))
-    moved = {i.tensor for i in result.output.schedule.instructions if isinstance(i, Offload)}
+    moved = {i.tensor for i in result.schedule.instructions if isinstance(i, Offload)}
     producers = {x: g.ops[g.tensors[x].producer].category for x in result.profile.features}
     assert moved and all(producers[x] not in RECLAIMED for x in moved)
     assert {producers[x] for x in set(producers) - moved} <= RECLAIMED
@@ -91,8 +91,8 @@ def test_forward_runs_without_per_layer_barriers():
     fwd_ops = [op for op in g.ops if op.phase is Phase.FORWARD]
     assert not ev.forward_stall
     assert ev.forward_end == pytest.approx(sum(SlowLink().op_time(op) for op in fwd_ops))
-    sim = simulate(g, result.output.schedule, SlowLink())
-    ins = result.output.schedule.instructions
+    sim = simulate(g, result.schedule, SlowLink())
+    ins = result.schedule.instructions
     first_bwd = next(i for i, x in enumerate(ins) if isinstance(x, Compute)
                      and g.ops[x.op].phase is Phase.BACKWARD)
     stalls = [i for i, x in enumerate(ins) if isinstance(x, Wait) and x.direction == "d2h"
@@ -123,7 +123,7 @@ def test_prefetches_follow_alg2_when_memory_allows():
     for x in swapped:
         lo = max(p.nf, ev.free_at[x])
         assert ev.issue_at[x] == alg2_position(convs, lo, ev.need_at[x])
-    ins = result.output.schedule.instructions
+    ins = result.schedule.instructions
     order = {op: j for j, op in enumerate(p.order)}
     for k, item in enumerate(ins):  # the Prefetch sits right before its position's op
         if isinstance(item, Prefetch):
@@ -140,8 +140,8 @@ def test_budget_blocks_prefetches_and_forward():
     assert err.value.required == need
     budget = int(need * 1.02)
     tight = plan_dymem(g, PolicyContext(budget=budget, cost=SlowLink()))
-    tight_peak = predicted_peak(g, tight.output.schedule)
-    assert tight_peak <= budget < predicted_peak(g, roomy.output.schedule)
+    tight_peak = predicted_peak(g, tight.schedule)
+    assert tight_peak <= budget < predicted_peak(g, roomy.schedule)
     later = [x for x in tight.evaluation.issue_at
              if tight.evaluation.issue_at[x] > roomy.evaluation.issue_at[x]]
     assert later or tight.evaluation.forward_stall

@@ -266,7 +266,7 @@ def test_every_budget_from_mmin_up_is_scheduled(units):
     peak = max(memory_per_step(g))
     for budget in range(mmin, peak + 2 * UNIT, max(1, (peak - mmin) // 23)):
         result = plan_modnn(g, dataclasses.replace(ctx, budget=budget))
-        out = result.output
+        out = result
         verify(out.graph, out.schedule)
         sim = simulate(out.graph, out.schedule, ctx.cost)
         assert sim.peak_bytes <= budget, budget

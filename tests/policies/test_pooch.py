@@ -174,7 +174,7 @@ def test_search_rules(bandwidth):
     assert all(r < 1.0 for r in c.ratios.values())
     assert set(c.ratios) == {x for x, v in c.classes.items() if v == RECOMPUTE}
     assert c.evaluation.time <= c.profiling.time + 1e-12
-    assert predicted_peak(g, result.output.schedule) <= ctx.budget
+    assert predicted_peak(g, result.schedule) <= ctx.budget
 
 
 def test_slow_links_recompute_more():
@@ -219,9 +219,9 @@ def test_executor_matches_eager_with_swaps_and_recomputes(model):
     counts = result.classification.counts()
     assert counts[RECOMPUTE] > 0 and counts[KEEP] > 0
     torch.manual_seed(3)
-    step = Executor(g, result.output.schedule).run(batch)
+    step = Executor(g, result.schedule).run(batch)
     for (name, p), q in zip(trained.named_parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
     for (name, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, c), name  # BatchNorm statistics updated once, recompute or not
-    assert step.peak_bytes == predicted_peak(g, result.output.schedule) <= budget
+    assert step.peak_bytes == predicted_peak(g, result.schedule) <= budget

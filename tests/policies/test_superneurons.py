@@ -27,6 +27,12 @@ from outcore.sim import simulate
 from models import make
 
 
+def sn(graph: Graph, budget: int | None = None, cost=None, **options):
+    """SuperNeurons' entry point for a context with ``budget``, ``cost`` and ``options``
+    (the user's spelling: strings read as the config's enums)."""
+    return plan_superneurons(graph, PolicyContext(budget=budget, cost=cost, options=options))
+
+
 def tname(graph: Graph, tid: int) -> str:
     return graph.tensors[tid].name
 
@@ -63,16 +69,16 @@ def test_cost_aware_picks_memory_centric_where_speed_centric_exceeds_l_peak(cnn)
     ("none", []),
 ])
 def test_recomputations_follow_the_strategy(cnn, strategy, expected):
-    r = plan_superneurons(cnn, recompute=strategy, offload=False)
+    r = sn(cnn, recompute=strategy, offload=False)
     verify(cnn, r.schedule)
     assert recomputed(cnn, r.schedule) == expected
     assert r.recomputations == len(expected)
 
 
 def test_cost_aware_peak_equals_memory_centric_with_fewer_recomputations(cnn):
-    speed = plan_superneurons(cnn, recompute="speed", cache=False)
-    memory = plan_superneurons(cnn, recompute="memory", cache=False)
-    aware = plan_superneurons(cnn, recompute="cost-aware", cache=False)
+    speed = sn(cnn, recompute="speed", cache=False)
+    memory = sn(cnn, recompute="memory", cache=False)
+    aware = sn(cnn, recompute="cost-aware", cache=False)
     assert aware.peak == memory.peak < speed.peak
     assert speed.recomputations < aware.recomputations < memory.recomputations
 
@@ -86,7 +92,7 @@ def test_anchor_keeps_a_shortcut_so_recomputation_stays_in_its_segment():
         readers = {graph.ops[c].target for t in graph.aliases()[s]
                    for c in graph.tensors[t].consumers if graph.ops[c].phase is Phase.FORWARD}
         assert "aten.add.Tensor" in readers
-    r = plan_superneurons(graph)
+    r = sn(graph)
     forward_ops = {o.id for o in graph.ops if o.phase is Phase.FORWARD}
     # every recompute chain starts from checkpoints: no op is recomputed twice in a row of blocks
     assert set(r.schedule.recomputed_ops()) <= forward_ops
@@ -109,22 +115,22 @@ def test_lru_cache_order_and_locks():
 
 
 def test_no_budget_moves_nothing_and_eager_mode_offloads_every_conv_checkpoint(chain):
-    cached = plan_superneurons(chain)
+    cached = sn(chain)
     assert cached.schedule.count(Offload) == 0 and cached.stats.offloads == 0
-    eager = plan_superneurons(chain, cache=False)
+    eager = sn(chain, cache=False)
     assert {tname(chain, i.tensor) for i in eager.schedule.instructions
             if isinstance(i, Offload)} == {f"r{i}" for i in range(1, 7)}
     assert eager.peak < cached.peak
 
 
 def test_tensor_cache_offloads_only_when_memory_is_short(chain):
-    free_run = plan_superneurons(chain)
-    ok = plan_superneurons(chain, budget=free_run.peak)
+    free_run = sn(chain)
+    ok = sn(chain, budget=free_run.peak)
     assert ok.schedule.count(Offload) == 0, "it fits: the cache keeps everything"
-    tight = plan_superneurons(chain, budget=free_run.peak - 1)
+    tight = sn(chain, budget=free_run.peak - 1)
     assert tight.schedule.count(Offload) == 1, "one 400 B checkpoint out makes it fit"
     assert tight.peak <= free_run.peak - 1
-    tighter = plan_superneurons(chain, budget=free_run.peak - 801)
+    tighter = sn(chain, budget=free_run.peak - 801)
     assert tighter.schedule.count(Offload) == 3
     verify(chain, tighter.schedule)
 
@@ -161,8 +167,8 @@ def replay_victims(graph, schedule, offloadable):
 def test_eviction_takes_the_least_recently_used_unlocked_tensor():
     model, loss_fn, batch = make("vgg")
     graph = capture(model, loss_fn, batch, fake=True)
-    free_run = plan_superneurons(graph)
-    r = plan_superneurons(graph, budget=int(free_run.peak * 0.8))
+    free_run = sn(graph)
+    r = sn(graph, budget=int(free_run.peak * 0.8))
     checks = replay_victims(graph, r.schedule, r.segmentation.offloadable)
     assert checks, "a budget below the free-running peak forces evictions"
     for victim, candidates in checks:
@@ -172,14 +178,14 @@ def test_eviction_takes_the_least_recently_used_unlocked_tensor():
 
 
 def test_evictions_on_the_chain_take_the_oldest_layers_first(chain):
-    free_run = plan_superneurons(chain)
-    r = plan_superneurons(chain, budget=free_run.peak - 801)
+    free_run = sn(chain)
+    r = sn(chain, budget=free_run.peak - 801)
     checks = replay_victims(chain, r.schedule, r.segmentation.offloadable)
     assert [tname(chain, victim) for victim, _ in checks] == ["r1", "r2", "r3"]
 
 
 def test_prefetches_are_waited_before_use(chain):
-    r = plan_superneurons(chain, budget=1600)
+    r = sn(chain, budget=1600)
     seq = r.schedule.instructions
     assert r.schedule.count(Prefetch) == 5
     for i, ins in enumerate(seq):
@@ -207,10 +213,10 @@ def test_simulator_runs_the_schedule_with_the_chosen_workspace(chain):
             return nbytes / 100
 
     table = {o.id: ["framework", "fft"] for o in chain.ops if o.category.value == "conv"}
-    free_run = plan_superneurons(chain, cost=Cost(), variants=table)
+    free_run = sn(chain, cost=Cost(), variants=table)
     assert set(free_run.schedule.variants.values()) == {"fft"}, "no budget: the fastest"
     budget = free_run.peak - 100
-    r = plan_superneurons(chain, budget=budget, cost=Cost(), variants=table)
+    r = sn(chain, budget=budget, cost=Cost(), variants=table)
     sim = simulate(chain, r.schedule, Cost())
     assert sim.peak_bytes == r.peak <= budget
     assert "framework" in r.schedule.variants.values(), "some step had no room for 500 B"
@@ -221,13 +227,13 @@ def test_simulator_runs_the_schedule_with_the_chosen_workspace(chain):
 
 def test_budget_below_the_least_need_is_refused_at_planning_time(cnn):
     with pytest.raises(InfeasibleBudgetError) as info:
-        plan_superneurons(cnn, budget=1000)
+        sn(cnn, budget=1000)
     err = info.value
     assert err.policy == "superneurons" and err.budget == 1000
     assert "superneurons" in str(err) and str(err.required) in str(err)
-    plan_superneurons(cnn, budget=err.required)  # the named need is enough
+    sn(cnn, budget=err.required)  # the named need is enough
     with pytest.raises(InfeasibleBudgetError):
-        plan_superneurons(cnn, budget=err.required * 998 // 1000)  # and it is the least (0.1%)
+        sn(cnn, budget=err.required * 998 // 1000)  # and it is the least (0.1%)
 
 
 def test_registered_policy_reads_its_options(cnn):
@@ -259,7 +265,7 @@ def test_executor_matches_eager_and_the_predicted_peak(name):
     graph = capture(model, loss_fn, batch)
     for options in ({}, {"cache": False}, {"recompute": "memory", "cache": False},
                     {"recompute": "speed"}):
-        r = plan_superneurons(graph, **options)
+        r = sn(graph, **options)
         torch.manual_seed(5)
         result = Executor(graph, r.schedule).run(batch, apply=False)
         assert torch.equal(result.loss, loss), options
@@ -273,10 +279,10 @@ def test_runs_within_its_least_budget_on_the_emulated_device():
     loss, grads = eager(copy.deepcopy(model), loss_fn, batch)
     graph = capture(model, loss_fn, batch)
     with pytest.raises(InfeasibleBudgetError) as info:
-        plan_superneurons(graph, budget=1)
+        sn(graph, budget=1)
     assert all(p.grad is None for p in model.parameters()), "nothing ran"
     budget = info.value.required
-    r = plan_superneurons(graph, budget=budget)
+    r = sn(graph, budget=budget)
     assert r.schedule.count(Offload) > 0
     device = make_device("cpu-emulated", capacity=budget, bandwidth=1e10)
     torch.manual_seed(5)

@@ -25,6 +25,7 @@ from outcore.policies.registry import PolicyContext
 from outcore.policies.vdnn import (
     TARGETS,
     CudnnAlgorithms,
+    VdnnConfig,
     offload_set,
     plan_dyn,
     plan_static,
@@ -67,6 +68,11 @@ class VariantCost:
         return nbytes / 1000
 
 
+def at(budget=None, cost=None, variants=None) -> PolicyContext:
+    """A context for vDNN's entry points: budget, cost model and variants table."""
+    return PolicyContext(budget=budget, cost=cost, config=VdnnConfig(variants=variants))
+
+
 def conv_table(graph: Graph) -> dict[int, list[str]]:
     return {o.id: ["framework", "im2col", "fft"] for o in graph.ops if o.category.value == "conv"}
 
@@ -85,7 +91,7 @@ def test_vdnn_all_offloads_every_saved_feature_map_and_layer_state(cnn):
 
 
 def test_offloaded_input_is_released_right_after_its_last_forward_consumer(cnn):
-    schedule = plan_static(cnn, "all", "m").schedule
+    schedule = plan_static(cnn, at(), "all", "m").schedule
     seq = schedule.instructions
     for tid in offload_set(cnn, "all"):
         t = cnn.tensors[tid]
@@ -125,7 +131,7 @@ def test_prefetch_window_conv_only(cnn):
 
 
 def test_prefetch_launches_before_its_layer_and_syncs_before_the_next(cnn):
-    schedule = plan_static(cnn, "all", "m").schedule
+    schedule = plan_static(cnn, at(), "all", "m").schedule
     seq = schedule.instructions
     verify(cnn, schedule)
     points = prefetch_points(cnn, list(range(len(cnn.ops))), offload_set(cnn, "all"))
@@ -145,8 +151,8 @@ def test_prefetch_launches_before_its_layer_and_syncs_before_the_next(cnn):
 
 def test_static_algorithm_settings_pick_memory_or_performance_optimal(cnn):
     cost, table = VariantCost(), conv_table(cnn)
-    m = plan_static(cnn, "conv", "m", cost=cost, variants=table)
-    p = plan_static(cnn, "conv", "p", cost=cost, variants=table)
+    m = plan_static(cnn, at(cost=cost, variants=table), "conv", "m")
+    p = plan_static(cnn, at(cost=cost, variants=table), "conv", "p")
     assert set(m.schedule.variants.values()) == {"framework"}
     assert set(p.schedule.variants.values()) == {"fft"}
     assert m.peak < p.peak <= m.peak + 3000, "workspace raises the peak by at most 3000 B"
@@ -155,23 +161,23 @@ def test_static_algorithm_settings_pick_memory_or_performance_optimal(cnn):
 
 
 def test_static_policy_over_budget_is_refused_with_its_need(cnn):
-    r = plan_static(cnn, "all", "m")
+    r = plan_static(cnn, at(), "all", "m")
     with pytest.raises(InfeasibleBudgetError) as info:
-        plan_static(cnn, "all", "m", budget=r.peak - 1, name="vdnn-all-m")
+        plan_static(cnn, at(budget=r.peak - 1), "all", "m", name="vdnn-all-m")
     err = info.value
     assert (err.policy, err.budget, err.required) == ("vdnn-all-m", r.peak - 1, r.peak)
     assert "vdnn-all-m" in str(err)
-    plan_static(cnn, "all", "m", budget=r.peak)  # exactly enough works
+    plan_static(cnn, at(budget=r.peak), "all", "m")  # exactly enough works
 
 
 def dyn_at(graph, budget):
-    return plan_dyn(graph, budget=budget, cost=VariantCost(), variants=conv_table(graph))
+    return plan_dyn(graph, at(budget=budget, cost=VariantCost(), variants=conv_table(graph)))
 
 
 def test_vdnn_dyn_profiling_passes_in_the_papers_order(cnn):
     cost, table = VariantCost(), conv_table(cnn)
-    fastest_none = plan_static(cnn, "none", "p", cost=cost, variants=table).peak
-    safest = plan_static(cnn, "all", "m", cost=cost, variants=table).peak
+    fastest_none = plan_static(cnn, at(cost=cost, variants=table), "none", "p").peak
+    safest = plan_static(cnn, at(cost=cost, variants=table), "all", "m").peak
     r = dyn_at(cnn, None)
     assert (r.mode, r.phase) == ("none", 2) and set(r.schedule.variants.values()) == {"fft"}
     assert (dyn_at(cnn, fastest_none).mode, dyn_at(cnn, fastest_none).phase) == ("none", 2)
@@ -182,7 +188,7 @@ def test_vdnn_dyn_profiling_passes_in_the_papers_order(cnn):
         assert r.peak <= budget
         if r.phase == 3:  # greedy: the fastest algorithm of its downgrade chain that fits
             check_greedy(cnn, r, budget)
-        fits = {m: plan_static(cnn, m, "p", cost=cost, variants=table).peak <= budget
+        fits = {m: plan_static(cnn, at(cost=cost, variants=table), m, "p").peak <= budget
                 for m in ("none", "conv", "all")}
         if r.phase == 2:
             first = next(m for m in ("none", "conv", "all") if fits[m])
@@ -211,7 +217,7 @@ def check_greedy(graph, result, budget):
 
 
 def test_vdnn_dyn_refuses_a_budget_below_vdnn_all_memory_optimal(cnn):
-    need = plan_static(cnn, "all", "m", cost=VariantCost(), variants=conv_table(cnn)).peak
+    need = plan_static(cnn, at(cost=VariantCost(), variants=conv_table(cnn)), "all", "m").peak
     with pytest.raises(InfeasibleBudgetError) as info:
         dyn_at(cnn, need - 1)
     assert (info.value.policy, info.value.budget, info.value.required) == \
@@ -222,9 +228,9 @@ def test_vdnn_dyn_refuses_a_budget_below_vdnn_all_memory_optimal(cnn):
 
 def test_simulator_runs_every_vdnn_schedule_at_its_predicted_peak(cnn):
     cost, table = VariantCost(), conv_table(cnn)
-    for r in (plan_static(cnn, "all", "p", cost=cost, variants=table),
-              plan_static(cnn, "conv", "m", cost=cost, variants=table),
-              plan_static(cnn, "base", "p", cost=cost, variants=table), dyn_at(cnn, None)):
+    for r in (plan_static(cnn, at(cost=cost, variants=table), "all", "p"),
+              plan_static(cnn, at(cost=cost, variants=table), "conv", "m"),
+              plan_static(cnn, at(cost=cost, variants=table), "base", "p"), dyn_at(cnn, None)):
         sim = simulate(cnn, r.schedule, cost)
         assert sim.peak_bytes == r.peak, r.plan.policy
         offloaded = sum(cnn.tensors[t].nbytes for t in r.plan.tensors_with(Decision.OFFLOAD))
@@ -232,7 +238,7 @@ def test_simulator_runs_every_vdnn_schedule_at_its_predicted_peak(cnn):
 
 
 def test_baseline_keeps_every_feature_map_but_the_in_place_activation_inputs(cnn):
-    schedule = plan_static(cnn, "base", "p").schedule
+    schedule = plan_static(cnn, at(), "base", "p").schedule
     freed = {cnn.tensors[i.tensor].name for i in schedule.instructions if isinstance(i, Free)}
     forward = {"c0", "r0", "p0", "idx0", "c1", "r1", "p1", "idx1", "c2", "r2", "y"}
     assert freed & forward == {"c0", "c1", "c2"}  # ReLU runs in place in Torch

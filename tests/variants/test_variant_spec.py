@@ -12,7 +12,7 @@ from torch.nn import functional as F
 import outcore
 from outcore.errors import PolicyOptionError
 from outcore.policies import config_for
-from outcore.policies.common.variant_spec import variant_table
+from outcore.policies.common import variant_table
 from outcore.variants.meta import CONV
 from outcore.variants.names import Variant, is_framework, parse
 from outcore.variants.registry import FRAMEWORK, variants_for

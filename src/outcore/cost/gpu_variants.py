@@ -62,8 +62,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outcore.variants.meta import CONV, CONV_BACKWARD, conv_meta
+from outcore.variants.names import Variant
 
-FRAMEWORK = "framework"
+FRAMEWORK = Variant.FRAMEWORK
 
 #: Explicit GEMM over the framework kernel (implicit GEMM).
 IM2COL_FACTOR = 0.85
@@ -72,12 +73,12 @@ FFT_BREAK_EVEN_AREA = 4.0
 #: (floor, ceiling) of the FFT factor.
 FFT_BOUNDS = (0.35, 2.0)
 #: Attention variants over the fused SDPA kernel.
-ATTENTION_FACTORS: Mapping[str, float] = {"materialised": 1.0, "chunked": 1.1}
+ATTENTION_FACTORS: Mapping[str, float] = {Variant.MATERIALISED: 1.0, Variant.CHUNKED: 1.1}
 #: The kernel assumed when the caller cannot see it.
 TYPICAL_KERNEL = (3, 3)
 
 #: Every variant name ``gpu_time_factor`` prices ("" is the framework kernel too).
-KNOWN_VARIANTS = frozenset({"", FRAMEWORK, "im2col", "fft", *ATTENTION_FACTORS})
+KNOWN_VARIANTS = frozenset({"", FRAMEWORK, Variant.IM2COL, Variant.FFT, *ATTENTION_FACTORS})
 
 
 def fft_factor(kernel: tuple[int, int], stride: tuple[int, int] = (1, 1)) -> float:
@@ -101,9 +102,9 @@ def gpu_time_factor(variant: str, kernel: tuple[int, int] | None = None,
     """
     if variant in ("", FRAMEWORK):
         return 1.0
-    if variant == "im2col":
+    if variant == Variant.IM2COL:
         return IM2COL_FACTOR
-    if variant == "fft":
+    if variant == Variant.FFT:
         return fft_factor(kernel, stride) if kernel is not None else fft_factor(TYPICAL_KERNEL)
     if variant in ATTENTION_FACTORS:
         return ATTENTION_FACTORS[variant]

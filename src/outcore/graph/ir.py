@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from outcore.errors import GraphError
+from outcore.variants.names import is_framework
 
 
 class TensorKind(StrEnum):
@@ -110,7 +111,7 @@ class Op:
 
     def variant_workspace(self, variant: str) -> int:
         """Workspace bytes of ``variant`` on this op (0 for the framework kernel)."""
-        if variant in ("", "framework"):
+        if is_framework(variant):
             return 0
         return int(self.variant_options.get(variant, {}).get("workspace", 0))
 

@@ -29,6 +29,7 @@ from outcore.errors import ScheduleError
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
+from outcore.variants.names import Variant, is_framework
 
 HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 
@@ -75,11 +76,11 @@ def check_variants(graph: Graph, plan: Plan) -> None:
         if not 0 <= oid < len(graph.ops):
             raise ScheduleError(f"plan {plan.policy!r} names a variant for unknown op {oid}")
         op = graph.ops[oid]
-        if variant in ("", "framework"):
+        if is_framework(variant):
             continue
         option = op.variant_options.get(variant)
         if option is None:
-            known = ", ".join(["framework", *op.variant_options]) or "framework"
+            known = ", ".join(dict.fromkeys([Variant.FRAMEWORK, *op.variant_options]))
             raise VariantUnsupported(op.target, variant, f"{op.name} has no such variant "
                                      f"(choose from {known})")
         if "refused" in option:

@@ -20,6 +20,7 @@ from typing import Any
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Compute, Schedule
+from outcore.variants.names import is_framework
 from outcore.variants.select import (
     Candidate,
     Step,
@@ -45,7 +46,7 @@ def variant_steps(graph: Graph, schedule: Schedule, cost: Any) -> list[Step]:
         op = graph.ops[oid]
         candidates = tuple(
             Candidate(name, float(cost.op_time(dataclasses.replace(
-                op, variant="" if name == "framework" else name))), int(option["workspace"]))
+                op, variant="" if is_framework(name) else name))), int(option["workspace"]))
             for name, option in op.variant_options.items() if "refused" not in option)
         steps.append(Step(str(oid), live_bytes, candidates))
     return steps
@@ -66,7 +67,7 @@ def choose_variants(graph: Graph, schedule: Schedule, cost: Any, budget: int | N
         chosen = superneurons_fastest_fit(steps, limit)
     else:
         chosen = vdnn_dyn_greedy(steps, limit)
-    return {int(op): v for op, v in chosen.items() if v != "framework"}
+    return {int(op): v for op, v in chosen.items() if not is_framework(v)}
 
 
 def with_variants(schedule: Schedule, variants: dict[int, str]) -> Schedule:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from outcore.errors import UnknownPolicyError
 from outcore.graph.ir import Graph
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision, Plan
@@ -51,7 +52,7 @@ class PolicyContext:
 
     def config_as(self, kind: type[C]) -> C:
         """This context's configuration as ``kind`` (parsing ``options`` if not set yet);
-        ValueError on an unknown option or a bad value."""
+        PolicyOptionError on an unknown option or a bad value."""
         if isinstance(self.config, kind):
             return self.config
         return kind.parse(self.options)
@@ -131,10 +132,11 @@ def from_plan(fn: Callable[[Graph], Plan]) -> PolicyFn:
 
 
 def get(name: str) -> PolicyInfo:
-    """The policy called ``name``; ValueError lists the known names."""
+    """The policy called ``name``; UnknownPolicyError (a ValueError) lists the known names."""
     _load_builtin()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(names())}")
+        raise UnknownPolicyError(name, f"one of {', '.join(names())}",
+                                 "List them with `outcore policies`.")
     return _REGISTRY[name]
 
 
@@ -148,8 +150,9 @@ def config_for(name: str, options: Mapping[str, Any] | None = None) -> PolicyCon
     """The typed configuration of policy ``name`` (``"auto"`` = outcore-auto) for
     ``options`` (values may be strings, as ``--option key=value`` gives them).
 
-    Raises ValueError for an unknown policy, an option the policy does not have (listing
-    those it has) or a bad value. Call it before capturing anything.
+    Raises UnknownPolicyError for an unknown policy, PolicyOptionError for an option the
+    policy does not have (listing those it has) or a bad value (listing the valid ones); both
+    are ValueErrors. Call it before capturing anything.
     """
     info = get("outcore-auto" if name == "auto" else name)
     return info.config.parse(dict(options or {}), info.name)

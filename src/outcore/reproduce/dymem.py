@@ -85,7 +85,7 @@ def dymem_least(graph: Graph, cost: AnalyticCostModel) -> Least:
     budget = int(all_swap_minimum_for(roomy.profile, roomy.evaluation.classes))
     for _ in range(100):
         try:
-            out = plan_dymem(graph, PolicyContext(budget=budget, cost=cost)).output
+            out = plan_dymem(graph, PolicyContext(budget=budget, cost=cost))
             break
         except InfeasibleBudgetError:
             budget = int(budget * 1.01)

@@ -122,7 +122,7 @@ def run_modnn(net: Net, budget: int, cost: ConvAlgorithmCost) -> Run:
         result = plan_modnn(net.at(1), net.ctx(budget, cost))
     except InfeasibleBudgetError as exc:
         return Run(failed=f"needs {exc.required / GiB:.2f}")
-    out = result.output
+    out = result
     sim = simulate(out.graph, out.schedule, cost)
     assert sim.peak_bytes <= budget, "moDNN must fit its budget"
     return Run(sim.step_time, sim.bytes_d2h + sim.bytes_h2d, out.schedule.sub_batches)

@@ -47,10 +47,10 @@ from outcore.policies.common import (
     RECOMPUTE,
     SWAP,
     Evaluation,
+    FeatureClass,
     Profile,
     evaluate,
 )
-from outcore.policies.common.timeline import FeatureClass
 from outcore.policies.pooch import classify, just_in_time, plan_pooch
 from outcore.sim import simulate
 
@@ -149,7 +149,7 @@ def run(graph: Graph, machine: str) -> Result:
         return Result(incore_cell, f"fails ({exc.required / GiB:.1f})", (0, 0, 0), "", (), "",
                       (0, 0, 0), 0.0, "")
     plan_s = time.perf_counter() - start
-    sim = simulate(graph, result.output.schedule, cost)
+    sim = simulate(graph, result.schedule, cost)
     c = result.classification
     p = result.profile
     described, ev = superneurons_as_pooch_describes(p)

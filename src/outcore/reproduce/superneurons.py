@@ -45,8 +45,13 @@ from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import STATIC_KINDS, Graph
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
-from outcore.policies import baseline
-from outcore.policies.superneurons import SuperNeuronsResult, least_budget, plan_superneurons
+from outcore.policies import PolicyContext, baseline
+from outcore.policies.superneurons import (
+    Recompute,
+    SuperNeuronsResult,
+    least_budget,
+    plan_superneurons,
+)
 from outcore.reproduce.vdnn import capture_fake
 
 MiB = 2**20
@@ -87,13 +92,18 @@ STAGES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def _plan(graph: Graph, budget: int | None = None, **options: Any) -> SuperNeuronsResult:
+    """SuperNeurons for ``budget`` with ``options`` (as the user spells them)."""
+    return plan_superneurons(graph, PolicyContext(budget=budget, options=options))
+
+
 def fig10(console: Console, graph: Graph, label: str) -> None:
     light = data_only(graph)
     keep_all = lower(graph, baseline.keep_all(graph))
     rows: list[tuple[str, int, int, SuperNeuronsResult | None]] = [
         ("baseline", predicted_peak(graph, keep_all), predicted_peak(light, keep_all), None)]
     for stage, options in STAGES:
-        r = plan_superneurons(graph, **options)
+        r = _plan(graph, **options)
         rows.append((stage, r.peak, predicted_peak(light, r.schedule), r))
     last = rows[-1][3]
     t = Table(title=f"Fig. 10: {label}, peak memory as the techniques stack up (MiB)")
@@ -108,7 +118,7 @@ def fig10(console: Console, graph: Graph, label: str) -> None:
     assert last is not None
     console.print(f"  l_peak (largest op, non-static bytes): {mib(last.segmentation.l_peak)} MiB "
                   f"(paper: max(l_i) = 886 MB at the backward LRN1); segments: "
-                  f"{sum(s.strategy == 'memory' for s in last.segmentation.segments)} "
+                  f"{sum(s.strategy is Recompute.MEMORY for s in last.segmentation.segments)} "
                   f"memory-centric of {len(last.segmentation.segments)}")
 
 
@@ -123,7 +133,7 @@ def table1(console: Console, graphs: dict[str, Graph]) -> None:
         light = data_only(graph)
         cells = [label]
         for strategy in ("speed", "memory", "cost-aware"):
-            r = plan_superneurons(graph, recompute=strategy, cache=False)
+            r = _plan(graph, recompute=strategy, cache=False)
             extra, peak = PAPER_TABLE1[label][strategy]
             cells += [f"{extra} / {r.recomputations}",
                       f"{peak:,.0f} / {mib(predicted_peak(light, r.schedule))}"]
@@ -138,7 +148,7 @@ def table4(console: Console, units: list[int], budget: int, verify: bool) -> Non
     for u in units:
         graph = capture_fake("resnet-units", 16, units=u)
         needs[u] = least_budget(graph)
-        live[u] = plan_superneurons(graph, recompute="none", offload=False).peak
+        live[u] = _plan(graph, recompute="none", offload=False).peak
     slope, at = _fit(units[0], needs[units[0]], units[-1], needs[units[-1]])
     lslope, lat = _fit(units[0], live[units[0]], units[-1], live[units[-1]])
     t = Table(title="Table 4: deepest bottleneck ResNet at batch 16 in 12 GiB "
@@ -160,7 +170,7 @@ def table4(console: Console, units: list[int], budget: int, verify: bool) -> Non
                   f"(what a framework freeing at last use reaches): depth {3 * deepest_live + 2}")
     if verify:
         graph = capture_fake("resnet-units", 16, units=deepest)
-        ok = _fits(lambda: plan_superneurons(graph, budget=budget))
+        ok = _fits(lambda: _plan(graph, budget=budget))
         console.print(f"  verified by capture at {deepest} units: "
                       f"{'fits' if ok else 'does NOT fit'} in 12 GiB")
 
@@ -212,7 +222,7 @@ def same_sizes(a: Graph, b: Graph) -> bool:
 def largest_batch(at: Callable[[int], Graph], budget: int, hi: int = 4096) -> int:
     """Bisect the largest batch whose graph the policy plans within ``budget``."""
     def ok(b: int) -> bool:
-        return _fits(lambda: plan_superneurons(at(b), budget=budget))
+        return _fits(lambda: _plan(at(b), budget=budget))
 
     lo = 0
     while lo + 1 < hi:
@@ -247,7 +257,7 @@ def _largest_liveness(at: Callable[[int], Graph], budget: int, hi: int = 4096) -
     lo = 0
     while lo + 1 < hi:
         mid = (lo + hi) // 2
-        peak = plan_superneurons(at(mid), recompute="none", offload=False).peak
+        peak = _plan(at(mid), recompute="none", offload=False).peak
         lo, hi = (mid, hi) if peak <= budget else (lo, mid)
     return lo
 

@@ -19,6 +19,7 @@ batch 32 (Fig. 15). docs/repro/vdnn.md explains every difference.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -34,7 +35,17 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
-from outcore.policies.vdnn import TARGETS, CudnnAlgorithms, VdnnResult, plan_dyn, plan_static
+from outcore.policies import PolicyContext
+from outcore.policies.vdnn import (
+    TARGETS,
+    CudnnAlgorithms,
+    VdnnAlgo,
+    VdnnConfig,
+    VdnnMode,
+    VdnnResult,
+    plan_dyn,
+    plan_static,
+)
 from outcore.sim import simulate
 from outcore.variants.torchmeta import arg_meta_of
 
@@ -103,15 +114,16 @@ class Row:
 def run_policy(graph: Graph, cost: Any, table: dict[int, list[str]], mode: str, algo: str,
                budget: int) -> Row:
     label = "dyn" if mode == "dyn" else f"{mode}({algo})"
+    unlimited = PolicyContext(cost=cost, config=VdnnConfig(variants=table))
     if mode == "dyn":
         try:
-            r: VdnnResult = plan_dyn(graph, budget=budget, cost=cost, variants=table)
+            r: VdnnResult = plan_dyn(graph, dataclasses.replace(unlimited, budget=budget))
             note = f"chose {r.mode}, phase {r.phase}"
         except InfeasibleBudgetError as exc:
-            r = plan_static(graph, "all", "m", cost=cost, variants=table)
+            r = plan_static(graph, unlimited, VdnnMode.ALL, VdnnAlgo.MEMORY)
             note = f"untrainable: needs {mib(exc.required)} MiB"
     else:
-        r = plan_static(graph, mode, algo, cost=cost, variants=table)
+        r = plan_static(graph, unlimited, mode, algo)
         note = ""
     sim = simulate(graph, r.schedule, cost)
     fits = sim.peak_bytes <= budget and not note.startswith("untrainable")

@@ -54,10 +54,6 @@ class Variants:
         """Every op on its fastest candidate (vDNN's "(p)" setting)."""
         return {op: performance_optimal(c).variant for op, c in self.by_op.items()}
 
-    def uniform(self, algo: str) -> dict[int, str]:
-        """``memory_optimal()`` for algo "m", ``performance_optimal()`` for "p"."""
-        return self.memory_optimal() if algo == "m" else self.performance_optimal()
-
     def workspace_of(self, choice: Mapping[int, str]) -> Callable[[int], int]:
         """``op id -> workspace bytes`` of the chosen variants (0 for ops without a choice)."""
         table = {op: {c.variant: c.workspace_bytes for c in cands}

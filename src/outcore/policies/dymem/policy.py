@@ -42,6 +42,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.verify import verify
+from outcore.policies.common.context import cost_of
 from outcore.policies.common.timeline import (
     KEEP,
     SWAP,
@@ -53,7 +54,7 @@ from outcore.policies.common.timeline import (
 )
 from outcore.policies.dymem.config import DymemConfig
 from outcore.policies.dymem.prefetch import alg2_rule, offload_candidates
-from outcore.policies.pooch import build_schedule, cost_of, just_in_time
+from outcore.policies.pooch import build_schedule, just_in_time
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 from outcore.pool import Placement, blocks_from_schedule, gtbm_placement
 from outcore.pool import place as place_blocks
@@ -65,11 +66,11 @@ PAPER = "Efficient GPU Memory Management for Nonlinear DNNs (Yang & Cheng; HPDC 
 DEFAULT_BETA = 300 * 10**6
 
 
-@dataclass
-class DymemResult:
-    """The policy's output and the simulated timeline behind it."""
+@dataclass(kw_only=True)
+class DymemResult(PolicyOutput):
+    """Dymem's output (the one result type, ``PolicyOutput``; ``predicted_peak`` filled) and
+    the simulated timeline behind it."""
 
-    output: PolicyOutput
     evaluation: Evaluation
     profile: Profile
 
@@ -93,12 +94,12 @@ def plan_dymem(graph: Graph, ctx: PolicyContext) -> DymemResult:
     schedule = build_schedule(graph, profile.order, ev.classes, ev.free_at, ev.issue_at,
                               ev.need_at, policy="dymem")
     verify(graph, schedule)
-    if ctx.budget is not None and predicted_peak(graph, schedule) > ctx.budget:
-        peak = predicted_peak(graph, schedule)
+    peak = predicted_peak(graph, schedule)
+    if ctx.budget is not None and peak > ctx.budget:
         raise InfeasibleBudgetError("dymem", int(ctx.budget), peak,
                                     "The offload schedule's peak exceeds the budget; raise it.")
-    return DymemResult(PolicyOutput(_plan(graph, profile, ev, ctx.budget), schedule, graph),
-                       ev, profile)
+    return DymemResult(_plan(graph, profile, ev, ctx.budget), schedule, graph,
+                       predicted_peak=peak, evaluation=ev, profile=profile)
 
 
 def all_swap_minimum_for(profile: Profile, classes: dict[int, FeatureClass]) -> float:
@@ -136,4 +137,4 @@ def place(graph: Graph, schedule: Schedule, beta: int = DEFAULT_BETA,
           "candidate search (Alg. 2); GTBM pool placement via dymem.place", PAPER, DymemConfig)
 def dymem(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """Dymem (see the module docstring)."""
-    return plan_dymem(graph, ctx).output
+    return plan_dymem(graph, ctx)

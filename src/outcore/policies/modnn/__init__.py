@@ -14,10 +14,11 @@ from outcore.policies.modnn.batch import Footprint, SubBatchChoice, footprint
 from outcore.policies.modnn.config import ModnnConfig
 from outcore.policies.modnn.memory import SegmentList
 from outcore.policies.modnn.policy import PAPER, ModnnResult, minimum_memory, plan_modnn, sub_batch
-from outcore.policies.modnn.state import ModnnStats
+from outcore.policies.modnn.state import BlockState, ModnnStats
 
 __all__ = [
     "PAPER",
+    "BlockState",
     "ConvAlgorithmCost",
     "Footprint",
     "ModnnConfig",

@@ -46,6 +46,7 @@ from outcore.policies.common.variant_spec import variant_table as resolve_varian
 from outcore.policies.modnn.config import ModnnConfig
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD
+from outcore.variants.names import is_framework
 from outcore.variants.select import Candidate
 
 FRAMEWORK = registry.FRAMEWORK
@@ -208,6 +209,6 @@ class ConvAlgorithmCost:
         return self.base.transfer_time(nbytes, direction)
 
     def workspace(self, op: Op) -> int:
-        if op.variant in ("", FRAMEWORK) or op.target not in (CONV, CONV_BACKWARD):
+        if is_framework(op.variant) or op.target not in (CONV, CONV_BACKWARD):
             return 0
         return int(self.table(op).get(op.variant, (1.0, 0))[1])

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outcore.errors import CaptureError, InfeasibleBudgetError
+from outcore.errors import CaptureError, InfeasibleBudgetError, InvalidArgumentError
 from outcore.graph.batch_dims import BatchDimError, follow, graph_batch, random_scales
 from outcore.graph.ir import STATIC_KINDS, Graph, TensorKind
 from outcore.policies.modnn.algos import candidates
@@ -137,7 +137,8 @@ class Recaptures:
             raise CaptureError(self.unavailable[b])
         if b not in self.cache:
             if self.recapture is None:
-                raise ValueError("sub-batching needs ctx.recapture")
+                raise InvalidArgumentError(None, "a context with recapture (a captured step)",
+                                           "moDNN's sub-batching re-captures the step.")
             try:
                 sub = self.recapture(self.batch // b)
                 self._check_split(sub, b)

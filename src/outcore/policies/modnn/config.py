@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outcore.errors import PolicyOptionError
 from outcore.policies.common.variant_spec import VariantSpec
 from outcore.policies.config import PolicyConfig
 
@@ -32,5 +33,5 @@ class ModnnConfig(PolicyConfig):
     def __post_init__(self) -> None:
         if self.batch_size is not None and (not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
-            raise ValueError(f"options['batch_size'] must be a positive int, got "
-                             f"{self.batch_size!r}")
+            raise PolicyOptionError(f"options['batch_size'] must be a positive int, got "
+                                    f"{self.batch_size!r}", "a positive int")

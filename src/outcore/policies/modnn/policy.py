@@ -47,12 +47,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from outcore.errors import InvalidArgumentError
 from outcore.graph.batch_dims import graph_batch
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.verify import verify
 from outcore.policies.baseline import movable_activations
+from outcore.policies.common.context import budget_of as common_budget_of
+from outcore.policies.common.context import cost_of
 from outcore.policies.modnn.algos import bound, candidates
 from outcore.policies.modnn.batch import (
     Footprint,
@@ -71,24 +74,18 @@ from outcore.units import format_bytes
 PAPER = "moDNN: Memory Optimal DNN Training on GPUs (Chen, Yang, Li, Chen; DATE 2018)"
 
 
-@dataclass
-class ModnnResult:
-    """The policy's output plus what moDNN decided on the way."""
+@dataclass(kw_only=True)
+class ModnnResult(PolicyOutput):
+    """moDNN's output (the one result type, ``PolicyOutput``) plus what it decided on the
+    way: the sub-batch ``choice`` and the scheduler's ``stats``."""
 
-    output: PolicyOutput
     choice: SubBatchChoice
     stats: ModnnStats
 
 
 def budget_of(ctx: PolicyContext) -> int:
     """The budget: ``ctx.budget``, else the cost model's device memory."""
-    if ctx.budget is not None:
-        return int(ctx.budget)
-    memory = getattr(getattr(ctx.cost, "profile", None), "memory", None)
-    if memory is None:
-        raise ValueError("moDNN schedules for a memory budget: pass budget=... (bytes), or a "
-                         "cost model with a hardware profile whose memory is the budget")
-    return int(memory)
+    return common_budget_of(ctx, "moDNN")
 
 
 def graphs_of(graph: Graph, ctx: PolicyContext) -> Recaptures:
@@ -110,8 +107,8 @@ def minimum_memory(graph: Graph, ctx: PolicyContext) -> Footprint:
     """
     graphs = graphs_of(graph, ctx)
     if graphs.batch != 1 and ctx.recapture is None:
-        raise ValueError("Mmin is defined at sub-batch size 1, which needs ctx.recapture to "
-                         "capture the graph at batch 1")
+        raise InvalidArgumentError(None, "a context whose recapture captures the step at "
+                                   "batch 1", "Mmin is defined at sub-batch size 1.")
     return lower_bound(graphs, _cost(ctx), ctx.config_as(ModnnConfig))
 
 
@@ -122,14 +119,12 @@ def sub_batch(graph: Graph, ctx: PolicyContext) -> SubBatchChoice:
 
 
 def _cost(ctx: PolicyContext) -> Any:
-    if ctx.cost is None:
-        raise ValueError("moDNN needs a cost model (ctx.cost): its scheduling simulates task "
-                         "times and transfer times (the paper's profiling step)")
-    return ctx.cost
+    return cost_of(ctx, "moDNN")
 
 
 def plan_modnn(graph: Graph, ctx: PolicyContext) -> ModnnResult:
-    """Run moDNN and return its PolicyOutput with the sub-batch choice and statistics."""
+    """Run moDNN: its output (on the sub-batch graph when it splits) with the sub-batch
+    choice and statistics."""
     budget = budget_of(ctx)
     cost = _cost(ctx)
     config = ctx.config_as(ModnnConfig)
@@ -143,7 +138,7 @@ def plan_modnn(graph: Graph, ctx: PolicyContext) -> ModnnResult:
                         sub_batches=choice.parts, policy="modnn")
     verify(g, schedule)
     plan = _plan(g, scheduler, choice, budget)
-    return ModnnResult(PolicyOutput(plan, schedule, g), choice, stats)
+    return ModnnResult(plan, schedule, g, choice=choice, stats=stats)
 
 
 def _plan(graph: Graph, scheduler: ModnnScheduler, choice: SubBatchChoice, budget: int) -> Plan:
@@ -167,4 +162,4 @@ def _plan(graph: Graph, scheduler: ModnnScheduler, choice: SubBatchChoice, budge
           "eq. 4, convolution algorithms by gain (eq. 5)", PAPER, ModnnConfig)
 def modnn(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """moDNN for ``ctx.budget`` (see the module docstring)."""
-    return plan_modnn(graph, ctx).output
+    return plan_modnn(graph, ctx)

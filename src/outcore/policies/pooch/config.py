@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from outcore.errors import PolicyOptionError
 from outcore.policies.config import PolicyConfig
 
 
@@ -23,4 +24,5 @@ class PoochConfig(PolicyConfig):
         for name in ("step1_evaluations", "step2_evaluations", "retries"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"options[{name!r}] must be an int >= 0, got {value!r}")
+                raise PolicyOptionError(f"options[{name!r}] must be an int >= 0, got {value!r}",
+                                        "an int >= 0")

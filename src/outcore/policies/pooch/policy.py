@@ -32,13 +32,13 @@ Search limits: the ``step1_evaluations`` (400) and ``step2_evaluations`` (3000) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
+from outcore.policies.common.context import budget_of, cost_of
 from outcore.policies.common.timeline import KEEP, RECOMPUTE, SWAP, Profile
 from outcore.policies.pooch.classify import Classification, classify
 from outcore.policies.pooch.config import PoochConfig
@@ -50,31 +50,13 @@ PAPER = ("Profiling based Out-of-core Hybrid Method for Large Neural Networks "
          "(Ito, Imai, Le Duc, Negishi, Kawachiya, Matsumiya, Endo; arXiv 1907.05013, 2019)")
 
 
-@dataclass
-class PoochResult:
-    """The policy's output and the classification behind it."""
+@dataclass(kw_only=True)
+class PoochResult(PolicyOutput):
+    """PoocH's output (the one result type, ``PolicyOutput``; ``predicted_peak`` filled) and
+    the classification and profiled timeline behind it."""
 
-    output: PolicyOutput
     classification: Classification
     profile: Profile
-
-
-def budget_of(ctx: PolicyContext, name: str) -> int:
-    """``ctx.budget``, else the cost model's device memory."""
-    if ctx.budget is not None:
-        return int(ctx.budget)
-    memory = getattr(getattr(ctx.cost, "profile", None), "memory", None)
-    if memory is None:
-        raise ValueError(f"{name} needs a memory budget: pass budget=... (bytes), or a cost "
-                         "model with a hardware profile whose memory is the budget")
-    return int(memory)
-
-
-def cost_of(ctx: PolicyContext, name: str) -> Any:
-    if ctx.cost is None:
-        raise ValueError(f"{name} needs a cost model (ctx.cost): it decides from op and "
-                         "transfer times (the paper's runtime profile)")
-    return ctx.cost
 
 
 def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
@@ -93,8 +75,8 @@ def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
         verify(graph, schedule)
         peak = predicted_peak(graph, schedule)
         if peak <= budget:
-            output = PolicyOutput(_plan(graph, profile, result, budget), schedule, graph)
-            return PoochResult(output, result, profile)
+            return PoochResult(_plan(graph, profile, result, budget), schedule, graph,
+                               predicted_peak=peak, classification=result, profile=profile)
         target -= peak - budget
     raise InfeasibleBudgetError(
         "pooch", budget, peak,
@@ -132,4 +114,4 @@ def _plan(graph: Graph, profile: Profile, result: Classification, budget: int) -
           "(LO/LI search, then r(X)); swap-ins as early as memory allows", PAPER, PoochConfig)
 def pooch(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """PoocH for ``ctx.budget`` (see the module docstring)."""
-    return plan_pooch(graph, ctx).output
+    return plan_pooch(graph, ctx)

@@ -20,7 +20,8 @@ The memory pool with 1 KB blocks (Sec. 3.2.1) is a placement concern, outside a 
 
 Options (``SuperNeuronsConfig``):
 
-* ``recompute``: "cost-aware" (default), "speed", "memory" or "none";
+* ``recompute``: a ``Recompute``: "cost-aware" (default), "speed", "memory" or "none" (its
+  string reads the same, as ``--option recompute=speed`` gives it);
 * ``offload``: offload CONV checkpoints through the tensor pool (default True);
 * ``cache``: use the LRU tensor cache (default True); False offloads every checkpoint as soon
   as it is made, as Fig. 10b and Table 3's "without Tensor Cache" measure;
@@ -44,7 +45,7 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Offload, Schedule
 from outcore.plan.verify import verify
-from outcore.policies.common.variant_spec import VariantSpec, variant_table
+from outcore.policies.common.variant_spec import variant_table
 from outcore.policies.common.variants import (
     candidates,
     choice_by_op,
@@ -53,7 +54,7 @@ from outcore.policies.common.variants import (
     with_variants,
 )
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
-from outcore.policies.superneurons.config import SuperNeuronsConfig
+from outcore.policies.superneurons.config import Recompute, SuperNeuronsConfig
 from outcore.policies.superneurons.segments import Segmentation, segment
 from outcore.policies.superneurons.sequence import compute_sequence
 from outcore.policies.superneurons.utp import NoRoom, UtpStats, apply_pool
@@ -64,16 +65,16 @@ PAPER = "SuperNeurons (Wang et al., PPoPP 2018)"
 NAME = "superneurons"
 
 
-@dataclass(frozen=True)
-class SuperNeuronsResult:
-    """A SuperNeurons plan, its schedule, and what the runtime did.
+@dataclass(kw_only=True)
+class SuperNeuronsResult(PolicyOutput):
+    """SuperNeurons' output (the one result type, ``PolicyOutput``) and what the runtime did.
 
-    ``peak``: predicted peak bytes with the chosen workspace; ``recomputations``: recomputed
-    non-view ops (Table 1's "extra"); ``stats``: the tensor pool's copies and cache hits.
+    ``peak``: peak bytes with the chosen workspace as the context's cost model prices it
+    (``outcore.plan`` recomputes ``predicted_peak`` with the workspace capture recorded);
+    ``recomputations``: recomputed non-view ops (Table 1's "extra"); ``stats``: the tensor
+    pool's copies and cache hits; ``segmentation``: checkpoints and segments.
     """
 
-    plan: Plan
-    schedule: Schedule
     segmentation: Segmentation
     stats: UtpStats
     peak: int
@@ -86,8 +87,8 @@ def _build(graph: Graph, order: Sequence[int], seg: Segmentation, offload: bool,
     return apply_pool(graph, seq, seg.offloadable if offload else set(), budget, cache)
 
 
-def least_budget(graph: Graph, *, recompute: str = "cost-aware", offload: bool = True,
-                 cache: bool = True) -> int:
+def least_budget(graph: Graph, *, recompute: Recompute | str = Recompute.COST_AWARE,
+                 offload: bool = True, cache: bool = True) -> int:
     """The least budget (to 1/1000) under which this policy can plan ``graph``.
 
     No budget can be below the static bytes plus the largest op (``l_peak``), so the search
@@ -137,14 +138,15 @@ def _schedule(graph: Graph, instructions: list[Any], name: str) -> Schedule:
     return Schedule(instructions=instructions, keep_at_end=list(graph.outputs), policy=name)
 
 
-def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = None,
-                      variants: VariantSpec | None = None,
-                      recompute: str = "cost-aware", offload: bool = True, cache: bool = True,
-                      name: str = NAME) -> SuperNeuronsResult:
-    """Plan one training step the SuperNeurons way (module docstring).
+def plan_superneurons(graph: Graph, ctx: PolicyContext, *, name: str = NAME
+                      ) -> SuperNeuronsResult:
+    """Plan one training step the SuperNeurons way (module docstring) for ``ctx``: its budget,
+    cost model and ``SuperNeuronsConfig`` (recompute, offload, cache, variants).
 
-    Raises InfeasibleBudgetError when no step sequence of this policy fits ``budget``.
+    Raises InfeasibleBudgetError when no step sequence of this policy fits ``ctx.budget``.
     """
+    config = ctx.config_as(SuperNeuronsConfig)
+    budget, recompute, offload, cache = ctx.budget, config.recompute, config.offload, config.cache
     order = execution_order(graph, "superneurons")
     seg = segment(graph, order, recompute)
     try:
@@ -159,7 +161,7 @@ def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = No
             "recomputation.") from None
     schedule = _schedule(graph, instructions, name)
     verify(graph, schedule)
-    table = candidates(graph, cost, variant_table(graph, variants))
+    table = candidates(graph, ctx.cost, variant_table(graph, config.variants))
     rows = steps(graph, schedule, table)
     limit = budget if budget is not None else max(
         (r.live_bytes + max((c.workspace_bytes for c in r.candidates), default=0) for r in rows),
@@ -170,12 +172,13 @@ def plan_superneurons(graph: Graph, *, budget: int | None = None, cost: Any = No
     plan.budget = budget
     recomputed = sum(1 for o in schedule.recomputed_ops()
                      if graph.ops[o].category is not OpCategory.VIEW)
-    return SuperNeuronsResult(plan, with_variants(schedule, choice), seg, stats,
-                              peak_with(graph, schedule, table, choice), recomputed)
+    return SuperNeuronsResult(plan, with_variants(schedule, choice), graph, segmentation=seg,
+                              stats=stats, peak=peak_with(graph, schedule, table, choice),
+                              recomputations=recomputed)
 
 
 def _explain(graph: Graph, seg: Segmentation, schedule: Schedule, name: str, offload: bool,
-             cache: bool, recompute: str) -> Plan:
+             cache: bool, recompute: Recompute) -> Plan:
     """Decisions and one-line reasons for every activation backward reads."""
     offloaded = {ins.tensor for ins in schedule.instructions if isinstance(ins, Offload)}
     plan = Plan(policy=name)
@@ -204,7 +207,4 @@ def _explain(graph: Graph, seg: Segmentation, schedule: Schedule, name: str, off
           "offload through an LRU tensor cache, per-step convolution workspace; options "
           "recompute=cost-aware|speed|memory|none, offload, cache", PAPER, SuperNeuronsConfig)
 def superneurons_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    config = ctx.config_as(SuperNeuronsConfig)
-    r = plan_superneurons(graph, budget=ctx.budget, cost=ctx.cost, recompute=config.recompute,
-                          offload=config.offload, cache=config.cache, variants=config.variants)
-    return PolicyOutput(r.plan, r.schedule, graph)
+    return plan_superneurons(graph, ctx)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from outcore.errors import PolicyOptionError
 from outcore.graph.bounds import layer_bytes
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase
 from outcore.policies.common.layers import through_activations
@@ -53,7 +54,7 @@ class Segment:
     dropped: list[int] = field(default_factory=list)  # dropped storages backward needs
     sources: list[int] = field(default_factory=list)  # checkpoint storages it reads
     backward_bytes: int = 0  # l^b_seg
-    strategy: str = "speed"
+    strategy: Recompute = Recompute.SPEED  # SPEED or MEMORY, once chosen
 
     def speed_cost(self, graph: Graph) -> int:
         """``sum_i l_i^f + l^b_seg`` (see the module docstring)."""
@@ -79,10 +80,10 @@ class Segmentation:
     segments: list[Segment]
     l_peak: int
 
-    def strategy_of_storage(self, graph: Graph, storage: int) -> str:
+    def strategy_of_storage(self, graph: Graph, storage: int) -> Recompute:
         producer = graph.tensors[storage].producer
         seg = self.segment_of.get(producer, -1) if producer is not None else -1
-        return self.segments[seg].strategy if seg >= 0 else "speed"
+        return self.segments[seg].strategy if seg >= 0 else Recompute.SPEED
 
 
 def checkpoint_tensor(graph: Graph, op_id: int) -> int:
@@ -140,16 +141,21 @@ def _needed_dropped(graph: Graph, dropped: set[int]) -> set[int]:
     return needed
 
 
-def segment(graph: Graph, order: Sequence[int], strategy: str = "cost-aware",
+def segment(graph: Graph, order: Sequence[int],
+            strategy: Recompute | str = Recompute.COST_AWARE,
             recompute: bool = True) -> Segmentation:
     """Checkpoints, segments and per-segment strategies (see the module docstring).
 
-    ``strategy`` is "cost-aware", "speed" or "memory" (every segment), or "none" (no
-    recomputation: nothing is dropped; the same as ``recompute=False``).
+    ``strategy`` is a ``Recompute`` (or its string): cost-aware, speed or memory (every
+    segment), or none (no recomputation: nothing is dropped; the same as
+    ``recompute=False``). PolicyOptionError lists the strategies for any other value.
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"recompute strategy must be one of {STRATEGIES}, got {strategy!r}")
-    recompute = recompute and strategy != "none"
+        valid = ", ".join(repr(s.value) for s in STRATEGIES)
+        raise PolicyOptionError(f"recompute strategy must be one of {valid}, got {strategy!r}",
+                                valid)
+    strategy = Recompute(strategy)
+    recompute = recompute and strategy is not Recompute.NONE
     forward = [o for o in order if graph.ops[o].phase is Phase.FORWARD]
     segment_of, heads = _assign_segments(graph, forward)
     checkpoints = {graph.tensors[checkpoint_tensor(graph, h)].storage for h in heads}
@@ -172,10 +178,11 @@ def segment(graph: Graph, order: Sequence[int], strategy: str = "cost-aware",
     l_peak = max((layer_bytes(graph, o.id) for o in graph.ops), default=0)
     _fill_costs(graph, segments, segment_of, _needed_dropped(graph, dropped), checkpoints)
     for seg in segments:
-        if strategy in ("speed", "memory"):
+        if strategy in (Recompute.SPEED, Recompute.MEMORY):
             seg.strategy = strategy
         else:
-            seg.strategy = "speed" if seg.speed_cost(graph) <= l_peak else "memory"
+            seg.strategy = (Recompute.SPEED if seg.speed_cost(graph) <= l_peak
+                            else Recompute.MEMORY)
     return Segmentation(checkpoints, (conv_points | anchors) if recompute else conv_points,
                         anchors, dropped, segment_of, segments, l_peak)
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from outcore.graph.ir import STATIC_KINDS, Graph, Phase
 from outcore.plan.schedule import Compute, Free, Instruction
+from outcore.policies.superneurons.config import Recompute
 from outcore.policies.superneurons.segments import Segmentation
 
 
@@ -75,7 +76,8 @@ def compute_sequence(graph: Graph, order: Sequence[int], seg: Segmentation) -> l
             defs[out].append(len(seq))
         seq.append(Compute(oid))
     avail = _available_after_forward(graph, seg)
-    memory_centric = {s for s in seg.dropped if seg.strategy_of_storage(graph, s) == "memory"}
+    memory_centric = {s for s in seg.dropped
+                      if seg.strategy_of_storage(graph, s) is Recompute.MEMORY}
     for oid in backward:
         made: list[int] = []
         for tid in graph.ops[oid].inputs:

@@ -10,11 +10,14 @@ from outcore.policies.config import PolicyConfig, check_choice
 
 
 class VdnnMode(StrEnum):
-    """Which feature maps vDNN offloads (Sec. III-B)."""
+    """Which feature maps vDNN offloads (Sec. III-B), or ``BASE``: the paper's Torch baseline
+    (Sec. IV-A: nothing offloaded, no forward map released). A member equals its string
+    (``VdnnMode.ALL == "all"``), so a mode given as a string reads the same."""
 
     NONE = "none"
     CONV = "conv"
     ALL = "all"
+    BASE = "base"
 
 
 class VdnnAlgo(StrEnum):
@@ -37,7 +40,8 @@ class VdnnConfig(PolicyConfig):
 
 @dataclass(frozen=True)
 class VdnnStaticConfig(VdnnConfig):
-    """``vdnn-all``, ``vdnn-conv``, ``vdnn-base``: also ``algo`` ("m" or "p", default "p")."""
+    """``vdnn-all``, ``vdnn-conv``, ``vdnn-base``: also ``algo`` ("m" or "p", default "p";
+    a ``VdnnAlgo``, or its string as ``--option algo=m`` gives it)."""
 
     algo: VdnnAlgo = VdnnAlgo.PERFORMANCE
 

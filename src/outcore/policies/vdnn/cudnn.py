@@ -37,6 +37,7 @@ from outcore.cost.gpu_variants import conv_gpu_time_factor
 from outcore.graph.ir import Graph, Op
 from outcore.variants import registry
 from outcore.variants.meta import CONV, CONV_BACKWARD, conv_meta
+from outcore.variants.names import Variant
 
 #: The op targets this model prices (forward and backward convolution).
 TARGETS = (CONV, CONV_BACKWARD)
@@ -50,7 +51,7 @@ def relative_time(target: str, variant: str, arg_meta: Sequence[Any]) -> float:
 
 def _cudnn_allows(target: str, variant: str, arg_meta: Sequence[Any]) -> bool:
     """cuDNN 4's FFT algorithms ran stride-1 convolutions only."""
-    return variant != "fft" or conv_meta(target, arg_meta).stride == (1, 1)
+    return variant != Variant.FFT or conv_meta(target, arg_meta).stride == (1, 1)
 
 
 class CudnnAlgorithms:

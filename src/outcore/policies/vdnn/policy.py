@@ -53,11 +53,10 @@ the paper marks those configurations as failing (*).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from outcore.errors import InfeasibleBudgetError
+from outcore.errors import InfeasibleBudgetError, PolicyOptionError
 from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.plan.lower import lower
 from outcore.plan.plan import Decision, Plan
@@ -80,22 +79,24 @@ from outcore.variants import select
 
 PAPER = "vDNN (Rhu et al., MICRO 2016)"
 ALGOS = tuple(VdnnAlgo)  # "m", "p"
-MODES = tuple(VdnnMode)  # "none", "conv", "all"
+#: The offload modes (``VdnnMode.BASE``, the baseline, offloads nothing and keeps every map).
+MODES = (VdnnMode.NONE, VdnnMode.CONV, VdnnMode.ALL)
 
 
-@dataclass(frozen=True)
-class VdnnResult:
-    """A vDNN plan and its schedule, with what was chosen.
+@dataclass(kw_only=True)
+class VdnnResult(PolicyOutput):
+    """A vDNN policy's output (the one result type, ``PolicyOutput``) and what was chosen.
 
-    ``mode``: "none" (release only), "conv", "all" or "base"; ``algo``: "m", "p" or "dyn";
-    ``phase``: vDNN-dyn's profiling phase that chose the configuration (2, 3 or 4), else None;
-    ``peak``: predicted peak bytes, workspace included.
+    ``mode``: the offload mode (``VdnnMode.BASE`` for the baseline); ``algo``: the uniform
+    algorithm setting, or None for vDNN-dyn's per-layer choice; ``phase``: vDNN-dyn's
+    profiling phase that chose the configuration (2, 3 or 4), else None; ``peak``: the peak
+    bytes with each op's workspace as the context's cost model prices it (the paper's
+    profiling passes; ``outcore.plan`` recomputes ``predicted_peak`` with the workspace capture
+    recorded).
     """
 
-    plan: Plan
-    schedule: Schedule
-    mode: str
-    algo: str
+    mode: VdnnMode
+    algo: VdnnAlgo | None
     peak: int
     phase: int | None = None
 
@@ -116,14 +117,13 @@ def _first_forward_layer(graph: Graph, storage: int) -> str | None:
     return None
 
 
-def offload_set(graph: Graph, mode: str) -> dict[int, str]:
-    """Tensor id -> why it is offloaded, for mode "none", "conv" or "all" (module docstring)."""
-    if mode not in MODES:
-        raise ValueError(f"vDNN offload mode must be one of {MODES}, got {mode!r}")
+def offload_set(graph: Graph, mode: VdnnMode | str) -> dict[int, str]:
+    """Tensor id -> why it is offloaded, for an offload mode (``MODES``; module docstring)."""
+    mode = _parse_mode(mode, MODES)
     movable = _movable(graph)
-    if mode == "none":
+    if mode is VdnnMode.NONE:
         return {}
-    if mode == "all":
+    if mode is VdnnMode.ALL:
         result = {}
         for tid in movable:
             layer = _first_forward_layer(graph, tid)
@@ -143,9 +143,25 @@ def offload_set(graph: Graph, mode: str) -> dict[int, str]:
     return result
 
 
+def _parse_mode(mode: VdnnMode | str, allowed: Sequence[VdnnMode] = tuple(VdnnMode)) -> VdnnMode:
+    """``mode`` as a ``VdnnMode`` among ``allowed``; PolicyOptionError lists them otherwise."""
+    if mode not in allowed:
+        valid = ", ".join(repr(m.value) for m in allowed)
+        raise PolicyOptionError(f"vDNN mode must be one of {valid}, got {mode!r}", valid)
+    return VdnnMode(mode)
+
+
+def _parse_algo(algo: VdnnAlgo | str) -> VdnnAlgo:
+    """``algo`` as a ``VdnnAlgo``; PolicyOptionError lists the settings otherwise."""
+    if algo not in ALGOS:
+        raise PolicyOptionError(f"vDNN algorithm setting must be 'm' (memory-optimal) or 'p' "
+                                f"(performance-optimal), got {algo!r}", "'m' or 'p'")
+    return VdnnAlgo(algo)
+
+
 # ---- schedules ------------------------------------------------------------------------------
 
-def release_schedule(graph: Graph, mode: str, *, policy: str = "vdnn",
+def release_schedule(graph: Graph, mode: VdnnMode | str, *, policy: str = "vdnn",
                      order: Sequence[int] | None = None) -> tuple[Plan, Schedule]:
     """vDNN's release + offload + Fig. 10 prefetch for ``mode``, without variants."""
     order = list(order) if order is not None else [op.id for op in graph.ops]
@@ -182,11 +198,11 @@ def baseline_schedule(graph: Graph, *, policy: str = "vdnn-base") -> tuple[Plan,
     return plan, dataclasses.replace(schedule, instructions=kept)
 
 
-def _hint(mode: str, algo: str) -> str:
+def _hint(mode: VdnnMode, algo: VdnnAlgo) -> str:
     tries = []
-    if algo == "p":
+    if algo is VdnnAlgo.PERFORMANCE:
         tries.append("the memory-optimal algorithms (algo='m')")
-    if mode != "all":
+    if mode is not VdnnMode.ALL:
         tries.append("vdnn-all, which offloads every layer's input")
     tries.append("vdnn-dyn, which picks both to fit")
     return f"Try {', '.join(tries)}; or raise the budget or reduce the batch."
@@ -197,36 +213,42 @@ def _check_budget(name: str, budget: int | None, peak: int, hint: str) -> None:
         raise InfeasibleBudgetError(name, budget, peak, hint)
 
 
-def plan_static(graph: Graph, mode: str, algo: str, *, budget: int | None = None,
-                cost: Any = None, variants: Mapping[int, Sequence[str]] | None = None,
-                name: str | None = None) -> VdnnResult:
-    """vDNN-``mode`` (or the baseline for mode "base") with algorithm setting ``algo``.
+def plan_static(graph: Graph, ctx: PolicyContext, mode: VdnnMode | str,
+                algo: VdnnAlgo | str | None = None, *, name: str | None = None) -> VdnnResult:
+    """vDNN-``mode`` (the baseline for ``VdnnMode.BASE``) for ``ctx`` (budget, cost model,
+    ``VdnnStaticConfig``: variants and ``algo``); ``algo`` given here overrides the config's
+    (the ``vdnn-{mode}-{algo}`` policies fix it in their name).
 
-    Raises InfeasibleBudgetError when the predicted peak exceeds ``budget``.
+    Raises InfeasibleBudgetError when the predicted peak exceeds ``ctx.budget``, and
+    PolicyOptionError (listing the valid values) for an unknown mode or algorithm setting.
     """
-    if algo not in ALGOS:
-        raise ValueError(f"vDNN algorithm setting must be 'm' (memory-optimal) or 'p' "
-                         f"(performance-optimal), got {algo!r}")
-    name = name or f"vdnn-{mode}-{algo}"
-    if mode == "base":
+    config = _config(ctx)
+    mode = _parse_mode(mode)
+    if algo is None:
+        algo = config.algo if isinstance(config, VdnnStaticConfig) else VdnnAlgo.PERFORMANCE
+    setting = _parse_algo(algo)
+    name = name or f"vdnn-{mode}-{setting}"
+    if mode is VdnnMode.BASE:
         plan, schedule = baseline_schedule(graph, policy=name)
     else:
         plan, schedule = release_schedule(graph, mode, policy=name)
-    table = candidates(graph, cost, variants)
-    choice = table.uniform(algo)
+    table = candidates(graph, ctx.cost, variant_table(graph, config.variants))
+    choice = (table.memory_optimal() if setting is VdnnAlgo.MEMORY
+              else table.performance_optimal())
     peak = peak_with(graph, schedule, table, choice)
-    _check_budget(name, budget, peak, _hint(mode, algo))
+    _check_budget(name, ctx.budget, peak, _hint(mode, setting))
     plan.variants = dict(choice)
-    plan.budget = budget
-    return VdnnResult(plan, with_variants(schedule, choice), mode, algo, peak)
+    plan.budget = ctx.budget
+    return VdnnResult(plan, with_variants(schedule, choice), graph, mode=mode, algo=setting,
+                      peak=peak)
 
 
-def plan_dyn(graph: Graph, *, budget: int | None = None, cost: Any = None,
-             variants: Mapping[int, Sequence[str]] | None = None,
-             name: str = "vdnn-dyn") -> VdnnResult:
-    """vDNN-dyn's profiling passes (module docstring); raises InfeasibleBudgetError when even
-    vDNN-all with memory-optimal algorithms overflows ``budget``."""
-    table: Variants = candidates(graph, cost, variants)
+def plan_dyn(graph: Graph, ctx: PolicyContext, *, name: str = "vdnn-dyn") -> VdnnResult:
+    """vDNN-dyn's profiling passes (module docstring) for ``ctx`` (budget, cost model,
+    ``VdnnConfig``'s variants); raises InfeasibleBudgetError when even vDNN-all with
+    memory-optimal algorithms overflows ``ctx.budget``."""
+    budget = ctx.budget
+    table: Variants = candidates(graph, ctx.cost, variant_table(graph, _config(ctx).variants))
     built = {str(mode): release_schedule(graph, mode, policy=name) for mode in MODES}
     configs = {mode: steps(graph, schedule, table) for mode, (_, schedule) in built.items()}
     limit = budget if budget is not None else max(
@@ -240,43 +262,44 @@ def plan_dyn(graph: Graph, *, budget: int | None = None, cost: Any = None,
     for tid in list(plan.reasons):
         plan.reasons[tid] += f" [vDNN-dyn: {result.config}, profiling phase {result.phase}]"
     peak = peak_with(graph, schedule, table, choice)
-    return VdnnResult(plan, with_variants(schedule, choice), result.config, "dyn", peak,
-                      result.phase)
+    return VdnnResult(plan, with_variants(schedule, choice), graph,
+                      mode=VdnnMode(result.config), algo=None, peak=peak, phase=result.phase)
+
+
+def _config(ctx: PolicyContext) -> VdnnConfig:
+    """The context's vDNN configuration (a ``VdnnStaticConfig`` when it has an ``algo``)."""
+    if isinstance(ctx.config, VdnnConfig):
+        return ctx.config
+    return ctx.config_as(VdnnStaticConfig if "algo" in ctx.options else VdnnConfig)
 
 
 # ---- registration ---------------------------------------------------------------------------
 
-def _variant_table(graph: Graph, config: VdnnConfig) -> Any:
-    """The configured variants, or the variants capture recorded on each op."""
-    return variant_table(graph, config.variants)
-
-
-def _static_policy(name: str, mode: str, algo: str | None) -> PolicyFn:
+def _static_policy(name: str, mode: VdnnMode, algo: VdnnAlgo | None) -> PolicyFn:
+    """The policy ``name``: ``plan_static`` for ``mode``; ``algo`` None reads the config's."""
     def policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-        config: VdnnConfig
         if algo is None:
-            static = ctx.config_as(VdnnStaticConfig)
-            config, chosen = static, str(static.algo)
+            ctx = dataclasses.replace(ctx, config=ctx.config_as(VdnnStaticConfig))
         else:
-            config, chosen = ctx.config_as(VdnnConfig), algo
-        r = plan_static(graph, mode, chosen, budget=ctx.budget, cost=ctx.cost,
-                        variants=_variant_table(graph, config), name=name)
-        return PolicyOutput(r.plan, r.schedule, graph)
+            ctx = dataclasses.replace(ctx, config=ctx.config_as(VdnnConfig))
+        return plan_static(graph, ctx, mode, algo, name=name)
 
     policy.__name__ = name.replace("-", "_")
     return policy
 
 
 _WHAT = {
-    "all": "offload every layer's input feature map",
-    "conv": "offload the input feature maps of CONV layers",
-    "base": "Torch baseline: keep every feature map for the whole step, reuse gradient maps",
+    VdnnMode.ALL: "offload every layer's input feature map",
+    VdnnMode.CONV: "offload the input feature maps of CONV layers",
+    VdnnMode.BASE: "Torch baseline: keep every feature map for the whole step, reuse gradient "
+                   "maps",
 }
-for _mode in ("all", "conv", "base"):
+for _mode in (VdnnMode.ALL, VdnnMode.CONV, VdnnMode.BASE):
     register(f"vdnn-{_mode}", f"vDNN {_WHAT[_mode]}; options algo='m'|'p' (default 'p')",
              PAPER, VdnnStaticConfig)(_static_policy(f"vdnn-{_mode}", _mode, None))
-for _mode in ("all", "conv"):
-    for _a, _label in (("m", "memory-optimal"), ("p", "performance-optimal")):
+for _mode in (VdnnMode.ALL, VdnnMode.CONV):
+    for _a, _label in ((VdnnAlgo.MEMORY, "memory-optimal"),
+                       (VdnnAlgo.PERFORMANCE, "performance-optimal")):
         register(f"vdnn-{_mode}-{_a}", f"vDNN {_WHAT[_mode]}, {_label} algorithms",
                  PAPER, VdnnConfig)(_static_policy(f"vdnn-{_mode}-{_a}", _mode, _a))
 
@@ -284,6 +307,4 @@ for _mode in ("all", "conv"):
 @register("vdnn-dyn", "vDNN-dyn: profiling passes choose the offloaded layers (none, conv, all) "
           "and per-layer algorithms, with a greedy downgrade", PAPER, VdnnConfig)
 def vdnn_dyn_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    config = ctx.config_as(VdnnConfig)
-    r = plan_dyn(graph, budget=ctx.budget, cost=ctx.cost, variants=_variant_table(graph, config))
-    return PolicyOutput(r.plan, r.schedule, graph)
+    return plan_dyn(graph, dataclasses.replace(ctx, config=ctx.config_as(VdnnConfig)))

@@ -83,7 +83,7 @@ ROWS: tuple[Row, ...] = (
     Row("r50b256-floor", "resnet50", 256, "v100-pcie", 0.0, floor=True),
 )
 #: ``--quick``: one tiny row (a test runs it)
-QUICK: tuple[Row, ...] = (Row("quick", "resnet20-cifar", 32, "v100-pcie", 0.5, small=True),)
+QUICK: tuple[Row, ...] = (Row("quick", "resnet20-cifar", 8, "v100-pcie", 0.5, small=True),)
 COLUMNS = ("in-core", *SEEDS, "greedy", "torch-knapsack", "outcore-auto", "outcore-optimal")
 
 

@@ -231,7 +231,7 @@ def run(rows: tuple[Row, ...]) -> Iterator[Result]:
     for row in rows:
         try:
             res = run_row(row)
-        except Exception as exc:  # a bug in one planner: shown in its row, the rest go on
+        except Exception as exc:  # noqa: BLE001 (a bug in one planner: shown in its row)
             print(f"| {row.name} | failed: {type(exc).__name__}: {exc} |", flush=True)
             continue
         print(line(res), flush=True)

@@ -21,19 +21,26 @@ from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
 from outcore.units import format_bytes
 
+#: ``graph.meta`` key of the floors found, per cost model (the floor ignores the budget)
+_CACHE_KEY = "_outcore_lowest_peak"
+
 
 def lowest_peak(graph: Graph, cost: Any) -> int:
     """The lowest peak any keep / offload / recompute plan of ``graph`` reaches (one
     sub-batch): outcore-optimal's refusal of a one-byte budget names it; at least the
-    layer-wise lower bound."""
+    layer-wise lower bound. Cached per graph and cost model."""
     from outcore.policies.registry import PolicyContext, get
 
-    layer = reference_peaks(graph).layer_lower_bound
-    try:
-        get("outcore-optimal").fn(graph, PolicyContext(budget=1, cost=cost))
-    except InfeasibleBudgetError as exc:
-        return max(exc.required, layer)
-    return layer
+    cache: dict[str, int] = graph.meta.setdefault(_CACHE_KEY, {})
+    key = repr(cost)
+    if key not in cache:
+        layer = reference_peaks(graph).layer_lower_bound
+        try:
+            get("outcore-optimal").fn(graph, PolicyContext(budget=1, cost=cost))
+            cache[key] = layer
+        except InfeasibleBudgetError as exc:
+            cache[key] = max(exc.required, layer)
+    return cache[key]
 
 
 def batch_size(graph: Graph) -> int | None:

@@ -228,9 +228,14 @@ def main(argv: list[str] | None = None) -> list[Case]:
     args = parser.parse_args(argv)
     models = QUICK_MODELS if args.quick else MODELS
     fractions = QUICK_BUDGETS if args.quick else BUDGETS
-    cases = [c for name, batch, opts in models
-             for c in run_case(name, batch, dict(opts), fractions, args.repeats)]
-    report(cases)
+    cases: list[Case] = []
+    for name, batch, opts in models:
+        found = run_case(name, batch, dict(opts), fractions, args.repeats)
+        report(found)  # each model as soon as it is measured
+        cases += found
+    if len(models) > 1:
+        print("\nAll cases:")
+        report(cases)
     return cases
 
 

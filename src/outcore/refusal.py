@@ -70,8 +70,9 @@ def ways_out(graph: Graph, budget: int, floor: int, can_split: bool) -> str:
         smaller += f" to about {max(1, math.floor(batch / scale))} (from {batch})"
     split = (f"split the batch into about {parts} sub-batches (allow_sub_batches=True, CLI "
              "--allow-sub-batches; changes what BatchNorm computes)" if can_split else
-             f"split the batch into about {parts} sub-batches (pass recapture= to "
-             "outcore.plan with allow_sub_batches=True, or use outcore.compile)")
+             f"split the batch into about {parts} sub-batches (outcore.compile, or "
+             "outcore.plan with recapture= and allow_sub_batches=True; changes what "
+             "BatchNorm computes)")
     return (f"{head} To go lower: {split}, or {smaller}; estimates that scale the "
             "non-static bytes with the batch.")
 

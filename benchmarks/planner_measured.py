@@ -1,6 +1,7 @@
 """The planners measured on the CPU-emulated device (issue 15, point 5).
 
-For three small models at two budgets each (fractions of the in-core peak), every seed policy
+For three small models at two budgets each (70% and 50% of the in-core peak, raised to a
+tenth of the way from the lowest feasible peak to it where that is higher), every seed policy
 and outcore-auto plan the step on one cost model of *this* machine: op seconds profiled on
 the emulated device (instant link, ``profile_step``) and its link (``with_link``; bandwidth
 chosen so that offloading every activation takes about 80% of the step's compute, so copies
@@ -44,6 +45,7 @@ from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Schedule
 from outcore.policies import baseline
 from outcore.policies.registry import PolicyContext, get
+from outcore.refusal import lowest_peak
 from outcore.runtime.devices import EmulatedDevice
 from outcore.runtime.devices.calibrate import calibrate_waits
 from outcore.runtime.executor import Executor
@@ -149,9 +151,11 @@ def run_case(name: str, batch_size: int, options: dict[str, Any], fractions: tup
     graph = outcore.capture(work.model, work.loss_fn, work.batch)
     cost = cost_of(graph, work.batch, repeats)
     peak = reference_peaks(graph).liveness
+    lowest = lowest_peak(graph, cost)
     cases = []
-    for fraction in fractions:
-        budget = int(fraction * peak)
+    for wanted in fractions:  # at least a tenth of the way from the floor to the peak
+        budget = max(int(wanted * peak), lowest + (peak - lowest) // 10)
+        fraction = budget / peak
         entries, refused = plans(graph, budget, cost)
         measure(entries, work.batch, budget, cost.h2d_bandwidth, repeats)
         cases.append(Case(name, fraction, budget, entries, refused))
@@ -225,8 +229,11 @@ def main(argv: list[str] | None = None) -> list[Case]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one tiny case (for tests)")
+    parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     args = parser.parse_args(argv)
     models = QUICK_MODELS if args.quick else MODELS
+    if args.models:
+        models = tuple(m for m in MODELS if m[0] in args.models.split(","))
     fractions = QUICK_BUDGETS if args.quick else BUDGETS
     cases: list[Case] = []
     for name, batch, opts in models:

@@ -9,6 +9,7 @@ errors are raised and ``outcore.cli.main`` maps them to exit codes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from outcore import cli_workload as work
@@ -152,7 +153,7 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
-    from outcore.report.explain import RICH_STYLES, common_suffix
+    from outcore.report.explain import RICH_STYLES, binding_line, common_suffix
 
     planned, label = work.planned(args)
     rows = planned.explain()
@@ -169,22 +170,27 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         table = Table(title=f"{label}: {planned.plan.policy} decisions "
                             f"({len(shown)} of {len(rows)} activations, by decision, "
                             f"largest first){bound}")
-        for col in ("module", "op", "size", "decision", "why"):
-            table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
+        for col in ("module", "op", "size", "decision", "cost (ms)", "frees at binding", "why"):
+            table.add_column(col, overflow="fold",
+                             justify="left" if col in ("module", "op", "decision", "why")
+                             else "right")
         for r in shown:
             style = RICH_STYLES.get(r["decision"], "")
             why = r["why"][: len(r["why"]) - len(shared)] if shared else r["why"]
+            cost = "-" if r["cost_s"] is None else f"{r['cost_s'] * 1e3:.3f}"
             table.add_row(escape(r["module"]), escape(r["op"]), r["size"],
                           f"[{style}]{r['decision']}[/{style}]" if style else r["decision"],
-                          escape(why))
+                          cost, format_bytes(r["frees"]) if r["frees"] else "-", escape(why))
         console.print(table)
+        console.print(escape(binding_line(rows)))
         if shared:
             console.print(f"every row above also: {escape(shared.strip('; '))}")
         _print_notes(console, rows.notes)
 
     emit(args, render)
     return {"model": label, "policy": planned.plan.policy, "notes": rows.notes,
-            "tensors": list(rows), "lower_bound": planned.lower_bound, "gap": planned.gap}
+            "tensors": list(rows), "lower_bound": planned.lower_bound, "gap": planned.gap,
+            "binds": rows.binds, "binding": [dataclasses.asdict(b) for b in rows.binding]}
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,6 +22,8 @@ class InfeasibleBudgetError(OutcoreError):
         policy: the policy name that refused.
         budget: the budget asked for, in bytes.
         required: the least memory, in bytes, that would have worked.
+        lowest: where known (``outcore.plan`` fills it), the lowest peak any plan of
+            keep/offload/recompute decisions reaches at this batch (``outcore.refusal``).
     """
 
     def __init__(self, policy: str, budget: int, required: int, hint: str = "") -> None:
@@ -31,6 +33,7 @@ class InfeasibleBudgetError(OutcoreError):
         self.budget = budget
         self.required = required
         self.hint = hint
+        self.lowest: int | None = None
         msg = (
             f"policy {policy!r} cannot fit a budget of {format_bytes(budget)}: "
             f"it needs at least {format_bytes(required)} ({required} bytes)."

@@ -6,7 +6,8 @@ Torch-free (a graph loaded from JSON plans without torch); ``outcore.plan`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,12 +152,14 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     name = check_policy(policy, options)
     gpu = check_gpu(gpu)
     split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
+    model = cost if cost is not None else cost_model_for(gpu, graph)
     if limit is not None:
         layer_bound = reference_peaks(graph).layer_lower_bound
         if limit < layer_bound and not split_ok:
-            sub_batching.refuse_below_bound(name, limit, layer_bound, recapture is not None)
+            with _refused(graph, model, recapture is not None):
+                sub_batching.refuse_below_bound(name, limit, layer_bound,
+                                                recapture is not None)
     host_limit, host_source = _host_budget(graph, host_budget)
-    model = cost if cost is not None else cost_model_for(gpu, graph)
     key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit}, model,
                      split_ok, cache)
     cached = None if key is None else plan_cache.load(key)
@@ -169,7 +172,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
-        result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok)
+        with _refused(graph, model, recapture is not None and not split_ok):
+            result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok)
     _check_host(result, trace, name, host_limit, host_source)
     if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
@@ -270,6 +274,22 @@ def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
             sizes.append(host - before)
         before = host
     return sizes
+
+
+@contextmanager
+def _refused(graph: Graph, cost: Any, can_split: bool) -> Iterator[None]:
+    """Re-raise an InfeasibleBudgetError with the lowest peak any plan reaches and what would
+    lower it (``outcore.refusal``); a host budget's error passes as it is."""
+    try:
+        yield
+    except InfeasibleBudgetError as exc:
+        from outcore.host import HostBudgetError
+
+        if isinstance(exc, HostBudgetError):
+            raise
+        from outcore.refusal import refusal
+
+        raise refusal(graph, exc, cost, can_split) from exc
 
 
 def _run_policy(fn: Callable[..., Any], graph: Graph, ctx: PolicyContext,

@@ -20,10 +20,14 @@ RICH_STYLES = {"keep": "green", "offload": "blue", "recompute": "dark_orange"}
 
 
 class Explanation(list[dict[str, Any]]):
-    """The rows of ``explain()`` plus ``notes`` (strings) and ``sub_batches``."""
+    """The rows of ``explain()`` plus ``notes`` (strings), ``sub_batches`` and ``binding``:
+    the instructions whose device bytes are within ``outcore.report.binding.EPSILON`` of the
+    budget (of the peak without one), as ``BindingInstruction`` objects."""
 
     notes: list[str]
     sub_batches: int
+    binding: list[Any]
+    binds: bool  # False: no instruction is within epsilon of the budget; ``binding`` is the peak
 
     def groups(self) -> dict[str, list[dict[str, Any]]]:
         """Rows by decision, in ``ORDER``."""
@@ -45,7 +49,11 @@ def module_path(graph: Any, op_id: int) -> str:
 
 def explain_rows(planned: Any) -> Explanation:
     """The Explanation of an ``outcore.api.PlannedStep``."""
+    from outcore.report.binding import binding
+
     graph, plan = planned.graph, planned.plan
+    simulation = getattr(planned, "simulation", None)
+    bound = binding(graph, planned.schedule, planned.budget, simulation)
     rows = []
     for t in graph.activations():
         producer = graph.producer_op(t.id)
@@ -56,12 +64,27 @@ def explain_rows(planned: Any) -> Explanation:
                      "category": str(producer.category), "bytes": t.nbytes,
                      "size": format_bytes(t.nbytes),
                      "decision": str(plan.decision(t.id)),
-                     "why": plan.reasons.get(t.id, "kept (not named by the policy)")})
+                     "why": plan.reasons.get(t.id, "kept (not named by the policy)"),
+                     **_binding_fields(bound, t.id, plan.decision(t.id), simulation)})
     rows.sort(key=lambda r: (_rank(r["decision"]), -r["bytes"]))
     result = Explanation(rows)
     result.notes = list(getattr(planned, "notes", []))
     result.sub_batches = plan.sub_batches
+    result.binding = bound.instructions
+    result.binds = bound.binds
     return result
+
+
+def _binding_fields(bound: Any, tid: int, decision: Any, simulation: Any) -> dict[str, Any]:
+    """A row's ``cost_s`` (seconds its decision costs the step; None unsimulated),
+    ``copy_s`` (an offload's copy seconds on the copy engines), ``frees`` (bytes it frees at
+    the binding instructions, the most at any one) and ``binding_at`` (those instructions)
+    (definitions: ``outcore.report.binding``)."""
+    frees = bound.frees.get(tid, {})
+    kept = str(decision) == "keep"
+    cost = None if simulation is None else (0.0 if kept else bound.cost_s.get(tid, 0.0))
+    return {"cost_s": cost, "copy_s": bound.copy_s.get(tid, 0.0), "frees": max(
+        frees.values(), default=0), "binding_at": sorted(frees)}
 
 
 def common_suffix(rows: list[dict[str, Any]]) -> str:
@@ -80,3 +103,18 @@ def common_suffix(rows: list[dict[str, Any]]) -> str:
         start = tail.find("; ")
     tail = tail[start:] if start >= 0 else ""
     return tail if len(tail) >= 40 else ""
+
+
+def binding_line(rows: Explanation, shown: int = 6) -> str:
+    """The binding instructions of an Explanation in one line, for reports."""
+    found = rows.binding
+    if not found:
+        return "no instruction holds device memory"
+    from outcore.report.binding import EPSILON
+
+    head = ("the budget binds at" if rows.binds else
+            f"the budget does not bind (slack above {EPSILON:.0%} of it); the peak is at")
+    listed = "; ".join(f"#{b.index} {b.instruction} ({format_bytes(b.device)}, "
+                       f"slack {format_bytes(b.slack)})" for b in found[:shown])
+    more = f"; and {len(found) - shown} more" if len(found) > shown else ""
+    return f"{head} {len(found)} instruction(s): {listed}{more}"

@@ -1,0 +1,250 @@
+"""The planners measured on the CPU-emulated device (issue 15, point 5).
+
+For three small models at two budgets each (70% and 50% of the in-core peak, raised to a
+tenth of the way from the lowest feasible peak to it where that is higher), every seed policy
+and outcore-auto plan the step on one cost model of *this* machine: op seconds profiled on
+the emulated device (instant link, ``profile_step``) and its link (``with_link``; bandwidth
+chosen so that offloading every activation takes about 80% of the step's compute, so copies
+matter but can hide). Then every plan runs on an emulated device whose capacity is the
+budget, in interleaved rounds (one step of each plan per round, ``--repeats`` rounds, after
+one warm-up each); per plan:
+
+* ``measured``: the median step (wall clock), shown as a ratio to outcore-auto's median;
+* ``simulated``: the simulator's step on the same cost model, as a ratio to outcore-auto's;
+* ``peak``: the tracker's measured peak, which must equal the planned (predicted) peak;
+* per case, whether the simulated ranking of the plans matches the measured one: Spearman's
+  rank correlation and the share of pairs ordered alike (pairs whose measured medians are
+  within ``TIE`` of each other count as agreeing either way: the noise of this machine).
+
+Seed policies run with their operator variants dropped (framework kernels, as outcore-auto's
+portfolio runs them); moDNN without sub-batches (no recapture). Speed is only reported as
+ratios within one run; timings on a loaded machine are noisy.
+
+    python benchmarks/planner_measured.py [--repeats 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import outcore
+from outcore import zoo
+from outcore.cost.measure_step import profile_step
+from outcore.errors import InfeasibleBudgetError
+from outcore.graph.bounds import reference_peaks
+from outcore.graph.ir import Graph
+from outcore.plan.lower import lower
+from outcore.plan.memory import memory_curve
+from outcore.plan.schedule import Schedule
+from outcore.policies import baseline
+from outcore.policies.registry import PolicyContext, get
+from outcore.refusal import lowest_peak
+from outcore.runtime.devices import EmulatedDevice
+from outcore.runtime.devices.calibrate import calibrate_waits
+from outcore.runtime.executor import Executor
+from outcore.sim import simulate
+
+SEEDS = ("vdnn-all", "vdnn-conv", "vdnn-dyn", "superneurons", "modnn", "pooch", "dymem")
+MODELS = (("resnet20-cifar", 32, {}), ("vgg11", 16, {"small": True}),
+          ("transformer", 8, {"small": True}))
+BUDGETS = (0.7, 0.5)
+QUICK_MODELS = (("resnet20-cifar", 4, {"small": True}),)
+QUICK_BUDGETS = (0.6,)
+LATENCY = 2e-4  # seconds per copy on the emulated engine
+TIE = 0.03  # measured medians closer than this (relative) are a tie
+
+
+@dataclass
+class Entry:
+    """One plan of one case: its schedule, predicted peak and simulated step; after
+    ``measure``: the measured steps and peak."""
+
+    policy: str
+    graph: Graph
+    schedule: Schedule
+    predicted: int
+    simulated: float
+    seconds: list[float] = field(default_factory=list)
+    measured_peak: int | None = None
+
+    @property
+    def measured(self) -> float:
+        return statistics.median(self.seconds)
+
+
+@dataclass
+class Case:
+    model: str
+    fraction: float
+    budget: int
+    entries: list[Entry]
+    refused: list[str]
+
+    def auto(self) -> Entry:
+        return next(e for e in self.entries if e.policy == "outcore-auto")
+
+
+def cost_of(graph: Graph, batch: Any, repeats: int) -> Any:
+    """This machine's profile of ``graph`` (instant link) with a link that makes offloading
+    every activation take about 80% of the compute time."""
+    waits = calibrate_waits(LATENCY)
+    liveness = lower(graph, baseline.liveness(graph))
+    with EmulatedDevice(None, math.inf, math.inf) as device:
+        profile = profile_step(Executor(graph, liveness, device), batch, repeats=repeats,
+                               waits=waits)
+    moved = sum(graph.tensors[t].nbytes for t in baseline.movable_activations(graph))
+    bandwidth = max(moved, 1) / (0.8 * sum(profile.op_seconds))
+    return profile.with_link(bandwidth, latency=LATENCY,
+                             host_costs=dataclasses.replace(profile.host_costs,
+                                                            wait=waits.wait, wake=waits.wake))
+
+
+def plans(graph: Graph, budget: int, cost: Any) -> tuple[list[Entry], list[str]]:
+    """Every seed policy's plan (framework kernels) and outcore-auto's that fit ``budget``;
+    the names of those that do not."""
+    entries, refused = [], []
+    for name in SEEDS:
+        try:
+            out = get(name).fn(graph, PolicyContext(budget=budget, cost=cost))
+        except InfeasibleBudgetError:
+            refused.append(name)
+            continue
+        schedule = dataclasses.replace(out.schedule, variants={})
+        peak = memory_curve(out.graph, schedule).peak
+        if peak > budget or out.graph is not graph:
+            refused.append(name)
+            continue
+        entries.append(Entry(name, graph, schedule, peak,
+                             simulate(graph, schedule, cost).step_time))
+    planned = outcore.plan(graph, budget, policy="outcore-auto", cost=cost, cache=False,
+                           host_budget=None)
+    entries.append(Entry("outcore-auto", planned.graph, planned.schedule,
+                         planned.predicted_peak, planned.simulation.step_time))
+    return entries, refused
+
+
+def measure(entries: list[Entry], batch: Any, budget: int, bandwidth: float,
+            repeats: int) -> None:
+    """Run every entry on an emulated device of capacity ``budget``, interleaved."""
+    with EmulatedDevice(budget, bandwidth, bandwidth, latency_s=LATENCY) as device:
+        executors = [Executor(e.graph, e.schedule, device) for e in entries]
+        for ex in executors:
+            ex.run(batch, apply=False)  # warm-up
+        for _ in range(repeats):
+            for entry, ex in zip(entries, executors, strict=True):
+                result = ex.run(batch, apply=False)
+                entry.seconds.append(result.seconds)
+                entry.measured_peak = result.peak_bytes
+
+
+def run_case(name: str, batch_size: int, options: dict[str, Any], fractions: tuple[float, ...],
+             repeats: int) -> list[Case]:
+    torch.manual_seed(0)
+    work = zoo.get(name, batch_size, **options)
+    graph = outcore.capture(work.model, work.loss_fn, work.batch)
+    cost = cost_of(graph, work.batch, repeats)
+    peak = reference_peaks(graph).liveness
+    lowest = lowest_peak(graph, cost)
+    cases = []
+    for wanted in fractions:  # at least a tenth of the way from the floor to the peak
+        budget = max(int(wanted * peak), lowest + (peak - lowest) // 10)
+        fraction = budget / peak
+        entries, refused = plans(graph, budget, cost)
+        measure(entries, work.batch, budget, cost.h2d_bandwidth, repeats)
+        cases.append(Case(name, fraction, budget, entries, refused))
+    return cases
+
+
+def ranks(values: list[float]) -> list[float]:
+    """Average ranks (ties share the mean rank)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (nan with fewer than two values or a
+    constant side)."""
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 2:
+        return math.nan
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else math.nan
+
+
+def pairwise(sim: list[float], measured: list[float], tie: float = TIE) -> float:
+    """Share of pairs the simulation orders as measured (measured ties agree either way)."""
+    agree = total = 0
+    for i in range(len(sim)):
+        for j in range(i + 1, len(sim)):
+            total += 1
+            close = abs(measured[i] - measured[j]) <= tie * max(measured[i], measured[j])
+            if close or (sim[i] - sim[j]) * (measured[i] - measured[j]) > 0:
+                agree += 1
+    return agree / total if total else math.nan
+
+
+def report(cases: list[Case]) -> None:
+    print("| model | budget | policy | simulated / auto | measured / auto | predicted peak "
+          "| measured peak | equal |\n|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        auto = case.auto()
+        for e in sorted(case.entries, key=lambda e: e.measured):
+            print(f"| {case.model} | {case.fraction:.0%} ({case.budget} B) | {e.policy} | "
+                  f"{e.simulated / auto.simulated:.3f} | {e.measured / auto.measured:.3f} | "
+                  f"{e.predicted} | {e.measured_peak} | "
+                  f"{'yes' if e.predicted == e.measured_peak else 'NO'} |")
+    print("\n| model | budget | plans | refused | Spearman | pairs agreeing | auto fastest "
+          "measured (within tie) |\n|---|---|---|---|---|---|---|")
+    for case in cases:
+        sim = [e.simulated for e in case.entries]
+        meas = [e.measured for e in case.entries]
+        best = min(meas)
+        auto_ok = case.auto().measured <= best * (1 + TIE)
+        print(f"| {case.model} | {case.fraction:.0%} | {len(case.entries)} | "
+              f"{', '.join(case.refused) or '-'} | {spearman(sim, meas):.2f} | "
+              f"{pairwise(sim, meas):.0%} | {'yes' if auto_ok else 'no'} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> list[Case]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one tiny case (for tests)")
+    parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    args = parser.parse_args(argv)
+    models = QUICK_MODELS if args.quick else MODELS
+    if args.models:
+        models = tuple(m for m in MODELS if m[0] in args.models.split(","))
+    fractions = QUICK_BUDGETS if args.quick else BUDGETS
+    cases: list[Case] = []
+    for name, batch, opts in models:
+        found = run_case(name, batch, dict(opts), fractions, args.repeats)
+        report(found)  # each model as soon as it is measured
+        cases += found
+    if len(models) > 1:
+        print("\nAll cases:")
+        report(cases)
+    return cases
+
+
+if __name__ == "__main__":
+    main()

@@ -74,4 +74,4 @@ def test_allocator_peak_never_exceeds_the_prediction(name, opts):
         executor = Executor(out.graph, out.schedule)
         executor.run(w.batch, apply=False)  # warm up
         measured = allocator_peak(lambda ex=executor: ex.run(w.batch, apply=False)).peak
-        assert measured <= allocator_peak_bound(out.graph, out.schedule, temps), policy
+        assert measured <= allocator_peak_bound(out.graph, out.schedule), policy

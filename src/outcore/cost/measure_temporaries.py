@@ -180,16 +180,20 @@ def rng_state_bytes() -> int:
 
 
 def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
-    """What the CPU allocator may hold at most during a step of ``schedule`` beyond what was
-    allocated before it (parameters, the batch): the memory rule's peak (every op's
-    ``temporaries`` on top of its Compute, and its variant's workspace), less the static
-    bytes, plus the saved RNG state of every random op the schedule recomputes (counted over
-    the whole step) and the backward's seed (the loss tangent the executor makes for each step)."""
+    """What the CPU allocator may hold at most during a step of ``schedule`` on the plain
+    CPU device beyond what was allocated before it (parameters, the batch): the memory
+    rule's most device plus host bytes at once (every op's ``temporaries`` on top of its
+    Compute, its variant's workspace; host copies share the CPU's allocator), less the
+    static bytes, plus the saved RNG state of every random op the schedule recomputes
+    (counted over the whole step) and the backward's seed (the loss tangent the executor
+    makes for each step)."""
     from outcore.graph.ir import TensorKind
     from outcore.plan.memory import memory_curve
 
     trace = memory_curve(graph, schedule)
+    most = max((d + h for d, h in zip(trace.device, trace.host, strict=True)),
+               default=trace.static)
     recomputed = {ins.op for ins in schedule.instructions if getattr(ins, "recompute", False)}
     randoms = sum(1 for op in graph.ops if op.random and op.id in recomputed)
     seeds = sum(t.nbytes for t in graph.tensors if t.kind is TensorKind.TANGENT)
-    return trace.peak - trace.static + randoms * rng_state_bytes() + seeds
+    return most - trace.static + randoms * rng_state_bytes() + seeds

@@ -51,8 +51,9 @@ class Emitter:
         #: storage id -> its resident tensors, as the emitted code goes (``track``)
         self.resident_of: dict[int, set[int]] = {}
         self.lines: list[str] = []
-        #: random ops the schedule recomputes: only these save their RNG state
-        self.replayed: set[int] = set()
+        #: random ops the schedule recomputes: only these save their RNG state (None: every
+        #: random op saves it)
+        self.replayed: set[int] | None = None
         #: tensor id -> the stride capture recorded, for each base a layout-sensitive op reads
         self.strides: dict[int, tuple[int, ...]] = {}
         bases = layout_bases(graph, step.op_nodes)
@@ -117,7 +118,7 @@ class Emitter:
         call = f"{fname}({', '.join(args)})"
         if op.random and recompute:
             call = f"rt.replay_rng({oid}, lambda: {call})"
-        elif op.random and oid in self.replayed:  # its state is kept only for a recompute
+        elif op.random and (self.replayed is None or oid in self.replayed):  # for a recompute
             call = f"rt.save_rng({oid}, lambda: {call})"
         self.lines.append(f"rt.begin({oid}, {op.name!r})")
         slots = self.step.nodes.op_outputs.get(node)
@@ -165,6 +166,11 @@ class Emitter:
         self.track(step)
 
 
+def recomputed_ops(schedule: Schedule) -> set[int]:
+    """The ops ``schedule`` recomputes (a random one among them saves its RNG state)."""
+    return {ins.op for ins in schedule.instructions if isinstance(ins, Compute) and ins.recompute}
+
+
 def generate(graph: Graph, schedule: Schedule,
              impls: dict[int, Callable[..., Any]] | None = None,
              notify: frozenset[int] = frozenset()) -> GeneratedStep:
@@ -181,8 +187,7 @@ def generate(graph: Graph, schedule: Schedule,
         raise TypeError("this graph has no captured step to run; capture it with "
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
-    em.replayed = {ins.op for ins in schedule.instructions
-                   if isinstance(ins, Compute) and ins.recompute}
+    em.replayed = recomputed_ops(schedule)
     steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
     first = next(steps)
     em.track(first)

@@ -53,31 +53,35 @@ def _run_alone(nodes: list[Any], seed: int, scope: Callable[[str], Any] | None =
             cast(Callable[..., Any], node.target)(*args, **kwargs)
 
 
-def _run_in_step(graph: Graph, batch: Any, scope: Callable[[str], Any] | None = None) -> None:
-    """The joint graph node by node on the real parameters and batch (as
-    ``measure_ops`` measures in the step), each op inside its own record_function."""
-    from torch import fx
+def _in_step(graph: Graph, batch: Any,
+             scope: Callable[[str], Any] | None = None) -> Callable[[], None]:
+    """A run of the step's in-core schedule by the executor (its generated code: the
+    layouts, constants and kernels of a real step) on ``batch``, each op's kernel inside
+    its own ``scope`` (default: a profiler ``record_function``); nothing is applied."""
     from torch.profiler import record_function
 
-    from outcore.cost.measure_ops import _last_users
+    from outcore.plan.lower import lower
+    from outcore.plan.plan import Plan
+    from outcore.runtime.executor import Executor
 
-    step = graph.source
-    gm: fx.GraphModule = step.gm
-    values = step.static_values(graph, batch)
-    env: dict[Any, Any] = {n: values[step.nodes.node_tensors[n]] for n in gm.graph.nodes
-                           if n.op == "placeholder"}
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    op_of = {node: i for i, node in enumerate(step.op_nodes)}
-    last = _last_users(nodes)
     mark = scope or record_function
-    for node in nodes:
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        with mark(f"outcore_op_{op_of.get(node, -1)}"):
-            env[node] = cast(Callable[..., Any], node.target)(*args, **kwargs)
-        for dead in last.get(node, ()):
-            if dead.op != "placeholder":
-                env.pop(dead, None)
+    probe = Executor(graph, lower(graph, Plan("in-core")), check=False)
+
+    def marked(oid: int) -> Callable[..., Any]:
+        kernel = probe.kernel(oid)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with mark(f"outcore_op_{oid}"):
+                return kernel(*args, **kwargs)
+
+        return run
+
+    probe.replace_ops({oid: marked(oid) for oid in range(len(graph.ops))})
+
+    def step() -> None:
+        probe.run(batch, apply=False, measure=False)
+
+    return step
 
 
 def _profiled(run: Callable[[], None], ops: int) -> list[int]:
@@ -133,8 +137,9 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     """Bytes of kernel temporaries of every op of ``graph`` (module docstring), written to
     each ``op.temporaries`` (so the memory rule holds them) and to
     ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
-    ``batch`` the ops run in the step, on its real values (the kernels a step picks for its
-    layouts); without, each alone on fresh inputs. ``device="cuda"`` measures with CUDA's
+    ``batch`` the ops run in the step, on its real values, as the executor runs the
+    in-core schedule (the kernels a step picks for its layouts); without, each alone on
+    fresh inputs. ``device="cuda"`` measures with CUDA's
     allocator counters instead of the CPU profiler (the batch and model on the GPU)."""
     nodes = list(getattr(graph.source, "op_nodes", []))
     if len(nodes) != len(graph.ops):
@@ -143,9 +148,11 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     in_step = batch is not None and not getattr(graph.source, "fake", True)
     cuda = _CudaPeaks(len(graph.ops)) if device == "cuda" else None
 
+    step = _in_step(graph, batch, cuda) if in_step else None
+
     def run() -> None:
-        if in_step:
-            _run_in_step(graph, batch, cuda)
+        if step is not None:
+            step()
         else:
             _run_alone(nodes, seed, cuda)
 

@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         w = WORKLOADS[name](args.quick)
         log(f"{name}: {w.about}")
-        rows.extend(run_model(w, rounds, args.compile_budget, args.skip_compile, log))
+        done = run_model(w, rounds, args.compile_budget, args.skip_compile, log)
+        log(table(done))  # each model's table as soon as it is done (long runs get cut)
+        rows.extend(done)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")
     print(table(rows))
     print()

@@ -23,7 +23,7 @@ in a shuffled order), with the spread (min-max) over rounds; ratios are to eager
 run. Run:
 
     python benchmarks/vs_pytorch.py                # the three models, full size
-    python benchmarks/vs_pytorch.py --quick        # scaled down, a few minutes
+    python benchmarks/vs_pytorch.py --quick        # scaled down (2-layer GPT), minutes
     python benchmarks/vs_pytorch.py --models gpt --rounds 15 --json out.json
 """
 
@@ -52,6 +52,7 @@ from torch.utils.checkpoint import (
 )
 
 import outcore
+from outcore.cost.measure_temporaries import measure_temporaries
 from outcore.runtime.devices.allocator_peak import allocator_peak
 from outcore.runtime.executor import Executor
 
@@ -90,7 +91,7 @@ class Row:
 # ---- workloads ------------------------------------------------------------------------------
 
 def gpt(quick: bool) -> Workload:
-    cfg = ({"seq_len": 64, "n_layer": 3, "n_head": 4, "d_model": 128} if quick
+    cfg = ({"seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 128} if quick
            else {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256})
     w = outcore.zoo.get("transformer", 4 if quick else 8, vocab=512, dropout=0.1,
                         tie_weights=False, **cfg)
@@ -241,9 +242,10 @@ def lowest_budget(graph: Any, static: int) -> int:
 def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int,
                  tries: int = 5) -> tuple[Callable[[], Any] | None, int, str]:
     """The plan with the largest measured activation peak at most ``target`` among budgets
-    bisected in ``[lo, hi]`` (outcore-auto's lowest budget, its in-core peak): the planned
-    peak counts tensors, the allocator also sees kernel temporaries, so each budget is
-    measured. Returns the lowest plan, marked, when even that is above ``target``."""
+    bisected in ``[lo, hi]`` (outcore-auto's lowest budget, its in-core peak). The planned
+    peak holds the kernels' measured temporaries, but the peer's number leaves gradients
+    out and outcore's budget counts them, so each budget is measured. Returns the lowest
+    plan, marked, when even that is above ``target``."""
     best: tuple[Callable[[], Any], int, str] | None = None
     lowest: tuple[Callable[[], Any], int, str] | None = None
     budget = lo
@@ -291,11 +293,13 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         t0 = time.perf_counter()
         s = eager_step(cm, w)
         s()
-        log(f"  torch.compile took {time.perf_counter() - t0:.0f} s")
-        tools[f"compile {compile_budget}"] = (s, activation(s, m), "")
+        took = time.perf_counter() - t0
+        log(f"  torch.compile took {took:.0f} s")
+        tools[f"compile {compile_budget}"] = (s, activation(s, m), f"compiled in {took:.0f} s")
         models[f"compile {compile_budget}"] = m
     log("  " + ", ".join(f"{k}: {v[1] / 2**20:.1f} MiB" for k, v in tools.items()))
     graph = outcore.capture(w.model, w.loss_fn, w.batch)
+    measure_temporaries(graph, w.batch)  # the plans budget the kernels' temporaries
     static = sum(p.numel() * p.element_size() for p in w.model.parameters())
     lo = lowest_budget(graph, static)
     hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
@@ -374,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         w = WORKLOADS[name](args.quick)
         log(f"{name}: {w.about}")
-        rows.extend(run_model(w, rounds, args.compile_budget, args.skip_compile, log))
+        done = run_model(w, rounds, args.compile_budget, args.skip_compile, log)
+        log(table(done))  # each model's table as soon as it is done (long runs get cut)
+        rows.extend(done)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")
     print(table(rows))
     print()

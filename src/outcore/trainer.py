@@ -77,10 +77,19 @@ class TrainerStats:
     ``eval_steps``: eager no-grad steps taken while the model was in eval mode;
     ``signature``: the batch signature of the last training step; ``notes``: what the plan
     changed in what the step computes (sub-batches) and how it was chosen.
+
+    ``measured_peak``: on ``device="cpu"`` (one sub-batch) what the CPU allocator held at
+    most during the step (``outcore.runtime.devices.allocator_peak``: kernel temporaries and
+    host copies included, which share its RAM) plus the bytes held before it (parameters,
+    buffers, batch); it is measured on the first step of each plan, with the profiler, and
+    kept for its later steps (a planned step allocates the same every time). Elsewhere it
+    is ``tensor_peak``: the step's tensors counted at the dispatcher (``MemoryTracker``;
+    the emulated device enforces its capacity on that count).
     """
 
     predicted_peak: int = 0
     measured_peak: int = 0
+    tensor_peak: int = 0
     step_seconds: float = 0.0
     steps: int = 0
     sub_batches: int = 1
@@ -106,6 +115,9 @@ class TrainerStats:
 class _Entry:
     planned: PlannedStep
     executor: Any  # outcore.runtime.executor.Executor
+    #: the allocator's peak of this plan's step (``TrainerStats.measured_peak``); None: not
+    #: measured yet, or not measured on this device
+    allocator_peak: int | None = None
 
 
 class Trainer:
@@ -183,15 +195,29 @@ class Trainer:
             scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
         entry = self._entry(batch)
         try:
-            result = self._run(entry, batch, scale)
+            result = self._measured_run(entry, batch, scale)
         except SpecializationMismatch:
             entry = self._entry(batch, fresh=True)
-            result = self._run(entry, batch, scale)
-        self.stats.measured_peak = result.peak_bytes
+            result = self._measured_run(entry, batch, scale)
+        self.stats.tensor_peak = result.peak_bytes
+        self.stats.measured_peak = (result.peak_bytes if entry.allocator_peak is None
+                                    else entry.allocator_peak)
         self.stats.step_seconds = result.seconds
         self.stats.steps += 1
         self.stats.history.append(float(result.loss))
         return result.loss
+
+    def _measured_run(self, entry: _Entry, batch: Any, scale: float) -> Any:
+        """``_run``; on the first step of a plan on ``device="cpu"`` (one sub-batch), under
+        the allocator's measurement (``TrainerStats.measured_peak``)."""
+        if (self.device_kind != "cpu" or entry.allocator_peak is not None
+                or entry.planned.plan.sub_batches > 1):
+            return self._run(entry, batch, scale)
+        from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+
+        measured = allocator_peak(lambda: self._run(entry, batch, scale))
+        entry.allocator_peak = held_before(entry.planned.graph) + measured.peak
+        return measured.result
 
     def _run(self, entry: _Entry, batch: Any, scale: float = 1.0) -> Any:
         from outcore.runtime.subbatch import run_sub_batches
@@ -255,11 +281,13 @@ class Trainer:
 
         with progress.task(f"capturing {type(self.model).__name__}"):
             graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast)
+            self._measure_temporaries(graph, batch)
         dims = self.options.get("batch_dims")
 
         def recapture(parts: int) -> Graph:
-            sub = capture(self.model, self.loss_fn, split_batch(batch, parts, dims)[0],
-                          autocast=self.autocast)
+            part = split_batch(batch, parts, dims)[0]
+            sub = capture(self.model, self.loss_fn, part, autocast=self.autocast)
+            self._measure_temporaries(sub, part)
             loss_form(sub, graph)  # a loss that cannot be split exactly: size unavailable
             return sub
 
@@ -282,6 +310,17 @@ class Trainer:
             if text is not None:
                 planned.notes.append(text)
         return _Entry(planned, executor)
+
+    def _measure_temporaries(self, graph: Graph, batch: Any) -> None:
+        """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the
+        allocator (``outcore.cost.measure_temporaries``) onto the graph, so the plan budgets
+        them. The emulated device counts tensors only (its capacity is enforced on that
+        count), so there they stay 0."""
+        if self.device_kind not in ("cpu", "cuda") or getattr(graph.source, "fake", True):
+            return
+        from outcore.cost.measure_temporaries import measure_temporaries
+
+        measure_temporaries(graph, batch, device=self.device_kind)
 
     def _device_type(self, batch: Any) -> str:
         tensors, _ = split_batch_leaves(batch)

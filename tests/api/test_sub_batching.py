@@ -58,7 +58,11 @@ def test_opted_in_split_is_announced_and_shown(how, caplog):
     budget = under_bound(model)
     with caplog.at_level(logging.WARNING, logger="outcore"), \
             pytest.warns(SubBatchWarning, match="batch-coupled"):
-        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu", **how)
+        # cpu-emulated: the budget is under the tensor-only layer-wise bound; on "cpu" the
+        # plan also holds the kernels' measured temporaries (issue 23), which sub-batches
+        # do not all shrink, so this budget is out of reach there
+        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu-emulated",
+                                  **how)
     assert trainer.stats.sub_batches > 1
     assert any("sub-batches" in r.getMessage() for r in caplog.records if r.name == "outcore")
     assert trainer.stats.notes and "BatchNorm" in trainer.stats.notes[0]
@@ -73,8 +77,8 @@ def test_without_batch_coupled_layers_the_split_matches_eager_up_to_summation_or
     reference = copy.deepcopy(model)
     budget = under_bound(model)
     with pytest.warns(SubBatchWarning, match="no batch-coupled layers"):
-        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu",
-                                  allow_sub_batches=True)
+        trainer = outcore.compile(model, LOSS, BATCH, budget=budget, device="cpu-emulated",
+                                  allow_sub_batches=True)  # as above
     assert trainer.stats.sub_batches > 1
     trainer.step(*BATCH)
     LOSS(reference(BATCH[0]), BATCH[1]).backward()

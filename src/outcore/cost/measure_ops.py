@@ -136,7 +136,8 @@ def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: in
                 context: Callable[[], AbstractContextManager[Any]] | None = None,
                 op_nodes: Sequence[fx.Node] | None = None, device: str = "this-cpu",
                 h2d_bandwidth: float | None = None, d2h_bandwidth: float | None = None,
-                copy_engines: int = 2, threads: int | None = None) -> MeasuredProfile:
+                copy_engines: int = 2, threads: int | None = None,
+                temporaries: bool = False) -> MeasuredProfile:
     """Measure each op of ``graph`` and return its ``MeasuredProfile``.
 
     Args:
@@ -150,6 +151,8 @@ def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: in
             emulated device's), stored in the profile.
         threads: torch intra-op threads while measuring (restored after); use the count the
             executor will run with, or timings will not transfer.
+        temporaries: also measure each op's kernel temporaries with the allocator
+            (``outcore.cost.measure_temporaries``), stored in the profile and on the graph.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -171,9 +174,14 @@ def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: in
         else:
             seconds = [time_node(node, repeats=repeats, warmup=warmup, seed=i)
                        for i, node in enumerate(nodes)]
+        temps: list[int] = []
+        if temporaries:
+            from outcore.cost.measure_temporaries import measure_temporaries
+
+            temps = measure_temporaries(graph, None if op_nodes is not None else batch)
     finally:
         torch.set_num_threads(saved_threads)
     return MeasuredProfile.for_graph(
         graph, seconds, device=device, repeats=repeats, h2d_bandwidth=h2d_bandwidth,
         d2h_bandwidth=d2h_bandwidth if d2h_bandwidth is not None else h2d_bandwidth,
-        copy_engines=copy_engines)
+        copy_engines=copy_engines, temporaries=temps)

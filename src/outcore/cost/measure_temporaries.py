@@ -8,11 +8,13 @@ column buffers, a norm's or a loss's scratch, attention's intermediate products.
 alone under ``torch.no_grad()`` on inputs laid out like its arguments (as
 ``outcore.cost.measure_ops`` times ops alone). Views and ops that allocate nothing measure 0.
 
-The planned peak with temporaries is ``memory_curve(graph, schedule,
-workspace=with_temporaries(...))``: each Compute holds its op's temporaries on top of its
-inputs and outputs for that instruction only, as the replay already does for an operator
-variant's workspace (``outcore.plan.residency``). The numbers are stored beside the per-op
-times (``MeasuredProfile.temporaries``) and in ``graph.meta[TEMPORARIES]``.
+``measure_temporaries`` writes them to ``op.temporaries``; the memory rule
+(``outcore.plan.residency``) holds them during every Compute of the op, on top of its
+inputs and outputs and as an operator variant's workspace is held, so every planner, the
+simulator and ``outcore.plan``'s budget check count them. A measured profile carries them
+too (``MeasuredProfile.temporaries``, written onto the graph by ``bind``). On CUDA
+(``device="cuda"``) the same per-op figure comes from ``torch.cuda.max_memory_allocated``
+(written, not run here: no GPU on the machine this was built on).
 """
 
 from __future__ import annotations
@@ -40,66 +42,55 @@ def _transient(sizes: list[int]) -> int:
     return max(0, peak - max(live, 0))
 
 
-def _run_alone(nodes: list[Any], seed: int) -> None:
+def _run_alone(nodes: list[Any], seed: int, scope: Callable[[str], Any] | None = None) -> None:
     from torch.profiler import record_function
 
+    mark = scope or record_function
     generator = torch.Generator().manual_seed(seed)
     for i, node in enumerate(nodes):
         args, kwargs = _arguments(node, generator)
-        with record_function(f"outcore_op_{i}"):
+        with mark(f"outcore_op_{i}"):
             cast(Callable[..., Any], node.target)(*args, **kwargs)
 
 
-def _run_in_step(graph: Graph, batch: Any) -> None:
-    """The joint graph node by node on the real parameters and batch (as
-    ``measure_ops`` measures in the step), each op inside its own record_function."""
-    from torch import fx
+def _in_step(graph: Graph, batch: Any,
+             scope: Callable[[str], Any] | None = None) -> Callable[[], None]:
+    """A run of the step's in-core schedule by the executor (its generated code: the
+    layouts, constants and kernels of a real step) on ``batch``, each op's kernel inside
+    its own ``scope`` (default: a profiler ``record_function``); nothing is applied."""
     from torch.profiler import record_function
 
-    from outcore.cost.measure_ops import _last_users
+    from outcore.plan.lower import lower
+    from outcore.plan.plan import Plan
+    from outcore.runtime.executor import Executor
 
-    step = graph.source
-    gm: fx.GraphModule = step.gm
-    values = step.static_values(graph, batch)
-    env: dict[Any, Any] = {n: values[step.nodes.node_tensors[n]] for n in gm.graph.nodes
-                           if n.op == "placeholder"}
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    op_of = {node: i for i, node in enumerate(step.op_nodes)}
-    last = _last_users(nodes)
-    for node in nodes:
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        with record_function(f"outcore_op_{op_of.get(node, -1)}"):
-            env[node] = cast(Callable[..., Any], node.target)(*args, **kwargs)
-        for dead in last.get(node, ()):
-            if dead.op != "placeholder":
-                env.pop(dead, None)
+    mark = scope or record_function
+    probe = Executor(graph, lower(graph, Plan("in-core")), check=False)
+
+    def marked(oid: int) -> Callable[..., Any]:
+        kernel = probe.kernel(oid)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with mark(f"outcore_op_{oid}"):
+                return kernel(*args, **kwargs)
+
+        return run
+
+    probe.replace_ops({oid: marked(oid) for oid in range(len(graph.ops))})
+
+    def step() -> None:
+        probe.run(batch, apply=False, measure=False)
+
+    return step
 
 
-def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0) -> list[int]:
-    """Bytes of kernel temporaries of every op of ``graph`` (module docstring); also stored
-    in ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
-    ``batch`` the ops run in the step, on its real values (the kernels a step picks for its
-    layouts); without, each alone on fresh inputs."""
+def _profiled(run: Callable[[], None], ops: int) -> list[int]:
+    """Per op: the CPU allocator's transient bytes of its record_function (module doc)."""
     from torch.profiler import ProfilerActivity, profile
 
-    nodes = list(getattr(graph.source, "op_nodes", []))
-    if len(nodes) != len(graph.ops):
-        raise ProfileError(f"graph {graph.name!r} has no FX node per op; measure a graph from "
-                           "outcore.capture (not one loaded from JSON)")
-    in_step = batch is not None and not getattr(graph.source, "fake", True)
-
-    def run() -> None:
-        if in_step:
-            _run_in_step(graph, batch)
-        else:
-            _run_alone(nodes, seed)
-
-    with torch.no_grad():
-        run()  # warm up: lazy initialisations are not temporaries
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            run()
-    result = [0] * len(graph.ops)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    result = [0] * ops
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
@@ -111,40 +102,105 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0) -> li
                 result[op] = max(result[op], _transient(sizes))
             continue
         stack.extend(node.children)
-    graph.meta[TEMPORARIES] = result
     return result
 
 
-def with_temporaries(graph: Graph, temporaries: list[int],
-                     workspace: Callable[[int], int] | None = None) -> Callable[[int], int]:
-    """A ``workspace`` callback for ``plan.memory.memory_curve``: each op's temporaries plus
-    its variant's workspace (``workspace``, default none)."""
-    def total(op: int) -> int:
-        return temporaries[op] + (workspace(op) if workspace is not None else 0)
+class _CudaPeaks:
+    """``record_function`` stand-in on CUDA: per op, ``torch.cuda.max_memory_allocated``
+    during the op minus ``memory_allocated`` after it (the caching allocator's own counters,
+    which see cuDNN's and cuBLAS's workspaces). Not exercised on a machine without a GPU."""
 
-    return total
+    def __init__(self, ops: int) -> None:
+        self.result = [0] * ops
+
+    def __call__(self, name: str) -> Any:
+        import contextlib
+
+        op = int(name.removeprefix("outcore_op_"))
+
+        @contextlib.contextmanager
+        def scope() -> Any:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            yield
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated()
+            if op >= 0:
+                extra = max(0, torch.cuda.max_memory_allocated() - held)
+                self.result[op] = max(self.result[op], extra)
+
+        return scope()
+
+
+def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
+                        device: str = "cpu") -> list[int]:
+    """Bytes of kernel temporaries of every op of ``graph`` (module docstring), written to
+    each ``op.temporaries`` (so the memory rule holds them) and to
+    ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
+    ``batch`` the ops run in the step, on its real values, as the executor runs the
+    in-core schedule (the kernels a step picks for its layouts); without, each alone on
+    fresh inputs. ``device="cuda"`` measures with CUDA's
+    allocator counters instead of the CPU profiler (the batch and model on the GPU)."""
+    nodes = list(getattr(graph.source, "op_nodes", []))
+    if len(nodes) != len(graph.ops):
+        raise ProfileError(f"graph {graph.name!r} has no FX node per op; measure a graph from "
+                           "outcore.capture (not one loaded from JSON)")
+    in_step = batch is not None and not getattr(graph.source, "fake", True)
+    cuda = _CudaPeaks(len(graph.ops)) if device == "cuda" else None
+
+    step = _in_step(graph, batch, cuda) if in_step else None
+
+    def run() -> None:
+        if step is not None:
+            step()
+        else:
+            _run_alone(nodes, seed, cuda)
+
+    rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):  # random ops draw as eager's
+        run()  # warm up: lazy initialisations are not temporaries
+        if cuda is not None:
+            cuda.result = [0] * len(graph.ops)
+            run()
+            result = cuda.result
+        else:
+            result = _profiled(run, len(graph.ops))
+    set_temporaries(graph, result)
+    return result
+
+
+def set_temporaries(graph: Graph, temporaries: list[int]) -> None:
+    """Write measured temporaries (one int >= 0 per op) onto ``graph``'s ops and meta."""
+    if len(temporaries) != len(graph.ops) or any(t < 0 for t in temporaries):
+        raise ProfileError(f"temporaries must list {len(graph.ops)} byte counts >= 0 (one per "
+                           f"op of {graph.name!r}), got {len(temporaries)}")
+    for op, nbytes in zip(graph.ops, temporaries, strict=True):
+        op.temporaries = int(nbytes)
+    graph.meta[TEMPORARIES] = [int(t) for t in temporaries]
 
 
 def rng_state_bytes() -> int:
     """Bytes of one saved CPU RNG state (``torch.get_rng_state()``, the Mersenne Twister's
-    5,056 bytes): the executor keeps one per random op from its forward to the step's end,
-    to replay it when the op is recomputed (``outcore.runtime.executor``)."""
+    5,056 bytes): the executor keeps one per recomputed random op from its forward to the
+    step's end, to replay it in the recompute (``outcore.runtime.executor``)."""
     return int(torch.get_rng_state().numel())
 
 
-def allocator_peak_bound(graph: Graph, schedule: Any, temporaries: list[int]) -> int:
-    """What the CPU allocator may hold at most during a step of ``schedule`` beyond what was
-    allocated before it (parameters, the batch): the memory rule's peak with every op's
-    temporaries on top of its Compute (and its variant's workspace), less the static bytes,
-    plus the saved RNG states of every random op (counted over the whole step) and the
-    backward's seed (the loss tangent the executor makes for each step)."""
-    from outcore.plan.memory import memory_curve
-    from outcore.plan.residency import default_workspace
-
-    trace = memory_curve(graph, schedule,
-                         with_temporaries(graph, temporaries, default_workspace(graph, schedule)))
+def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
+    """What the CPU allocator may hold at most during a step of ``schedule`` on the plain
+    CPU device beyond what was allocated before it (parameters, the batch): the memory
+    rule's most device plus host bytes at once (every op's ``temporaries`` on top of its
+    Compute, its variant's workspace; host copies share the CPU's allocator), less the
+    static bytes, plus the saved RNG state of every random op the schedule recomputes
+    (counted over the whole step) and the backward's seed (the loss tangent the executor
+    makes for each step)."""
     from outcore.graph.ir import TensorKind
+    from outcore.plan.memory import memory_curve
 
-    randoms = sum(1 for op in graph.ops if op.random)
+    trace = memory_curve(graph, schedule)
+    most = max((d + h for d, h in zip(trace.device, trace.host, strict=True)),
+               default=trace.static)
+    recomputed = {ins.op for ins in schedule.instructions if getattr(ins, "recompute", False)}
+    randoms = sum(1 for op in graph.ops if op.random and op.id in recomputed)
     seeds = sum(t.nbytes for t in graph.tensors if t.kind is TensorKind.TANGENT)
-    return trace.peak - trace.static + randoms * rng_state_bytes() + seeds
+    return most - trace.static + randoms * rng_state_bytes() + seeds

@@ -67,6 +67,9 @@ class MeasuredProfile:
     copy_engines: int = 2
     host_costs: HostCosts = field(default_factory=HostCosts)  # see outcore.cost.host_costs
     variants: VariantCosts | None = field(default=None, repr=False, compare=False)
+    #: per op, its kernel temporaries in bytes (``outcore.cost.measure_temporaries``); empty
+    #: when not measured. ``bind`` writes them onto the graph's ops for the memory rule.
+    temporaries: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.graph_name, str) or not self.graph_name:
@@ -85,6 +88,12 @@ class MeasuredProfile:
             if value is not None:
                 setattr(self, key, _number(key, value, allow_zero=False))
         self.transfer_latency = _number("transfer_latency", self.transfer_latency)
+        if not isinstance(self.temporaries, list) or (self.temporaries
+                                                     and len(self.temporaries) != count):
+            raise ProfileError(f"measured profile: field 'temporaries' must be empty or list "
+                               f"{count} byte counts (one per op), got {self.temporaries!r}")
+        self.temporaries = [int(_number(f"temporaries[{i}]", t))
+                            for i, t in enumerate(self.temporaries)]
         if isinstance(self.host_costs, dict):
             self.host_costs = HostCosts.from_dict(self.host_costs, "measured profile: host_costs")
         elif not isinstance(self.host_costs, HostCosts):
@@ -123,7 +132,9 @@ class MeasuredProfile:
 
     # -- CostModel ---------------------------------------------------------------------------
     def bind(self, graph: Graph) -> MeasuredProfile:
-        """Return self if this profile was measured on ``graph``; else ProfileError."""
+        """Return self if this profile was measured on ``graph``; else ProfileError. A
+        profile with measured ``temporaries`` writes them onto ``graph``'s ops (the memory
+        rule then holds them: ``outcore.plan.residency``)."""
         mismatch = (self.graph_name != graph.name or self.op_count != len(graph.ops)
                     or (self.op_digest and self.op_digest != graph_digest(graph)))
         if mismatch:
@@ -131,6 +142,9 @@ class MeasuredProfile:
                 f"this measured profile is for graph {self.graph_name!r} with {self.op_count} "
                 f"ops, not {graph.name!r} with {len(graph.ops)} ops (or their op targets "
                 "differ); measure this graph with outcore.cost.measure_ops.measure_ops(graph)")
+        if self.temporaries:
+            for op, nbytes in zip(graph.ops, self.temporaries, strict=True):
+                op.temporaries = nbytes
         return self
 
     def op_time(self, op: Op) -> float:

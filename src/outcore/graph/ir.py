@@ -108,6 +108,11 @@ class Op:
     # operator algorithms this op could run: name -> {"workspace": bytes, "speed": time
     # relative to the framework kernel measured on this CPU} or {"refused": reason}
     variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # bytes the kernel allocates for itself and frees before it returns (convolution
+    # backward's column buffers, a norm's scratch), measured per op by the allocator
+    # (``outcore.cost.measure_temporaries``); 0 when not measured. The memory rule holds
+    # them during each Compute of the op (``outcore.plan.residency``).
+    temporaries: int = 0
 
     def variant_workspace(self, variant: str) -> int:
         """Workspace bytes of ``variant`` on this op (0 for the framework kernel)."""

@@ -16,7 +16,9 @@ The memory rule (written here only):
 * ``Compute`` makes its outputs resident, in ``op.outputs`` order. An output that is
   already resident and is not a view (a recompute's duplicate) exists during the
   instruction only (made, then dropped at once), and so does the workspace of the op's
-  variant (``workspace(op_id)``; by default read from ``schedule.variants``). A base output
+  variant (``workspace(op_id)``; by default read from ``schedule.variants``) and the op's
+  kernel temporaries (``op.temporaries``, measured by the allocator; left out only with
+  ``no_workspace``, which counts tensors alone). A base output
   that is not resident while a view of its storage is (recomputed after its base was freed
   and a view kept) rejoins that storage, and the kernel's fresh output exists during the
   instruction only (a TRANSIENT allocation naming a tensor of ``made_resident``: a rebase);
@@ -113,7 +115,7 @@ def default_workspace(graph: Graph, schedule: Schedule) -> Workspace | None:
 
 
 def no_workspace(op: int) -> int:
-    """A ``workspace`` that leaves workspace out."""
+    """A ``workspace`` that leaves workspace and kernel temporaries out (tensors only)."""
     return 0
 
 
@@ -130,7 +132,8 @@ class Replay:
     Steps (the first is the static state, ``at == -1``); then ``end()`` checks the end.
 
     ``workspace(op_id)`` gives the transient bytes of an op's chosen variant; None reads it
-    from ``schedule.variants`` (``default_workspace``); ``no_workspace`` leaves it out.
+    from ``schedule.variants`` (``default_workspace``); ``no_workspace`` leaves it out, and
+    the ops' kernel temporaries too (every other ``workspace`` gets them added).
     """
 
     def __init__(self, graph: Graph, schedule: Schedule,
@@ -138,6 +141,9 @@ class Replay:
         self.graph = graph
         self.schedule = schedule
         self.workspace = default_workspace(graph, schedule) if workspace is None else workspace
+        #: per op: the kernel temporaries a Compute holds (none under ``no_workspace``)
+        self.temporaries = ([0] * len(graph.ops) if workspace is no_workspace
+                            else [op.temporaries for op in graph.ops])
         n = len(graph.tensors)
         self.storage_of = [t.storage for t in graph.tensors]
         self.storage_bytes = [graph.tensors[s].nbytes for s in self.storage_of]
@@ -239,7 +245,9 @@ class Replay:
             elif not tensors[out].is_view and tensors[out].nbytes:  # a recompute's duplicate
                 made.append(Allocation(TRANSIENT, tensors[out].nbytes, out))
                 transient += tensors[out].nbytes
-        extra = self.workspace(ins.op) if self.workspace is not None else 0
+        extra = self.temporaries[ins.op]
+        if self.workspace is not None:
+            extra += self.workspace(ins.op)
         if extra:
             made.append(Allocation(TRANSIENT, extra, NONE))
             transient += extra

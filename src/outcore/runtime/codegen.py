@@ -4,7 +4,8 @@ Each tensor id ``k`` lives in a local ``v{k}``. Instructions become straight-lin
 
 * ``Compute``: ``v7 = f3(v1, k3_0)`` (or ``_o = f3(...); v7 = _o[0]; ...; del _o`` for a
   multi-output op); outputs already resident (a recompute's duplicates) are not rebound, so
-  they die with ``_o``. Random ops save (forward) or replay (recompute) the RNG state.
+  they die with ``_o``. Random ops that the schedule recomputes save (forward) and replay
+  (recompute) the RNG state; the others keep none (a saved CPU state is 5,056 bytes).
 * ``Free``: ``rt.release(k, v{k}, last_alias); del v{k}``.
 
 Which outputs a Compute makes resident and whether a Free releases its storage (``last_alias``)
@@ -50,6 +51,9 @@ class Emitter:
         #: storage id -> its resident tensors, as the emitted code goes (``track``)
         self.resident_of: dict[int, set[int]] = {}
         self.lines: list[str] = []
+        #: random ops the schedule recomputes: only these save their RNG state (None: every
+        #: random op saves it)
+        self.replayed: set[int] | None = None
         #: tensor id -> the stride capture recorded, for each base a layout-sensitive op reads
         self.strides: dict[int, tuple[int, ...]] = {}
         bases = layout_bases(graph, step.op_nodes)
@@ -112,9 +116,10 @@ class Emitter:
         args = [self.arg(a, oid, counter) for a in node.args]
         args += [f"{k}={self.arg(v, oid, counter)}" for k, v in node.kwargs.items()]
         call = f"{fname}({', '.join(args)})"
-        if op.random:
-            call = (f"rt.replay_rng({oid}, lambda: {call})" if recompute
-                    else f"rt.save_rng({oid}, lambda: {call})")
+        if op.random and recompute:
+            call = f"rt.replay_rng({oid}, lambda: {call})"
+        elif op.random and (self.replayed is None or oid in self.replayed):  # for a recompute
+            call = f"rt.save_rng({oid}, lambda: {call})"
         self.lines.append(f"rt.begin({oid}, {op.name!r})")
         slots = self.step.nodes.op_outputs.get(node)
         if slots is None and not op.outputs:  # run for its effect (a check)
@@ -161,6 +166,11 @@ class Emitter:
         self.track(step)
 
 
+def recomputed_ops(schedule: Schedule) -> set[int]:
+    """The ops ``schedule`` recomputes (a random one among them saves its RNG state)."""
+    return {ins.op for ins in schedule.instructions if isinstance(ins, Compute) and ins.recompute}
+
+
 def generate(graph: Graph, schedule: Schedule,
              impls: dict[int, Callable[..., Any]] | None = None,
              notify: frozenset[int] = frozenset()) -> GeneratedStep:
@@ -177,6 +187,7 @@ def generate(graph: Graph, schedule: Schedule,
         raise TypeError("this graph has no captured step to run; capture it with "
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
+    em.replayed = recomputed_ops(schedule)
     steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
     first = next(steps)
     em.track(first)

@@ -46,7 +46,7 @@ from outcore.plan.schedule import (
     Schedule,
 )
 from outcore.plan.verify import verify
-from outcore.runtime.codegen import Emitter
+from outcore.runtime.codegen import Emitter, recomputed_ops
 from outcore.runtime.devices.base import Device
 from outcore.runtime.executor import Runtime, variant_impls
 from outcore.runtime.tracker import MemoryTracker
@@ -118,6 +118,7 @@ def generate_split(graph: Graph, schedule: Schedule,
         raise OutcoreError("this graph has no captured step to run; capture it first")
     cut = split_point(graph, schedule)
     em = Emitter(graph, step, impls or {})
+    em.replayed = recomputed_ops(schedule)
     replay = Replay(graph, schedule, no_workspace)  # what is resident, what a Free releases
     steps = iter(replay)
     first = next(steps)

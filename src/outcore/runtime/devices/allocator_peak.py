@@ -95,3 +95,14 @@ def allocator_peak(step: Callable[[], Any],
     excluded = sum(events[i][2] for i in skip if events[i][2] > 0)
     return AllocatorPeak(peak=peak, held_at_end=live, excluded=excluded,
                          allocations=sum(1 for e in events if e[2] > 0), result=result)
+
+
+def held_before(graph: Any) -> int:
+    """Bytes a step of ``graph`` finds allocated when it starts: the storages of its static
+    tensors (parameters, buffers, the batch) less the loss seed, which the executor makes
+    inside the step (so an ``allocator_peak`` of the step counts it). Added to
+    ``allocator_peak(...).peak`` it gives the number the memory rule predicts."""
+    from outcore.graph.ir import STATIC_KINDS, TensorKind
+
+    return sum(t.nbytes for t in graph.tensors
+               if t.kind in STATIC_KINDS and t.kind is not TensorKind.TANGENT)

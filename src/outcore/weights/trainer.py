@@ -42,6 +42,7 @@ class WeightTrainer:
     def __init__(self, model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                  optimizer: torch.optim.Optimizer, budget: int, device: str = "cpu-emulated",
                  gpu: str | None = None, slowdown: float = 1.0,
+                 bandwidth: float | None = None,
                  host_adam_rate: float = HOST_ADAM_RATE) -> None:
         from outcore.planned import cost_model_for
         from outcore.runtime.devices import make_device
@@ -57,7 +58,10 @@ class WeightTrainer:
         self.choice: WeightChoice = choose_weights(
             self.graph, budget, cost, self.state, host_adam_rate=host_adam_rate,
             simulate=lambda g, s: simulate(g, s, cost).step_time)
-        emulated = {"gpu": gpu, "slowdown": slowdown} if device == "cpu-emulated" else {}
+        emulated: dict[str, Any] = {}
+        if device == "cpu-emulated":
+            emulated = {"slowdown": slowdown}
+            emulated.update({"bandwidth": bandwidth} if bandwidth is not None else {"gpu": gpu})
         self.device = make_device(device, capacity=budget - self.choice.device_state,
                                   **emulated)
         self.executor = Executor(self.graph, self.choice.schedule, self.device)
@@ -103,11 +107,13 @@ class WeightTrainer:
 
 def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             optimizer: torch.optim.Optimizer, budget: int | str, device: str = "cpu-emulated",
-            gpu: str | None = None, slowdown: float = 1.0,
+            gpu: str | None = None, slowdown: float = 1.0, bandwidth: float | None = None,
             host_adam_rate: float = HOST_ADAM_RATE) -> WeightTrainer:
     """A ``WeightTrainer`` for ``model`` within ``budget`` (bytes or "2GB"); see the module
-    doc. ``slowdown`` slows the emulated copy engine (races); ``host_adam_rate``: this CPU's
+    doc. ``slowdown`` slows the emulated copy engine (races); ``bandwidth``: its link
+    bytes/s instead of ``gpu``'s ratio; ``host_adam_rate``: this CPU's
     AdamW parameters per second (``outcore.weights.optimizer.measure_host_adam``)."""
     return WeightTrainer(model, loss_fn, example_batch, optimizer=optimizer,
                          budget=parse_bytes(budget), device=device, gpu=gpu,
-                         slowdown=slowdown, host_adam_rate=host_adam_rate)
+                         slowdown=slowdown, bandwidth=bandwidth,
+                         host_adam_rate=host_adam_rate)

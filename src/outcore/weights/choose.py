@@ -197,3 +197,10 @@ def _itemsize(graph: Graph, tid: int) -> int:
     for d in t.shape:
         numel *= d
     return t.nbytes // numel if numel else 1
+
+
+def adam_state_bytes(graph: Graph) -> dict[str, int]:
+    """Adam/AdamW's state per parameter of ``graph`` (two moments of the parameter's size
+    and dtype, and a 4-byte step), as ``outcore.weights.optimizer.state_bytes`` sizes it:
+    for a graph captured with fake tensors, where no optimizer is built."""
+    return {n: 2 * graph.tensors[t].nbytes + 4 for n, t in parameters(graph).items()}

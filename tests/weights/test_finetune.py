@@ -3,11 +3,16 @@ budget trains on cpu-emulated, with the user's optimizer, scheduler, clipping an
 and ends bit-equal to eager PyTorch."""
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_gpt, token_loss
+sys.path.insert(0, str(Path(__file__).parent))
+
+from weights_helpers import make_gpt, token_loss
+
 from outcore.errors import InfeasibleBudgetError
 from outcore.weights import compile as compile_weights
 from outcore.weights.choose import choose_weights
@@ -109,9 +114,9 @@ def test_state_bytes_follow_the_optimizer(gpt):
 
 
 def _liveness_only():
-    from outcore.plan.plan import Plan
-    from outcore.plan.memory import predicted_peak
     from outcore.errors import InfeasibleBudgetError as Infeasible
+    from outcore.plan.memory import predicted_peak
+    from outcore.plan.plan import Plan
 
     def liveness(graph, room, cost, lowerer):
         plan = Plan(policy="liveness")

@@ -127,3 +127,16 @@ def _liveness_only():
         return plan, schedule
 
     return {"liveness": liveness}
+
+
+def test_every_candidate_is_explained(gpt):
+    model, _, graph = gpt
+    state = state_bytes(torch.optim.AdamW(model.parameters()), model)
+    budget = 2 * sum(p.numel() * 4 for p in model.parameters())  # liveness needs room
+    choice = choose_weights(graph, budget, None, state, planners=_liveness_only())
+    lines = choice.explain(graph)
+    assert len(choice.tried) >= 2
+    assert any("no plan" in ln for ln in lines[:len(choice.tried)])
+    assert any(c.fits for c in choice.tried)
+    assert choice.peak + choice.device_state <= budget
+    assert sum("held in host memory" in ln for ln in lines) == len(choice.placement.params)

@@ -137,6 +137,7 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
             cand.error = f"the device-held optimizer state alone ({device_state} B) fills it"
             continue
         lowerer = partial(lower, weights=placement)
+        errors: list[str] = []
         for pname, planner in planners.items():
             try:
                 plan, schedule = planner(graph, room, cost, lowerer)
@@ -145,20 +146,23 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                 if isinstance(need, int):
                     need += device_state
                     lowest = need if lowest is None else min(lowest, need)
-                cand.error = cand.error or str(exc).splitlines()[0][:120]
+                errors.append(str(exc).splitlines()[0][:120])
                 continue
             peak = predicted_peak(graph, schedule)
-            seconds = simulate(graph, schedule) if simulate is not None else 0.0
             if peak > room:
+                errors.append(f"{pname}'s plan peaks at {peak} B > {room} B")
                 continue
+            seconds = simulate(graph, schedule) if simulate is not None else 0.0
             total_s = seconds + cand.optimizer_seconds
             if not cand.policy or total_s < cand.step_seconds + cand.optimizer_seconds:
-                cand.policy, cand.peak, cand.step_seconds, cand.error = pname, peak, seconds, ""
+                cand.policy, cand.peak, cand.step_seconds = pname, peak, seconds
                 if best is None or total_s < best.step_seconds + best.optimizer_seconds:
                     best = WeightChoice(placement, plan, schedule, peak, device_state,
                                         sum(graph.tensors[t].nbytes for t in placement.params)
                                         + state_bytes_of(held, state_bytes),
                                         seconds, cand.optimizer_seconds)
+        if not cand.policy:
+            cand.error = errors[0] if errors else "no planner"
     if best is None:
         raise InfeasibleBudgetError(
             "outcore-auto (weights)", budget, lowest if lowest is not None else budget + 1,

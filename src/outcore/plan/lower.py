@@ -13,6 +13,10 @@ Three passes, each simple enough to check by eye:
    ``Free`` follows the last use of each interval (right after the definition when it has
    no use). An offloaded tensor's forward Free is preceded by ``Wait(d2h)``. Static tensors
    and the step's outputs (loss, gradients, buffer updates) are never freed.
+   Parameters held in host memory and gradients sent there (``weights``, a
+   ``outcore.plan.weights.WeightPlacement``) go through the same passes: a held parameter
+   is brought in like an offloaded base before its first forward use and again in backward,
+   and freed after each; a sent gradient's storage is offloaded after its op and freed.
 3. **Prefetch window.** Each ``Prefetch`` is hoisted from just before its use to before the
    ``lookahead``-th earlier heavy compute (conv, matmul, attention), as vDNN prefetches
    during the previous layer, or to the op the plan names in ``prefetch_at``; never above
@@ -29,6 +33,7 @@ from outcore.errors import ScheduleError
 from outcore.graph.ir import STATIC_KINDS, Graph, OpCategory, Phase, TensorKind
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Compute, Free, Instruction, Offload, Prefetch, Schedule, Wait
+from outcore.plan.weights import WeightPlacement, sink_gradient_frees
 from outcore.variants.names import Variant, is_framework
 
 HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
@@ -88,8 +93,9 @@ def check_variants(graph: Graph, plan: Plan) -> None:
 
 
 def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
-          lookahead: int = 1) -> Schedule:
-    """Turn ``plan`` into a Schedule for ``graph`` (see the module docstring)."""
+          lookahead: int = 1, weights: WeightPlacement | None = None) -> Schedule:
+    """Turn ``plan`` into a Schedule for ``graph`` (see the module docstring); ``weights``:
+    parameters held in host memory and gradients sent there (``outcore.plan.weights``)."""
     ops = list(order) if order is not None else list(range(len(graph.ops)))
     if sorted(ops) != list(range(len(graph.ops))):
         raise ScheduleError("the execution order must list every op exactly once")
@@ -97,9 +103,14 @@ def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
           [o for o in ops if graph.ops[o].phase is not Phase.FORWARD]
     decisions = effective_decisions(graph, plan)
     check_variants(graph, plan)
-    seq, defs = _sequence(graph, ops, decisions)
+    weights = weights if weights is not None else WeightPlacement()
+    weights.check(graph)
+    if weights and (plan.sub_batches > 1 or not plan.free_at_last_use):
+        raise ScheduleError(f"plan {plan.policy!r} splits the batch or keeps every allocation; "
+                            "parameters held in host memory need one batch, freed at last use")
+    seq, defs = _sequence(graph, ops, decisions, weights)
     keep = list(graph.outputs)
-    seq = _insert_frees(graph, seq, defs, keep)
+    seq = _insert_frees(graph, seq, defs, keep, weights.movable(graph))
     seq = _free_unused_remakes(graph, seq, set(keep))
     if not plan.free_at_last_use:
         if decisions:
@@ -107,30 +118,41 @@ def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
                                 "tensors; network-wide allocation must keep everything")
         seq = [ins for ins in seq if not isinstance(ins, Free)]
     seq = _hoist_prefetches(graph, seq, plan.prefetch_at, lookahead)
+    if weights.grads:
+        seq = sink_gradient_frees(graph, seq, weights)
     return Schedule(instructions=seq, keep_at_end=keep, variants=dict(plan.variants),
-                    sub_batches=plan.sub_batches, policy=plan.policy)
+                    sub_batches=plan.sub_batches, policy=plan.policy,
+                    host_static=sorted(weights.params), host_outputs=sorted(weights.grads))
 
 
-def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
-              ) -> tuple[list[Instruction], dict[int, list[int]]]:
+def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision],
+              weights: WeightPlacement) -> tuple[list[Instruction], dict[int, list[int]]]:
     """The instruction sequence without Frees, and each tensor's definition indices."""
     seq: list[Instruction] = []
     defs: dict[int, list[int]] = defaultdict(list)
     tensors = graph.tensors
+    held, sent = weights.params, weights.grads
     forward = [o for o in ops if graph.ops[o].phase is Phase.FORWARD]
+    fetched: set[int] = set()  # held parameters brought in during forward
     for oid in forward:
+        for inp in graph.ops[oid].inputs:
+            if inp in held and inp not in fetched:
+                defs[inp].append(len(seq))
+                seq += [Prefetch(inp), Wait(inp, "h2d")]
+                fetched.add(inp)
         for out in graph.ops[oid].outputs:
             defs[out].append(len(seq))
         seq.append(Compute(oid))
         seq.extend(Offload(out) for out in graph.ops[oid].outputs
                    if decisions.get(out) is Decision.OFFLOAD)
-    resident = {t.id for t in tensors if decisions.get(t.storage) is None}
+    resident = {t.id for t in tensors
+                if decisions.get(t.storage) is None and t.storage not in held}
 
     def ensure(tid: int) -> None:
         if tid in resident:
             return
         t = tensors[tid]
-        if not t.is_view and decisions.get(tid) is Decision.OFFLOAD:
+        if not t.is_view and (decisions.get(tid) is Decision.OFFLOAD or tid in held):
             defs[tid].append(len(seq))
             seq.append(Prefetch(tid))
             seq.append(Wait(tid, "h2d"))
@@ -145,6 +167,7 @@ def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
                 resident.add(out)
         seq.append(Compute(producer.id, recompute=True))
 
+    offloaded: set[int] = set()
     for oid in ops[len(forward):]:
         for inp in graph.ops[oid].inputs:
             ensure(inp)
@@ -152,20 +175,27 @@ def _sequence(graph: Graph, ops: list[int], decisions: dict[int, Decision]
             defs[out].append(len(seq))
             resident.add(out)
         seq.append(Compute(oid))
+        for out in graph.ops[oid].outputs:  # a sent gradient leaves as soon as it is made
+            base = tensors[out].storage
+            if out in sent and base not in offloaded:
+                seq.append(Offload(base))
+                offloaded.add(base)
     return seq, defs
 
 
 def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[int]],
-                keep: list[int]) -> dict[int, list[tuple[int, bool]]]:
+                keep: list[int], movable: frozenset[int] = frozenset()
+                ) -> dict[int, list[tuple[int, bool]]]:
     """Index -> the tensors to free right after it, each with whether that residency was
     copied out (its Free then needs a ``Wait(d2h)`` first).
 
     ``defs`` gives, per tensor, the indices where it becomes resident (computed, recomputed
     or prefetched); each residency ends after its last use (Compute input, Offload, Wait)
     before the next definition, or right after its definition when nothing uses it. Static
-    tensors and ``keep`` are never freed at the end of their last residency.
+    tensors and ``keep`` are never freed at the end of their last residency, except those of
+    ``movable`` (parameters held in host memory, gradients sent there).
     """
-    never_free = {t.id for t in graph.tensors if t.kind in STATIC_KINDS} | set(keep)
+    never_free = ({t.id for t in graph.tensors if t.kind in STATIC_KINDS} | set(keep)) - movable
     uses: dict[int, list[int]] = defaultdict(list)
     offloads: dict[int, list[int]] = defaultdict(list)
     for i, ins in enumerate(seq):
@@ -191,9 +221,9 @@ def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[in
 
 
 def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]],
-                  keep: list[int]) -> list[Instruction]:
+                  keep: list[int], movable: frozenset[int] = frozenset()) -> list[Instruction]:
     """Free every tensor after the last use of each residency interval."""
-    free_after = free_points(graph, seq, defs, keep)
+    free_after = free_points(graph, seq, defs, keep, movable)
     out: list[Instruction] = []
     for i, ins in enumerate(seq):
         out.append(ins)

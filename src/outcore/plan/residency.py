@@ -10,7 +10,9 @@ to it; codegen reads its releases; the pool's blocks and the planners' resident 
 The memory rule (written here only):
 
 * before the first instruction, every static tensor (parameters, buffers, inputs,
-  tangents) is resident;
+  tangents) is resident, except those of ``schedule.host_static``: these are in host memory
+  (counted in the host bytes, with a completed host copy) and come to the device by
+  ``Prefetch`` only (``outcore.plan.weights``);
 * a storage is allocated when its first tensor becomes resident while the storage is not,
   and released when its last resident tensor is dropped;
 * ``Compute`` makes its outputs resident, in ``op.outputs`` order. An output that is
@@ -40,7 +42,8 @@ The schedule's rules (each broken one is a ``Violation``, worded in ``outcore.pl
   (waited) host copy;
 * a Wait names a copy in flight in its direction (``"d2h"`` or ``"h2d"``);
 * at the end (``Replay.end()``), no copy is in flight and every ``keep_at_end`` tensor is
-  resident and usable.
+  resident and usable, or, for one of ``schedule.host_outputs``, its storage has a completed
+  host copy.
 
 After a violation the replay goes on with the instruction's memory effect (or none, where
 it has none to have); consumers that need a sound schedule stop at the first.
@@ -192,10 +195,13 @@ class Replay:
     def __iter__(self) -> Iterator[Step]:
         graph = self.graph
         made: list[Allocation] = []
-        static = tuple(t.id for t in graph.tensors if t.kind in STATIC_KINDS)
+        held = set(self.schedule.host_static)
+        static = tuple(t.id for t in graph.tensors if t.kind in STATIC_KINDS and t.id not in held)
         for tid in static:
             self._make_resident(tid, made)
-        yield Step(-1, tuple(made), NONE, static, NONE, self.live, 0, 0, self.n_resident)
+        broken = self._hold_on_host(held)
+        yield Step(-1, tuple(made), NONE, static, NONE, self.live, 0, self.host,
+                   self.n_resident, broken)
         # One branch per instruction kind (the rule's bullets in the module doc): this runs
         # once per instruction on every memory_curve and simulate call.
         for i, ins in enumerate(self.schedule.instructions):
@@ -205,6 +211,20 @@ class Replay:
                 yield self._free(i, ins.tensor)
             else:
                 yield self._copy(i, ins)
+
+    def _hold_on_host(self, held: set[int]) -> Violation | None:
+        """Put the ``host_static`` tensors in host memory (a completed host copy each)."""
+        broken = None
+        for tid in sorted(held):
+            t = self.graph.tensors[tid] if 0 <= tid < len(self.graph.tensors) else None
+            if t is None or t.is_view or t.kind not in STATIC_KINDS:
+                if broken is None:
+                    name, kind = (t.name, str(t.kind)) if t is not None else (str(tid), "unknown")
+                    broken = Violation(-1, tid, rules.host_static_not_static(name, kind))
+                continue
+            self.on_host[tid] = True
+            self.host += t.nbytes
+        return broken
 
     def _step(self, i: int, broken: Violation | None = None,
               allocations: tuple[Allocation, ...] = _NO_ALLOCATIONS, released: int = NONE,
@@ -357,10 +377,14 @@ class Replay:
         if in_flight:
             return Violation(None, in_flight[0],
                              rules.in_flight_at_end([tensors[s].name for s in in_flight]))
+        on_host = set(self.schedule.host_outputs)
         for tid in self.schedule.keep_at_end:
             if not 0 <= tid < len(tensors):
                 return Violation(None, tid, rules.unknown_tensor("keep_at_end", tid))
-            if not self.usable(tid):
+            if tid in on_host:
+                if not self.on_host[self.storage_of[tid]]:
+                    return Violation(None, tid, rules.not_on_host_at_end(tensors[tid].name))
+            elif not self.usable(tid):
                 return Violation(None, tid, rules.absent_at_end(tensors[tid].name))
         return None
 

@@ -127,3 +127,13 @@ def in_flight_at_end(names: list[str]) -> str:
 def absent_at_end(name: str) -> str:
     return (f"step output {name!r} is not resident at the end (keep_at_end): do not Free it, "
             "or prefetch it back")
+
+
+def not_on_host_at_end(name: str) -> str:
+    return (f"step output {name!r} is listed in host_outputs but has no completed host copy "
+            "at the end: Offload its storage and Wait(d2h) for it before the step ends")
+
+
+def host_static_not_static(name: str, kind: str) -> str:
+    return (f"host_static names {name!r}, a {kind}: only parameters, buffers and inputs "
+            "(base tensors) can start the step in host memory")

@@ -66,6 +66,10 @@ class Schedule:
     buffer updates). ``variants`` maps op id -> operator algorithm (see outcore.variants);
     ops absent from it use the framework's kernel. ``sub_batches`` > 1 means the graph was
     captured for one sub-batch and the executor accumulates gradients over that many.
+    ``host_static`` lists static tensors (parameters) held in host memory at the step's
+    start, brought to the device by ``Prefetch`` only; ``host_outputs`` lists tensors of
+    ``keep_at_end`` (gradients) that end the step in host memory (their storage offloaded
+    and waited for) instead of on the device (``outcore.plan.weights``).
     """
 
     instructions: list[Instruction]
@@ -73,6 +77,8 @@ class Schedule:
     variants: dict[int, str] = field(default_factory=dict)
     sub_batches: int = 1
     policy: str = ""
+    host_static: list[int] = field(default_factory=list)
+    host_outputs: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.instructions)
@@ -94,6 +100,8 @@ class Schedule:
             "policy": self.policy,
             "sub_batches": self.sub_batches,
             "keep_at_end": self.keep_at_end,
+            "host_static": self.host_static,
+            "host_outputs": self.host_outputs,
             "variants": {str(k): v for k, v in self.variants.items()},
             "instructions": [[type(i).__name__, asdict(i)] for i in self.instructions],
         })
@@ -105,6 +113,8 @@ class Schedule:
             instructions = [_KINDS[kind](**fields) for kind, fields in doc["instructions"]]
             return cls(instructions=instructions, keep_at_end=list(doc["keep_at_end"]),
                        variants={int(k): v for k, v in doc.get("variants", {}).items()},
-                       sub_batches=int(doc.get("sub_batches", 1)), policy=doc.get("policy", ""))
+                       sub_batches=int(doc.get("sub_batches", 1)), policy=doc.get("policy", ""),
+                       host_static=list(doc.get("host_static", [])),
+                       host_outputs=list(doc.get("host_outputs", [])))
         except (KeyError, TypeError, ValueError) as exc:
             raise ScheduleError(f"not a valid schedule document: {exc}") from exc

@@ -12,6 +12,9 @@ Which outputs a Compute makes resident and whether a Free releases its storage (
 are read from the one replay of the schedule (``outcore.plan.residency.Replay``), the memory
 rule the tracker measures.
 * ``Offload`` / ``Prefetch`` / ``Wait``: calls on the runtime ``rt`` (the device).
+* A gradient of ``schedule.host_outputs`` (sent to host memory, ``outcore.plan.weights``):
+  ``rt.keep_layout(k, v{k})`` after the Compute that makes it, and at the end
+  ``v{k} = rt.from_host(storage, k)``, a view of the host copy of its storage.
 
 Op callables and non-tensor constants are passed in through the generated function's
 globals (``f{op}``, ``k{op}_{i}``), never through ``repr``.
@@ -195,8 +198,12 @@ def generate(graph: Graph, schedule: Schedule,
     for tid in static:
         em.lines.append(f"v{tid} = inputs[{tid}]")
         em.bind_layout(tid)
+    sent = set(schedule.host_outputs)
     for ins, at in zip(schedule.instructions, steps, strict=True):
         em.emit(ins, at, notify)
+        em.lines += [f"rt.keep_layout({t}, v{t})" for t in at.made_resident if t in sent]
+    em.lines += [f"v{t} = rt.from_host({graph.tensors[t].storage}, {t})"
+                 for t in schedule.host_outputs]
     em.lines.append("return {" + ", ".join(f"{t}: v{t}" for t in schedule.keep_at_end) + "}")
     source = "def step(rt, inputs):\n" + "\n".join("    " + ln for ln in em.lines) + "\n"
     namespace = dict(em.globals)

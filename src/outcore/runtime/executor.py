@@ -32,6 +32,7 @@ from outcore.runtime.codegen import GeneratedStep, generate
 from outcore.runtime.devices.base import Device, SyncCPUDevice, untracked
 from outcore.runtime.devices.stats import TransferStats
 from outcore.runtime.failsafe import abandon_step, commit
+from outcore.runtime.host_weights import check_host_weights, hold_on_host, host_tensor
 from outcore.runtime.timed import TimedDevice
 from outcore.runtime.tracker import MemoryTracker
 from outcore.variants.registry import FRAMEWORK
@@ -103,6 +104,7 @@ class Runtime:
     def __init__(self, device: Device, tracker: MemoryTracker, timed: bool,
                  grad_hook: GradHook | None = None) -> None:
         self.device = device
+        self.untimed = device
         #: Data parallel: called after a gradient's Compute (no timing mark: not an
         #: instruction of the schedule).
         self.grad_ready = grad_hook.ready if grad_hook is not None else None
@@ -115,6 +117,8 @@ class Runtime:
         if timed:  # the device marks each copy call; ``begin`` marks each Compute
             device = TimedDevice(device, self.marks)
         self.device = device
+        #: gradient id -> (size, stride, storage offset): to read it back from the host copy
+        self.layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
         self.start_offload = device.start_offload
         self.wait_offload = device.wait_offload
         self.wait_prefetch = device.wait_prefetch
@@ -129,6 +133,16 @@ class Runtime:
     def start_prefetch(self, tid: int, name: str) -> torch.Tensor:
         self.tracker.naming = name
         return self.device.start_prefetch(tid, name)
+
+    def keep_layout(self, tid: int, t: torch.Tensor) -> None:
+        """Remember the layout of a gradient sent to host memory (``from_host`` rebuilds it)."""
+        self.layouts[tid] = (tuple(t.size()), tuple(t.stride()), int(t.storage_offset()))
+
+    def from_host(self, storage: int, tid: int) -> torch.Tensor:
+        """Tensor ``tid`` read from the completed host copy of ``storage`` (no device bytes)."""
+        size, stride, offset = self.layouts[tid]
+        with untracked():
+            return host_tensor(self.untimed, storage).as_strided(size, stride, offset)
 
     def save_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
         with untracked():
@@ -207,7 +221,11 @@ class Executor:
         notify = grad_hook.tensors if grad_hook is not None else frozenset()
         self.generated: GeneratedStep = generate(graph, schedule, self.impls, notify)
         self.capacity: int | None = self.device.capacity
-        self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)})
+        self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)}
+                              | set(schedule.host_static))
+        self._held = frozenset(schedule.host_static)
+        if schedule.host_static or schedule.host_outputs:
+            check_host_weights(self.device)
 
     def kernel(self, oid: int) -> Callable[..., Any]:
         """The callable op ``oid`` runs: its replacement, or its ATen kernel."""
@@ -254,8 +272,11 @@ class Executor:
             if hook is not None:
                 hook.begin()
             with torch.no_grad(), (tracker if measure else contextlib.nullcontext()):
+                for tid in self._held:  # parameters held in host memory: not device bytes
+                    hold_on_host(self.device, tid, values[tid])
                 if measure:
-                    tracker.track(values.values(), "step inputs")
+                    tracker.track([v for t, v in values.items() if t not in self._held],
+                                  "step inputs")
                 outputs = self.generated.fn(rt, values)
             self.device.synchronize()
             if hook is not None:

@@ -103,7 +103,8 @@ class _Timing:
             self.in_flight[D2H, ins.tensor] = self._enqueue(i, D2H, ins.tensor, self.now)
         elif isinstance(ins, Prefetch):
             self._host(self.host.issue(H2D, self.graph.tensors[ins.tensor].nbytes))
-            ready = max(self.now, self.landed[ins.tensor])
+            # a parameter held in host memory (schedule.host_static) is there from the start
+            ready = max(self.now, self.landed.get(ins.tensor, 0.0))
             self.in_flight[H2D, ins.tensor] = self._enqueue(i, H2D, ins.tensor, ready)
         elif isinstance(ins, Wait):
             self._wait(i, ins)

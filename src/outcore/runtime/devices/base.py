@@ -93,6 +93,14 @@ class SyncCPUDevice:
     def drop_host(self, tid: int) -> None:
         self._host.pop(tid, None)
 
+    def hold_on_host(self, tid: int, t: torch.Tensor) -> None:
+        """``t`` (a parameter held in host memory) is the host copy of ``tid``; no copy."""
+        self._host[tid] = t.detach()
+
+    def host_tensor(self, tid: int) -> torch.Tensor:
+        """The host copy of ``tid`` (after its offload was waited for)."""
+        return self._host[tid]
+
     def synchronize(self) -> None:
         return None
 

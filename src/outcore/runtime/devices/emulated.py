@@ -183,6 +183,28 @@ class EmulatedDevice:
                                 "a Prefetch must come before its Wait")
         self._wait(job)
 
+    # -- weights held in host memory (outcore.plan.weights) ---------------------------------
+    def hold_on_host(self, tid: int, t: torch.Tensor, name: str = "") -> None:
+        """Make ``t``'s storage the completed host copy of ``tid`` (a parameter held in host
+        memory between steps): no bytes move; a later prefetch copies from it."""
+        self._check_open()
+        entry = _HostEntry(TensorLayout.of(t))
+        entry.buffer = byte_view(t.untyped_storage())
+        job = CopyJob(tid, name, "d2h", entry.layout.nbytes, source=None, dest=None)
+        job.done.set()
+        entry.job = job
+        self._host[tid] = entry
+
+    def host_tensor(self, tid: int) -> torch.Tensor:
+        """The host copy of ``tid`` with the layout it was offloaded with; its offload must
+        have been waited for (``wait_offload``)."""
+        entry = self._host.get(tid)
+        if entry is None or entry.job is None or not entry.job.done.is_set():
+            raise ScheduleError(f"tensor {tid} has no completed host copy to read; Wait(d2h) "
+                                "for its Offload first")
+        entry.job.check()
+        return entry.layout.view(entry.read().untyped_storage())
+
     # -- housekeeping ------------------------------------------------------------------------
     def drop_host(self, tid: int) -> None:
         """Forget the host copy of ``tid`` (copies already queued still complete)."""

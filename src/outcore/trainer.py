@@ -61,6 +61,18 @@ from outcore.units import format_bytes
 DEFAULT_CACHE_SIZE = 8
 
 
+def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The CPU generator's state and, once CUDA is in use, every GPU's."""
+    gpus = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), gpus
+
+
+def _restore_rng(states: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state_all(states[1])
+
+
 @dataclass
 class TrainerStats:
     """What the last ``step`` measured, beside what its plan predicted.
@@ -175,10 +187,12 @@ class Trainer:
         if scaler is not None and scaler.is_enabled():
             scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
         entry = self._entry(batch)
+        rng = _rng_states()
         try:
             result = self._run(entry, batch, scale)
         except SpecializationMismatch:
             entry = self._entry(batch, fresh=True)
+            _restore_rng(rng)  # the re-run draws the numbers eager's one step would
             result = self._run(entry, batch, scale)
         self.stats.measured_peak = result.peak_bytes
         self.stats.step_seconds = result.seconds

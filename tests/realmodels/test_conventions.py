@@ -215,6 +215,49 @@ def test_value_specialised_step_is_guarded_and_recaptured():
     assert trainer.stats.replans == 2  # same branch, other max: a value guard, not a shape
 
 
+class RandomBranchy(Branchy):
+    """Branchy behind dropout and BatchNorm: a failed guard must not cost a random draw or a
+    running-statistics update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(super().forward(x)))
+
+
+def test_a_failed_guard_reruns_with_eagers_random_draws_and_buffers():
+    torch.manual_seed(0)
+    model = RandomBranchy()
+    reference = copy.deepcopy(model)
+    positive = (torch.rand(6, 4) + 0.1, torch.randn(6, 4))
+    mixed = (torch.randn(6, 4), torch.randn(6, 4))
+
+    def eager(m, b):
+        return F.mse_loss(m(b[0]), b[1])
+
+    trainer = outcore.compile(model, F.mse_loss, positive, budget=None, device="cpu",
+                              policy="recompute-cheap")
+    for batch in (positive, mixed):  # the second fails the guard and is run again
+        model.zero_grad()
+        reference.zero_grad()
+        torch.manual_seed(3)
+        loss = trainer.step(batch)
+        drawn_after = torch.rand(4)
+        torch.manual_seed(3)
+        expected = eager(reference, batch)
+        expected.backward()
+        assert torch.equal(loss, expected.detach())
+        same_grads(model, reference)
+        assert torch.equal(drawn_after, torch.rand(4)), "the generator ends where eager's does"
+        for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
+            assert torch.equal(b, c), f"buffer {name} differs from eager"
+    assert trainer.stats.replans == 1
+    assert model.norm.num_batches_tracked.item() == 2  # the failed run applied nothing
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("how", ["context", "argument"])
 def test_autocast_gradients_equal_eager_under_the_same_autocast(dtype, how):

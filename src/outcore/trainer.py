@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from outcore.capture.aot import autocast_state, capture
-from outcore.capture.batching import LossFn, batch_of, split_batch_leaves, step_loss
+from outcore.capture.batching import (LossFn, batch_of, plain_batch, split_batch_leaves,
+                                      step_loss)
 from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
 from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
@@ -129,7 +130,8 @@ class Trainer:
                  allow_sub_batches: bool | None = None, cache: bool | None = None,
                  host_budget: int | str | None = MACHINE, device_kind: str = "cpu") -> None:
         if cache_size < 1:
-            raise ValueError(f"cache_size must be at least 1, got {cache_size}")
+            raise InvalidArgumentError(cache_size, "a cache_size of at least 1 (planned "
+                                       "steps kept, one per batch signature)")
         self.model = model
         self.loss_fn = loss_fn
         self.device = device
@@ -146,7 +148,7 @@ class Trainer:
         self.stats = TrainerStats()
         self._warned_eval = False
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
-        self._current = self._entry(example_batch)
+        self._current = self._entry(plain_batch(example_batch))
 
     # -- what the current plan is ----------------------------------------------------------
     @property

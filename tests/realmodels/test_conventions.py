@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
+from collections import OrderedDict, UserDict
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +15,7 @@ import outcore
 from outcore.capture.batching import loss_of
 from outcore.capture.convert import build_graph
 from outcore.capture.step import BatchMismatch
-from outcore.errors import CaptureError
+from outcore.errors import CaptureError, InvalidArgumentError
 from outcore.runtime.executor import Executor
 
 
@@ -90,6 +90,25 @@ def test_model_returning_its_loss_from_a_dict_batch(kind):
     step_both(trainer, model, reference, batch, eager)
 
 
+def test_a_user_dict_batch_is_read_as_its_dict():
+    """Hugging Face tokenizers and data collators yield a ``BatchEncoding``, a ``UserDict``
+    that pytree takes as one opaque leaf: its tensors must still be the step's inputs, so the
+    next batch's values are used, not the example's."""
+    model = SelfLoss("dict")
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, None, UserDict(dict_batch()), budget=None, device="cpu")
+    assert trainer.executor.step.batch_leaves == 2, "features and labels are inputs"
+
+    def eager(m, b):
+        return loss_of(m(**b))
+
+    torch.manual_seed(5)
+    other = UserDict({"features": torch.randn(6, 8), "labels": torch.randint(0, 3, (6,)),
+                      "scale": 2.0})
+    step_both(trainer, model, reference, other, eager)
+    assert trainer.stats.captures == 1
+
+
 def test_step_takes_x_y_or_the_batch_and_a_loss_fn_may_read_a_dict_batch():
     model = mlp()
     x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
@@ -129,6 +148,8 @@ def test_new_shapes_are_replanned_and_cached_lru():
     assert trainer.stats.measured_peak == trainer.stats.predicted_peak <= 64 * 1024
     step_both(trainer, model, reference, full, eager)
     assert (trainer.stats.replans, trainer.stats.evictions) == (2, 2)  # cache of one
+    with pytest.raises(InvalidArgumentError, match="cache_size of at least 1"):
+        outcore.compile(model, F.cross_entropy, full, budget=None, device="cpu", cache_size=0)
 
 
 def test_other_dtype_is_replanned_not_a_raw_error():

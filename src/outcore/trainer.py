@@ -52,7 +52,8 @@ from outcore.capture.batching import (LossFn, batch_of, plain_batch, split_batch
                                       step_loss)
 from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
-from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
+from outcore.errors import (CaptureError, EvalModeWarning, InvalidArgumentError,
+                            UnsupportedModelError)
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -193,14 +194,38 @@ class Trainer:
         try:
             result = self._run(entry, batch, scale)
         except SpecializationMismatch:
-            entry = self._entry(batch, fresh=True)
-            _restore_rng(rng)  # the re-run draws the numbers eager's one step would
-            result = self._run(entry, batch, scale)
+            result = self._run_recaptured(batch, scale, rng)
         self.stats.measured_peak = result.peak_bytes
         self.stats.step_seconds = result.seconds
         self.stats.steps += 1
         self.stats.history.append(float(result.loss))
         return result.loss
+
+    def _run_recaptured(self, batch: Any, scale: float,
+                        rng: tuple[torch.Tensor, list[torch.Tensor] | None]) -> Any:
+        """Capture, plan and run the step again after a specialisation guard failed.
+
+        The failed run applied nothing; the capture records the values from the random
+        state the step started with, and the run draws from it, as eager's one step would.
+        A second failure means the values differ within one step (between its sub-batches):
+        that is refused with a CaptureError, as it cannot equal eager's step."""
+        _restore_rng(rng)
+        entry = self._entry(batch, fresh=True)
+        _restore_rng(rng)
+        try:
+            return self._run(entry, batch, scale)
+        except SpecializationMismatch as again:
+            parts = entry.planned.plan.sub_batches
+            raise CaptureError(
+                f"the model's Python control flow reads tensor values (.item(), an `if` on a "
+                f"tensor) and this step was split into {parts} sub-batches whose values "
+                "differ, so no split of it computes eager's step. Give it a budget that "
+                "holds the whole batch (no sub-batches), or make the branch depend on "
+                "shapes or Python values (torch.where)" if parts > 1 else
+                "the model's Python control flow reads tensor values that differ between "
+                "two runs of the same batch from the same random state; outcore cannot "
+                "specialise on them. Make the branch depend on shapes or Python values "
+                "(torch.where)") from again
 
     def _run(self, entry: _Entry, batch: Any, scale: float = 1.0) -> Any:
         from outcore.runtime.subbatch import run_sub_batches

@@ -15,7 +15,7 @@ import outcore
 from outcore.capture.batching import loss_of
 from outcore.capture.convert import build_graph
 from outcore.capture.step import BatchMismatch
-from outcore.errors import CaptureError, InvalidArgumentError
+from outcore.errors import CaptureError, InvalidArgumentError, SubBatchWarning
 from outcore.runtime.executor import Executor
 
 
@@ -277,6 +277,67 @@ def test_a_failed_guard_reruns_with_eagers_random_draws_and_buffers():
             assert torch.equal(b, c), f"buffer {name} differs from eager"
     assert trainer.stats.replans == 1
     assert model.norm.num_batches_tracked.item() == 2  # the failed run applied nothing
+
+
+class LayerDrop(nn.Module):
+    """Skips its middle layer when a Python-side draw says so (LayerDrop, as wav2vec2 does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        if torch.rand(()) < 0.5:
+            h = h + torch.relu(self.middle(h))
+        return self.last(h)
+
+
+def test_a_value_drawn_in_python_is_recaptured_from_the_steps_random_state():
+    torch.manual_seed(0)
+    model = LayerDrop()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(3, 4), torch.randn(3, 4))
+    trainer = outcore.compile(model, F.mse_loss, batch, budget=None, device="cpu")
+    for seed in range(6):  # both branches; each change of branch fails the guard
+        step_both(trainer, model, reference, batch,
+                  lambda m, b: F.mse_loss(m(b[0]), b[1]), seed=seed)
+    assert trainer.stats.replans >= 1
+
+
+class BranchyConv(nn.Module):
+    """A convolution net behind a data-dependent branch, large enough for moDNN to split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                  nn.Linear(8 * 16 * 16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return h * 2 if bool((x > 0).all()) else h
+
+
+def test_sub_batches_that_read_other_values_are_refused_with_the_way_out():
+    from outcore.graph.bounds import reference_peaks
+
+    torch.manual_seed(0)
+    model = BranchyConv()
+    x = torch.rand(32, 3, 16, 16) + 0.1
+    x[:4] -= 5  # the whole batch and its first half read False, the second half True
+    batch = (x, torch.randint(0, 10, (32,)))
+    budget = int(reference_peaks(outcore.capture(model, F.cross_entropy, batch))
+                 .layer_lower_bound * 0.7)
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, F.cross_entropy, batch, budget=budget, device="cpu",
+                                  policy="modnn")
+    assert trainer.stats.sub_batches == 2
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CaptureError, match="2 sub-batches whose values differ.*whole batch"):
+        trainer.step(*batch)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

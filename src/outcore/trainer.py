@@ -48,12 +48,15 @@ import torch
 from torch import nn
 
 from outcore.capture.aot import autocast_state, capture
-from outcore.capture.batching import (LossFn, batch_of, plain_batch, split_batch_leaves,
-                                      step_loss)
+from outcore.capture.batching import LossFn, batch_of, plain_batch, split_batch_leaves, step_loss
 from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
-from outcore.errors import (CaptureError, EvalModeWarning, InvalidArgumentError,
-                            UnsupportedModelError)
+from outcore.errors import (
+    CaptureError,
+    EvalModeWarning,
+    InvalidArgumentError,
+    UnsupportedModelError,
+)
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections import OrderedDict, UserDict
 from dataclasses import dataclass
 
@@ -334,7 +335,7 @@ def test_sub_batches_that_read_other_values_are_refused_with_the_way_out():
                                   policy="modnn")
     assert trainer.stats.sub_batches == 2
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(CaptureError, match="2 sub-batches whose values differ.*whole batch"):
+    with pytest.raises(CaptureError, match=r"2 sub-batches whose values differ.*whole batch"):
         trainer.step(*batch)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
@@ -361,6 +362,28 @@ def test_autocast_gradients_equal_eager_under_the_same_autocast(dtype, how):
             return F.cross_entropy(m(b[0]), b[1])
 
     step_both(trainer, model, reference, batch, eager)
+
+
+def test_autocast_offload_moves_the_low_precision_bytes_it_planned():
+    """Under autocast the plan sizes the casts' bfloat16 tensors at 2 bytes an element, the
+    offloads move exactly those bytes, and the measured peak is the predicted one."""
+    from outcore.plan.schedule import Offload
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 3))
+    batch = (torch.randn(32, 64), torch.randint(0, 3, (32,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None,
+                              device="cpu-emulated", policy="offload-all",
+                              autocast=torch.bfloat16)
+    graph, schedule = trainer.planned.graph, trainer.planned.schedule
+    moved = [graph.tensors[i.tensor] for i in schedule.instructions if isinstance(i, Offload)]
+    low = [t for t in moved if t.dtype == "bfloat16"]
+    assert low and all(t.nbytes == 2 * math.prod(t.shape) for t in low)
+    result = trainer.executor.run(batch)
+    assert result.transfers is not None
+    assert result.transfers.d2h.bytes == sum(t.nbytes for t in moved)
+    assert result.peak_bytes == trainer.planned.predicted_peak
 
 
 def test_bfloat16_model_and_grad_scaler():

@@ -15,7 +15,8 @@ them as the model returned them.
 
 A batch is flattened with ``torch.utils._pytree``: its tensors become the graph's inputs, in
 flattening order (a mapping pytree does not know, such as Hugging Face's ``BatchEncoding``
-that tokenizers and data collators return, is read as the plain dict it holds: ``plain_batch``); every other leaf (a bool, an int, None) is a constant of the captured
+that tokenizers and data collators return, is read as the plain dict it holds:
+``plain_batch``); every other leaf (a bool, an int, None) is a constant of the captured
 step. ``BatchSignature`` is what must match for a captured step to run a batch: the tree
 structure, the constants, and each tensor's shape, dtype and device.
 """

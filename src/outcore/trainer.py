@@ -52,12 +52,18 @@ from outcore.capture.batching import (
     LossFn,
     batch_of,
     own_storage,
+    plain_batch,
     split_batch_leaves,
     step_loss,
 )
 from outcore.capture.hooks import check_hooks
 from outcore.capture.step import SpecializationMismatch
-from outcore.errors import EvalModeWarning, InvalidArgumentError, UnsupportedModelError
+from outcore.errors import (
+    CaptureError,
+    EvalModeWarning,
+    InvalidArgumentError,
+    UnsupportedModelError,
+)
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -65,6 +71,18 @@ from outcore.planned import MACHINE, PlannedStep, plan
 from outcore.units import format_bytes
 
 DEFAULT_CACHE_SIZE = 8
+
+
+def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The CPU generator's state and, once CUDA is in use, every GPU's."""
+    gpus = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), gpus
+
+
+def _restore_rng(states: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state_all(states[1])
 
 
 @dataclass
@@ -135,7 +153,8 @@ class Trainer:
                  allow_sub_batches: bool | None = None, cache: bool | None = None,
                  host_budget: int | str | None = MACHINE, device_kind: str = "cpu") -> None:
         if cache_size < 1:
-            raise ValueError(f"cache_size must be at least 1, got {cache_size}")
+            raise InvalidArgumentError(cache_size, "a cache_size of at least 1 (planned "
+                                       "steps kept, one per batch signature)")
         self.model = model
         self.loss_fn = loss_fn
         self.device = device
@@ -152,7 +171,7 @@ class Trainer:
         self.stats = TrainerStats()
         self._warned_eval = False
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
-        self._current = self._entry(own_storage(example_batch))
+        self._current = self._entry(own_storage(plain_batch(example_batch)))
 
     # -- what the current plan is ----------------------------------------------------------
     @property
@@ -194,11 +213,12 @@ class Trainer:
         if scaler is not None and scaler.is_enabled():
             scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
         entry = self._entry(batch)
+        rng = _rng_states()
         try:
             result = self._measured_run(entry, batch, scale)
         except SpecializationMismatch:
-            entry = self._entry(batch, fresh=True)
-            result = self._measured_run(entry, batch, scale)
+            result = self._run_recaptured(batch, scale, rng)
+        entry = self._current  # the entry that ran (a fresh one after a failed guard)
         self.stats.tensor_peak = result.peak_bytes
         self.stats.measured_peak = (result.peak_bytes if entry.allocator_peak is None
                                     else entry.allocator_peak)
@@ -218,6 +238,32 @@ class Trainer:
         measured = allocator_peak(lambda: self._run(entry, batch, scale))
         entry.allocator_peak = held_before(entry.planned.graph) + measured.peak
         return measured.result
+
+    def _run_recaptured(self, batch: Any, scale: float,
+                        rng: tuple[torch.Tensor, list[torch.Tensor] | None]) -> Any:
+        """Capture, plan and run the step again after a specialisation guard failed.
+
+        The failed run applied nothing; the capture records the values from the random
+        state the step started with, and the run draws from it, as eager's one step would.
+        A second failure means the values differ within one step (between its sub-batches):
+        that is refused with a CaptureError, as it cannot equal eager's step."""
+        _restore_rng(rng)
+        entry = self._entry(batch, fresh=True)
+        _restore_rng(rng)
+        try:
+            return self._measured_run(entry, batch, scale)
+        except SpecializationMismatch as again:
+            parts = entry.planned.plan.sub_batches
+            raise CaptureError(
+                f"the model's Python control flow reads tensor values (.item(), an `if` on a "
+                f"tensor) and this step was split into {parts} sub-batches whose values "
+                "differ, so no split of it computes eager's step. Give it a budget that "
+                "holds the whole batch (no sub-batches), or make the branch depend on "
+                "shapes or Python values (torch.where)" if parts > 1 else
+                "the model's Python control flow reads tensor values that differ between "
+                "two runs of the same batch from the same random state; outcore cannot "
+                "specialise on them. Make the branch depend on shapes or Python values "
+                "(torch.where)") from again
 
     def _run(self, entry: _Entry, batch: Any, scale: float = 1.0) -> Any:
         from outcore.runtime.subbatch import run_sub_batches

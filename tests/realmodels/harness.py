@@ -1,8 +1,9 @@
 """One corpus model, one training step under one policy, compared with eager PyTorch.
 
 ``check(case, policy)`` builds the model twice from one seed, runs one eager step and one step
-through ``outcore.compile`` on ``cpu-emulated`` at half the model's in-core peak (``liveness``:
-everything kept, freed at last use), and returns what differs: the loss, each gradient, each
+through ``outcore.compile`` on ``cpu-emulated`` halfway between the model's layer-wise lower
+bound and its in-core peak (``liveness``: everything kept, freed at last use; ``in_core_peak``
+says why not half the peak itself), and returns what differs: the loss, each gradient, each
 buffer (BatchNorm statistics updated once), and whether the measured peak equals the
 predicted one within the budget. ``policy="backend"`` runs the step through
 ``torch.compile(model, backend=outcore.backend(...))`` instead, and is compared bit-exact

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
+import math
+from collections import OrderedDict, UserDict
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +16,7 @@ import outcore
 from outcore.capture.batching import loss_of
 from outcore.capture.convert import build_graph
 from outcore.capture.step import BatchMismatch
-from outcore.errors import CaptureError
+from outcore.errors import CaptureError, InvalidArgumentError, SubBatchWarning
 from outcore.runtime.executor import Executor
 
 
@@ -90,6 +91,25 @@ def test_model_returning_its_loss_from_a_dict_batch(kind):
     step_both(trainer, model, reference, batch, eager)
 
 
+def test_a_user_dict_batch_is_read_as_its_dict():
+    """Hugging Face tokenizers and data collators yield a ``BatchEncoding``, a ``UserDict``
+    that pytree takes as one opaque leaf: its tensors must still be the step's inputs, so the
+    next batch's values are used, not the example's."""
+    model = SelfLoss("dict")
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, None, UserDict(dict_batch()), budget=None, device="cpu")
+    assert trainer.executor.step.batch_leaves == 2, "features and labels are inputs"
+
+    def eager(m, b):
+        return loss_of(m(**b))
+
+    torch.manual_seed(5)
+    other = UserDict({"features": torch.randn(6, 8), "labels": torch.randint(0, 3, (6,)),
+                      "scale": 2.0})
+    step_both(trainer, model, reference, other, eager)
+    assert trainer.stats.captures == 1
+
+
 def test_step_takes_x_y_or_the_batch_and_a_loss_fn_may_read_a_dict_batch():
     model = mlp()
     x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
@@ -129,6 +149,8 @@ def test_new_shapes_are_replanned_and_cached_lru():
     assert trainer.stats.measured_peak == trainer.stats.predicted_peak <= 64 * 1024
     step_both(trainer, model, reference, full, eager)
     assert (trainer.stats.replans, trainer.stats.evictions) == (2, 2)  # cache of one
+    with pytest.raises(InvalidArgumentError, match="cache_size of at least 1"):
+        outcore.compile(model, F.cross_entropy, full, budget=None, device="cpu", cache_size=0)
 
 
 def test_other_dtype_is_replanned_not_a_raw_error():
@@ -215,6 +237,110 @@ def test_value_specialised_step_is_guarded_and_recaptured():
     assert trainer.stats.replans == 2  # same branch, other max: a value guard, not a shape
 
 
+class RandomBranchy(Branchy):
+    """Branchy behind dropout and BatchNorm: a failed guard must not cost a random draw or a
+    running-statistics update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(super().forward(x)))
+
+
+def test_a_failed_guard_reruns_with_eagers_random_draws_and_buffers():
+    torch.manual_seed(0)
+    model = RandomBranchy()
+    reference = copy.deepcopy(model)
+    positive = (torch.rand(6, 4) + 0.1, torch.randn(6, 4))
+    mixed = (torch.randn(6, 4), torch.randn(6, 4))
+
+    def eager(m, b):
+        return F.mse_loss(m(b[0]), b[1])
+
+    trainer = outcore.compile(model, F.mse_loss, positive, budget=None, device="cpu",
+                              policy="recompute-cheap")
+    for batch in (positive, mixed):  # the second fails the guard and is run again
+        model.zero_grad()
+        reference.zero_grad()
+        torch.manual_seed(3)
+        loss = trainer.step(batch)
+        drawn_after = torch.rand(4)
+        torch.manual_seed(3)
+        expected = eager(reference, batch)
+        expected.backward()
+        assert torch.equal(loss, expected.detach())
+        same_grads(model, reference)
+        assert torch.equal(drawn_after, torch.rand(4)), "the generator ends where eager's does"
+        for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
+            assert torch.equal(b, c), f"buffer {name} differs from eager"
+    assert trainer.stats.replans == 1
+    assert model.norm.num_batches_tracked.item() == 2  # the failed run applied nothing
+
+
+class LayerDrop(nn.Module):
+    """Skips its middle layer when a Python-side draw says so (LayerDrop, as wav2vec2 does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        if torch.rand(()) < 0.5:
+            h = h + torch.relu(self.middle(h))
+        return self.last(h)
+
+
+def test_a_value_drawn_in_python_is_recaptured_from_the_steps_random_state():
+    torch.manual_seed(0)
+    model = LayerDrop()
+    reference = copy.deepcopy(model)
+    batch = (torch.randn(3, 4), torch.randn(3, 4))
+    trainer = outcore.compile(model, F.mse_loss, batch, budget=None, device="cpu")
+    for seed in range(6):  # both branches; each change of branch fails the guard
+        step_both(trainer, model, reference, batch,
+                  lambda m, b: F.mse_loss(m(b[0]), b[1]), seed=seed)
+    assert trainer.stats.replans >= 1
+
+
+class BranchyConv(nn.Module):
+    """A convolution net behind a data-dependent branch, large enough for moDNN to split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                  nn.Linear(8 * 16 * 16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return h * 2 if bool((x > 0).all()) else h
+
+
+def test_sub_batches_that_read_other_values_are_refused_with_the_way_out():
+    from outcore.graph.bounds import reference_peaks
+
+    torch.manual_seed(0)
+    model = BranchyConv()
+    x = torch.rand(32, 3, 16, 16) + 0.1
+    x[:4] -= 5  # the whole batch and its first half read False, the second half True
+    batch = (x, torch.randint(0, 10, (32,)))
+    budget = int(reference_peaks(outcore.capture(model, F.cross_entropy, batch))
+                 .layer_lower_bound * 0.7)
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, F.cross_entropy, batch, budget=budget, device="cpu",
+                                  policy="modnn")
+    assert trainer.stats.sub_batches == 2
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CaptureError, match=r"2 sub-batches whose values differ.*whole batch"):
+        trainer.step(*batch)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("how", ["context", "argument"])
 def test_autocast_gradients_equal_eager_under_the_same_autocast(dtype, how):
@@ -236,6 +362,28 @@ def test_autocast_gradients_equal_eager_under_the_same_autocast(dtype, how):
             return F.cross_entropy(m(b[0]), b[1])
 
     step_both(trainer, model, reference, batch, eager)
+
+
+def test_autocast_offload_moves_the_low_precision_bytes_it_planned():
+    """Under autocast the plan sizes the casts' bfloat16 tensors at 2 bytes an element, the
+    offloads move exactly those bytes, and the measured peak is the predicted one."""
+    from outcore.plan.schedule import Offload
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 3))
+    batch = (torch.randn(32, 64), torch.randint(0, 3, (32,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None,
+                              device="cpu-emulated", policy="offload-all",
+                              autocast=torch.bfloat16)
+    graph, schedule = trainer.planned.graph, trainer.planned.schedule
+    moved = [graph.tensors[i.tensor] for i in schedule.instructions if isinstance(i, Offload)]
+    low = [t for t in moved if t.dtype == "bfloat16"]
+    assert low and all(t.nbytes == 2 * math.prod(t.shape) for t in low)
+    result = trainer.executor.run(batch)
+    assert result.transfers is not None
+    assert result.transfers.d2h.bytes == sum(t.nbytes for t in moved)
+    assert result.peak_bytes == trainer.planned.predicted_peak
 
 
 def test_bfloat16_model_and_grad_scaler():

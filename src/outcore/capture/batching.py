@@ -14,7 +14,9 @@ Outputs may be tensors, ``ModelOutput``s, dicts, tuples or dataclasses; a ``loss
 them as the model returned them.
 
 A batch is flattened with ``torch.utils._pytree``: its tensors become the graph's inputs, in
-flattening order; every other leaf (a bool, an int, None) is a constant of the captured
+flattening order (a mapping pytree does not know, such as Hugging Face's ``BatchEncoding``
+that tokenizers and data collators return, is read as the plain dict it holds:
+``plain_batch``); every other leaf (a bool, an int, None) is a constant of the captured
 step. ``BatchSignature`` is what must match for a captured step to run a batch: the tree
 structure, the constants, and each tensor's shape, dtype and device.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from outcore.errors import CaptureError
 
@@ -43,6 +45,21 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
+
+
+def plain_batch(batch: Any) -> Any:
+    """``batch`` with every mapping that pytree would take as one opaque leaf (a
+    ``BatchEncoding``, a ``UserDict``) replaced by a plain dict of the same items, at any depth
+    inside tuples, lists and dicts. Without it the mapping's tensors would be one constant of
+    the captured step instead of its inputs. The model is then called with the dict, which
+    ``model(**batch)`` cannot tell apart."""
+    if isinstance(batch, Mapping) and type(batch) not in SUPPORTED_NODES:
+        return {key: plain_batch(value) for key, value in batch.items()}
+    if type(batch) in (tuple, list):
+        return type(batch)(plain_batch(value) for value in batch)
+    if type(batch) is dict:
+        return {key: plain_batch(value) for key, value in batch.items()}
+    return batch
 
 
 def loss_of(output: Any) -> torch.Tensor:
@@ -120,7 +137,7 @@ class BatchSignature:
 
 def split_batch_leaves(batch: Any) -> tuple[list[torch.Tensor], BatchSignature]:
     """The batch's tensors (the graph inputs, in order) and its signature."""
-    leaves, spec = tree_flatten(batch)
+    leaves, spec = tree_flatten(plain_batch(batch))
     tensors: list[torch.Tensor] = []
     consts: list[tuple[int, Any]] = []
     for i, leaf in enumerate(leaves):
@@ -155,7 +172,7 @@ class TrainingStep(nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
-        leaves, spec = tree_flatten(example)
+        leaves, spec = tree_flatten(plain_batch(example))
         self._spec = spec
         self._constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
         self._is_tensor = [isinstance(v, torch.Tensor) for v in leaves]
@@ -186,11 +203,11 @@ class TrainingStep(nn.Module):
 
 def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:
     """The batch a ``Trainer.step(*args)`` call means: ``step(x, y)`` is ``(x, y)``;
-    ``step(batch)`` is the batch itself."""
+    ``step(batch)`` is the batch itself (mappings made plain dicts: ``plain_batch``)."""
     if len(args) == 1:
-        return args[0]
+        return plain_batch(args[0])
     if len(args) == 2 and loss_fn is not None:
-        return (args[0], args[1])
+        return plain_batch((args[0], args[1]))
     raise TypeError(f"step() takes the batch, or x and y; got {len(args)} arguments"
                     if loss_fn is not None else
                     f"step() takes one batch (the model's input) when loss_fn is None; got "

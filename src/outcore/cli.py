@@ -93,7 +93,20 @@ def parse_option(text: str) -> tuple[str, Any]:
                 value = float(raw)
             except ValueError:
                 value = raw
+    if key.strip() in PLAN_ARGUMENTS:
+        raise InvalidOptionError(text, f"a policy option; {key.strip()!r} is an argument of "
+                                 f"outcore.plan itself: {PLAN_ARGUMENTS[key.strip()]}")
     return key.strip(), value
+
+
+#: ``outcore.plan``'s keywords that the CLI sets itself, so ``--option`` cannot pass them:
+#: name -> what to use instead (``--option host_budget=64GiB`` does reach ``outcore.plan``).
+PLAN_ARGUMENTS = {
+    "budget": "use --budget", "policy": "use --policy", "gpu": "use --gpu",
+    "cache": "use --no-cache to skip the plan cache (SuperNeurons' LRU tensor cache is "
+             "--option tensor_cache=false)",
+    "cost": "use --cost", "recapture": "set by the command", "bound": "set by the command",
+}
 
 
 def _model_arguments(p: argparse.ArgumentParser, *, default_fake: bool) -> None:

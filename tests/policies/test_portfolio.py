@@ -175,12 +175,12 @@ def test_unknown_options_are_refused_before_anything_is_captured(vgg, monkeypatc
 
 
 def test_config_for_reads_command_line_strings():
-    sn = config_for("superneurons", {"recompute": "speed", "cache": "false"})
-    assert sn.recompute is Recompute.SPEED and sn.cache is False and sn.offload is True
+    sn = config_for("superneurons", {"recompute": "speed", "tensor_cache": "false"})
+    assert sn.recompute is Recompute.SPEED and sn.tensor_cache is False and sn.offload is True
     assert config_for("pooch", {"retries": "2"}).retries == 2
     assert config_for("auto", {"portfolio": "no"}).portfolio is False
-    with pytest.raises(ValueError, match="'cache' must be bool"):
-        config_for("superneurons", {"cache": "maybe"})
+    with pytest.raises(ValueError, match="'tensor_cache' must be bool"):
+        config_for("superneurons", {"tensor_cache": "maybe"})
     with pytest.raises(ValueError, match="'m' or 'p'"):
         config_for("vdnn-all", {"algo": "fast"})
     with pytest.raises(ValueError, match="its options are: variants, algo"):

@@ -76,9 +76,9 @@ def test_recomputations_follow_the_strategy(cnn, strategy, expected):
 
 
 def test_cost_aware_peak_equals_memory_centric_with_fewer_recomputations(cnn):
-    speed = sn(cnn, recompute="speed", cache=False)
-    memory = sn(cnn, recompute="memory", cache=False)
-    aware = sn(cnn, recompute="cost-aware", cache=False)
+    speed = sn(cnn, recompute="speed", tensor_cache=False)
+    memory = sn(cnn, recompute="memory", tensor_cache=False)
+    aware = sn(cnn, recompute="cost-aware", tensor_cache=False)
     assert aware.peak == memory.peak < speed.peak
     assert speed.recomputations < aware.recomputations < memory.recomputations
 
@@ -117,7 +117,7 @@ def test_lru_cache_order_and_locks():
 def test_no_budget_moves_nothing_and_eager_mode_offloads_every_conv_checkpoint(chain):
     cached = sn(chain)
     assert cached.schedule.count(Offload) == 0 and cached.stats.offloads == 0
-    eager = sn(chain, cache=False)
+    eager = sn(chain, tensor_cache=False)
     assert {tname(chain, i.tensor) for i in eager.schedule.instructions
             if isinstance(i, Offload)} == {f"r{i}" for i in range(1, 7)}
     assert eager.peak < cached.peak
@@ -239,7 +239,7 @@ def test_budget_below_the_least_need_is_refused_at_planning_time(cnn):
 def test_registered_policy_reads_its_options(cnn):
     assert "superneurons" in registry.names()
     out = registry.get("superneurons").fn(cnn, PolicyContext(options={"recompute": "none",
-                                                                       "cache": False}))
+                                                                       "tensor_cache": False}))
     assert out.schedule.recomputed_ops() == [] and out.schedule.count(Offload) == 3
     assert {tname(cnn, t) for t in out.plan.tensors_with(Decision.OFFLOAD)} == {"r0", "r1", "r2"}
     with pytest.raises(ValueError, match="recompute"):
@@ -263,7 +263,7 @@ def test_executor_matches_eager_and_the_predicted_peak(name):
     model, loss_fn, batch = make(name)
     loss, grads = eager(copy.deepcopy(model), loss_fn, batch)
     graph = capture(model, loss_fn, batch)
-    for options in ({}, {"cache": False}, {"recompute": "memory", "cache": False},
+    for options in ({}, {"tensor_cache": False}, {"recompute": "memory", "tensor_cache": False},
                     {"recompute": "speed"}):
         r = sn(graph, **options)
         torch.manual_seed(5)

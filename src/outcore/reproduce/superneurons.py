@@ -87,8 +87,8 @@ def data_only(graph: Graph) -> Graph:
 
 STAGES: list[tuple[str, dict[str, Any]]] = [
     ("liveness", {"recompute": "none", "offload": False}),
-    ("+offload", {"recompute": "none", "cache": False}),
-    ("+recompute", {"recompute": "cost-aware", "cache": False}),
+    ("+offload", {"recompute": "none", "tensor_cache": False}),
+    ("+recompute", {"recompute": "cost-aware", "tensor_cache": False}),
 ]
 
 

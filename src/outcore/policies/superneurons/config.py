@@ -20,18 +20,19 @@ class Recompute(StrEnum):
 
 @dataclass(frozen=True)
 class SuperNeuronsConfig(PolicyConfig):
-    """``recompute`` strategy; ``offload`` CONV checkpoints through the tensor pool; ``cache``
-    (the LRU tensor cache; False offloads every checkpoint as soon as it is made);
+    """``recompute`` strategy; ``offload`` CONV checkpoints through the tensor pool;
+    ``tensor_cache`` (the LRU tensor cache; False offloads every checkpoint as soon as it is
+    made; not ``cache``, which is ``outcore.plan``'s plan cache);
     ``variants``: op id -> variant names, or a callable graph -> that table
     (``outcore.policies.common.variant_spec``)."""
 
     doc = "outcore.policies.superneurons"
     recompute: Recompute = Recompute.COST_AWARE
     offload: bool = True
-    cache: bool = True
+    tensor_cache: bool = True
     variants: VariantSpec | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.recompute, Recompute, "recompute")
         object.__setattr__(self, "recompute", Recompute(self.recompute))
-        check_bool(self, "offload", "cache")
+        check_bool(self, "offload", "tensor_cache")

@@ -23,8 +23,8 @@ Options (``SuperNeuronsConfig``):
 * ``recompute``: a ``Recompute``: "cost-aware" (default), "speed", "memory" or "none" (its
   string reads the same, as ``--option recompute=speed`` gives it);
 * ``offload``: offload CONV checkpoints through the tensor pool (default True);
-* ``cache``: use the LRU tensor cache (default True); False offloads every checkpoint as soon
-  as it is made, as Fig. 10b and Table 3's "without Tensor Cache" measure;
+* ``tensor_cache``: use the LRU tensor cache (default True); False offloads every checkpoint
+  as soon as it is made, as Fig. 10b and Table 3's "without Tensor Cache" measure;
 * ``variants``: op id -> supported variant names (see ``common.variants``).
 
 A budget the runtime cannot meet (a step that does not fit even after offloading every
@@ -141,12 +141,13 @@ def _schedule(graph: Graph, instructions: list[Any], name: str) -> Schedule:
 def plan_superneurons(graph: Graph, ctx: PolicyContext, *, name: str = NAME
                       ) -> SuperNeuronsResult:
     """Plan one training step the SuperNeurons way (module docstring) for ``ctx``: its budget,
-    cost model and ``SuperNeuronsConfig`` (recompute, offload, cache, variants).
+    cost model and ``SuperNeuronsConfig`` (recompute, offload, tensor_cache, variants).
 
     Raises InfeasibleBudgetError when no step sequence of this policy fits ``ctx.budget``.
     """
     config = ctx.config_as(SuperNeuronsConfig)
-    budget, recompute, offload, cache = ctx.budget, config.recompute, config.offload, config.cache
+    budget, recompute, offload = ctx.budget, config.recompute, config.offload
+    cache = config.tensor_cache
     order = execution_order(graph, "superneurons")
     seg = segment(graph, order, recompute)
     try:
@@ -205,6 +206,7 @@ def _explain(graph: Graph, seg: Segmentation, schedule: Schedule, name: str, off
 
 @register(NAME, "SuperNeurons: execution route, liveness, cost-aware recomputation, CONV "
           "offload through an LRU tensor cache, per-step convolution workspace; options "
-          "recompute=cost-aware|speed|memory|none, offload, cache", PAPER, SuperNeuronsConfig)
+          "recompute=cost-aware|speed|memory|none, offload, tensor_cache", PAPER,
+          SuperNeuronsConfig)
 def superneurons_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     return plan_superneurons(graph, ctx)

@@ -34,7 +34,7 @@ from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Plan
 from outcore.plan.weights import WeightPlacement, gradients, parameters
-from outcore.policies.auto.segments import find_cuts, segment_plan
+from outcore.policies.auto import find_cuts, segment_plan
 from outcore.sim import simulate
 from outcore.weights.choose import (
     HOST_ADAM_RATE,

@@ -233,7 +233,7 @@ def _attach_bound(result: PlannedStep, limit: int, model: Any) -> None:
     """Fill ``result.lower_bound`` (``outcore.policies.optimal.lower_bound``), or say in its
     notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it)."""
     from outcore import progress
-    from outcore.policies.optimal.policy import lower_bound
+    from outcore.policies.optimal import lower_bound
 
     with progress.task(f"bounding {result.graph.name}'s step time (LP relaxation)"):
         found = lower_bound(result.graph, limit, model)

@@ -21,7 +21,7 @@ from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Compute
 from outcore.plan.verify import verify
 from outcore.policies import registry
-from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
+from outcore.policies.auto import find_cuts, plan_checkpoint, segment_plan
 from outcore.policies.registry import PolicyContext
 from outcore.runtime.executor import Executor
 

@@ -24,7 +24,7 @@ from outcore.plan.schedule import Offload, Prefetch, Schedule, Wait
 from outcore.plan.verify import verify
 from outcore.plan.weights import WeightPlacement, parameters
 from outcore.policies import baseline
-from outcore.policies.auto.segments import segment_plan
+from outcore.policies.auto import segment_plan
 from outcore.runtime.devices import EmulatedDevice
 from outcore.runtime.executor import Executor
 

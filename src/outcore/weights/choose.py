@@ -175,8 +175,7 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
 
 def default_planners() -> dict[str, Planner]:
     """outcore-auto and outcore-checkpoint, each given the weights' lowering."""
-    from outcore.policies.auto.policy import plan_auto
-    from outcore.policies.auto.segments import plan_checkpoint
+    from outcore.policies.auto import plan_auto, plan_checkpoint
 
     return {"outcore-auto": plan_auto, "outcore-checkpoint": plan_checkpoint}
 

@@ -16,7 +16,7 @@ from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
 from outcore.policies.baseline import movable_activations
-from outcore.policies.optimal.problem import build_problem, stage_order
+from outcore.policies.optimal import build_problem, stage_order
 from outcore.sim import simulate
 
 

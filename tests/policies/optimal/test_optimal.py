@@ -15,8 +15,7 @@ from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision
 from outcore.plan.schedule import Compute
 from outcore.plan.verify import verify
-from outcore.policies.optimal import plan_optimal
-from outcore.policies.optimal.problem import build_problem
+from outcore.policies.optimal import build_problem, plan_optimal
 from outcore.sim.synthetic import residual_chain
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,6 +86,6 @@ def test_chains_are_planned_and_marked():
 
 
 def test_outcore_optimal_leads_outcore_autos_portfolio():
-    from outcore.policies.auto.portfolio import CANDIDATES
+    from outcore.policies.auto import CANDIDATES
 
     assert CANDIDATES[0] == "outcore-optimal"

@@ -15,6 +15,8 @@ from outcore.policies.auto.portfolio import (
     crowned,
     run_portfolio,
 )
+from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
 
 __all__ = ["CANDIDATES", "AutoConfig", "Choice", "Entry", "PortfolioResult", "crowned",
-           "greedy_policy", "plan_auto", "run_portfolio", "segments"]
+           "find_cuts", "greedy_policy", "plan_auto", "plan_checkpoint", "run_portfolio",
+           "segment_plan", "segments"]

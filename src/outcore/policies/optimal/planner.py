@@ -133,7 +133,7 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
 def _greedy(graph: Graph, budget: int, cost: CostModel) -> tuple[Plan, Schedule]:
     """Beyond ``LARGE_CANDIDATES``: outcore's greedy planner's plan, renamed (the LP takes
     minutes there; the bound reported is the in-core step)."""
-    from outcore.policies.auto.policy import plan_auto
+    from outcore.policies.auto import plan_auto
 
     plan, schedule = plan_auto(graph, budget, cost)
     note = (f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; the graph "

@@ -96,15 +96,17 @@ def lowest_peak(problem: Problem) -> int:
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                  exact_candidates: int = EXACT_CANDIDATES,
-                 time_limit: float = 20.0, search_limit: float = 2.0,
+                 time_limit: float = 20.0, search_segments: int | None = None,
                  bound: bool = True) -> OptimalResult:
     """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
 
     ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
-    when it is reached); ``search_limit`` the local search on graphs too large for the
-    exact model (``_search``). ``bound=False`` skips the bound model (the result's
-    ``lower_bound`` is then the in-core step, still a valid bound): outcore-auto's
-    portfolio ranks plans by their simulated step and needs no bound.
+    when it is reached); ``search_segments`` caps the segment re-solves of the local search
+    on graphs too large for the exact model (``_search``; None: one whole pass). The search's
+    work is counted in segments and HiGHS nodes, never in seconds, so a plan does not depend
+    on the machine's load (data-parallel ranks compare their plans). ``bound=False`` skips
+    the bound model (the result's ``lower_bound`` is then the in-core step, still a valid
+    bound): outcore-auto's portfolio ranks plans by their simulated step and needs no bound.
     """
     from outcore.sim import simulate
 
@@ -124,7 +126,7 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                              len(problem.candidates))
     floor_time = _bound(problem, exact, time_limit) if bound else problem.in_core_time
     plan, schedule, solved_exact = _primal(graph, problem, cost, exact, time_limit,
-                                           search_limit)
+                                           search_segments)
     step = simulate(graph, schedule, cost).step_time
     return OptimalResult(plan, schedule, step, floor_time, solved_exact,
                          time.perf_counter() - started, len(problem.candidates))
@@ -152,7 +154,7 @@ def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
 
 
 def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_limit: float,
-            search_limit: float) -> tuple[Plan, Schedule, bool]:
+            search_segments: int | None) -> tuple[Plan, Schedule, bool]:
     from outcore.sim import simulate
 
     budget = problem.budget
@@ -167,7 +169,7 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
-        tries = [sol] if exact else _search(model, sol, search_limit)
+        tries = [sol] if exact else _search(model, sol, search_segments)
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:
@@ -197,13 +199,14 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         "sub-batches (modnn) or a larger budget.")
 
 
-def _search(model: Model, start: Solution, search_limit: float) -> list[Solution]:
+def _search(model: Model, start: Solution, segments: int | None) -> list[Solution]:
     """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
     rounded LP; the MILP over the candidates the LP left fractional (the others fixed); then
     a local search from it: each ``SEGMENT`` of candidates in production order is
     re-solved as a MILP with every other candidate fixed, and kept when the model's step
-    falls, until ``search_limit`` seconds have passed. Every MILP is bounded by
-    ``NODE_LIMIT`` nodes (deterministic work) and ``SAFETY_LIMIT`` seconds."""
+    falls, for one pass (at most ``segments`` re-solves). Every MILP is bounded by
+    ``NODE_LIMIT`` nodes (deterministic work) and ``SAFETY_LIMIT`` seconds (a net that an
+    ordinary solve never reaches)."""
     out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
@@ -218,10 +221,8 @@ def _search(model: Model, start: Solution, search_limit: float) -> list[Solution
     cands = model.p.candidates
     order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
     improved = False
-    deadline = time.perf_counter() + search_limit
-    for lo in range(0, len(order), SEGMENT):
-        if time.perf_counter() > deadline:
-            break
+    starts = list(range(0, len(order), SEGMENT))
+    for lo in starts if segments is None else starts[:segments]:
         free = set(order[lo:lo + SEGMENT])
         pins: dict[int, float] = {}
         for k, pick in enumerate(incumbent.choice):

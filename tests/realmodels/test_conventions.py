@@ -219,6 +219,11 @@ class Branchy(nn.Module):
         return h - float(x.abs().max().item())
 
 
+def _eager_mse(m: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The eager step's loss of the value-branching models below."""
+    return F.mse_loss(m(b[0]), b[1])
+
+
 def test_value_specialised_step_is_guarded_and_recaptured():
     torch.manual_seed(0)
     model = Branchy()
@@ -226,14 +231,11 @@ def test_value_specialised_step_is_guarded_and_recaptured():
     positive = (torch.rand(3, 4) + 0.1, torch.randn(3, 4))
     mixed = (torch.randn(3, 4), torch.randn(3, 4))
 
-    def eager(m, b):
-        return F.mse_loss(m(b[0]), b[1])
-
     trainer = outcore.compile(model, F.mse_loss, positive, budget=None, device="cpu")
-    step_both(trainer, model, reference, positive, eager)
-    step_both(trainer, model, reference, mixed, eager)  # the guard fails: captured again
+    step_both(trainer, model, reference, positive, _eager_mse)
+    step_both(trainer, model, reference, mixed, _eager_mse)  # the guard fails: captured again
     assert trainer.stats.replans == 1
-    step_both(trainer, model, reference, (-mixed[0].abs() - 1, mixed[1]), eager)
+    step_both(trainer, model, reference, (-mixed[0].abs() - 1, mixed[1]), _eager_mse)
     assert trainer.stats.replans == 2  # same branch, other max: a value guard, not a shape
 
 
@@ -257,9 +259,6 @@ def test_a_failed_guard_reruns_with_eagers_random_draws_and_buffers():
     positive = (torch.rand(6, 4) + 0.1, torch.randn(6, 4))
     mixed = (torch.randn(6, 4), torch.randn(6, 4))
 
-    def eager(m, b):
-        return F.mse_loss(m(b[0]), b[1])
-
     trainer = outcore.compile(model, F.mse_loss, positive, budget=None, device="cpu",
                               policy="recompute-cheap")
     for batch in (positive, mixed):  # the second fails the guard and is run again
@@ -269,7 +268,7 @@ def test_a_failed_guard_reruns_with_eagers_random_draws_and_buffers():
         loss = trainer.step(batch)
         drawn_after = torch.rand(4)
         torch.manual_seed(3)
-        expected = eager(reference, batch)
+        expected = _eager_mse(reference, batch)
         expected.backward()
         assert torch.equal(loss, expected.detach())
         same_grads(model, reference)

@@ -326,14 +326,16 @@ class Trainer:
         from outcore.runtime.subbatch import split_batch
 
         with progress.task(f"capturing {type(self.model).__name__}"):
+            start = torch.get_rng_state()
             graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast)
-            self._measure_temporaries(graph, batch)
+            self._measure_temporaries(graph, batch, start)
         dims = self.options.get("batch_dims")
 
         def recapture(parts: int) -> Graph:
             part = split_batch(batch, parts, dims)[0]
+            start = torch.get_rng_state()
             sub = capture(self.model, self.loss_fn, part, autocast=self.autocast)
-            self._measure_temporaries(sub, part)
+            self._measure_temporaries(sub, part, start)
             loss_form(sub, graph)  # a loss that cannot be split exactly: size unavailable
             return sub
 
@@ -357,16 +359,17 @@ class Trainer:
                 planned.notes.append(text)
         return _Entry(planned, executor)
 
-    def _measure_temporaries(self, graph: Graph, batch: Any) -> None:
+    def _measure_temporaries(self, graph: Graph, batch: Any, rng_state: torch.Tensor) -> None:
         """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the
         allocator (``outcore.cost.measure_temporaries``) onto the graph, so the plan budgets
-        them. The emulated device counts tensors only (its capacity is enforced on that
-        count), so there they stay 0."""
+        them; each measuring run starts from ``rng_state``, the generator's state the capture
+        started from (values it specialised on come out the same). The emulated device
+        counts tensors only (its capacity is enforced on that count), so there they stay 0."""
         if self.device_kind not in ("cpu", "cuda") or getattr(graph.source, "fake", True):
             return
         from outcore.cost.measure_temporaries import measure_temporaries
 
-        measure_temporaries(graph, batch, device=self.device_kind)
+        measure_temporaries(graph, batch, device=self.device_kind, rng_state=rng_state)
 
     def _device_type(self, batch: Any) -> str:
         tensors, _ = split_batch_leaves(batch)

@@ -330,11 +330,14 @@ def test_sub_batches_that_read_other_values_are_refused_with_the_way_out():
     budget = int(reference_peaks(outcore.capture(model, F.cross_entropy, batch))
                  .layer_lower_bound * 0.7)
     with pytest.warns(SubBatchWarning):
-        trainer = outcore.compile(model, F.cross_entropy, batch, budget=budget, device="cpu",
-                                  policy="modnn")
-    assert trainer.stats.sub_batches == 2
+        # cpu-emulated: the budget is 0.7 x the tensors-only layer bound; on "cpu" the
+        # kernels' measured temporaries are budgeted too and put it out of reach
+        trainer = outcore.compile(model, F.cross_entropy, batch, budget=budget,
+                                  device="cpu-emulated", policy="modnn")
+    parts = trainer.stats.sub_batches
+    assert parts >= 2  # the first sub-batch reads False, a later one True
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(CaptureError, match=r"2 sub-batches whose values differ.*whole batch"):
+    with pytest.raises(CaptureError, match=rf"{parts} sub-batches whose values differ.*whole"):
         trainer.step(*batch)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))

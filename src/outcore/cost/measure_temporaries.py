@@ -133,14 +133,18 @@ class _CudaPeaks:
 
 
 def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
-                        device: str = "cpu") -> list[int]:
+                        device: str = "cpu", rng_state: torch.Tensor | None = None
+                        ) -> list[int]:
     """Bytes of kernel temporaries of every op of ``graph`` (module docstring), written to
     each ``op.temporaries`` (so the memory rule holds them) and to
     ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
     ``batch`` the ops run in the step, on its real values, as the executor runs the
     in-core schedule (the kernels a step picks for its layouts); without, each alone on
     fresh inputs. ``device="cuda"`` measures with CUDA's
-    allocator counters instead of the CPU profiler (the batch and model on the GPU)."""
+    allocator counters instead of the CPU profiler (the batch and model on the GPU).
+    ``rng_state``: the CPU generator's state the capture started from; each run of the step
+    starts from it, so values the capture specialised on (a draw in Python, such as
+    LayerDrop's) come out the same. The caller's generator is left as it was either way."""
     nodes = list(getattr(graph.source, "op_nodes", []))
     if len(nodes) != len(graph.ops):
         raise ProfileError(f"graph {graph.name!r} has no FX node per op; measure a graph from "
@@ -151,6 +155,8 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     step = _in_step(graph, batch, cuda) if in_step else None
 
     def run() -> None:
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
         if step is not None:
             step()
         else:

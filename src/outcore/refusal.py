@@ -62,6 +62,11 @@ def ways_out(graph: Graph, budget: int, floor: int, can_split: bool) -> str:
     if budget <= static:
         return (f"{head} The static tensors alone exceed the budget: no plan or batch size "
                 "fits; use a device with more memory, or a smaller model or precision.")
+    if floor <= budget:
+        return (f"Plans of keep/offload/recompute decisions reach down to "
+                f"{format_bytes(floor)} at this batch, below this budget: this policy did not "
+                "find one of them; policy='auto' runs every planner and keeps the fastest that "
+                "fits.")
     scale = (floor - static) / (budget - static)
     parts = max(2, math.ceil(scale))
     batch = batch_size(graph)

@@ -130,3 +130,13 @@ def test_a_budget_below_the_static_tensors_says_no_batch_fits(graph):
     with pytest.raises(outcore.InfeasibleBudgetError) as info:
         outcore.plan(graph, static - 1, policy="auto", gpu="v100-pcie", cache=False)
     assert "static tensors alone exceed the budget" in str(info.value)
+
+
+def test_a_policy_that_fails_above_the_floor_points_to_auto(graph):
+    from outcore.refusal import ways_out
+
+    peaks = reference_peaks(graph)
+    budget = (peaks.liveness + peaks.layer_lower_bound) // 2
+    text = ways_out(graph, budget, floor=peaks.layer_lower_bound, can_split=True)
+    assert "this policy did not find one of them" in text and "policy='auto'" in text
+    assert "shrink the batch" not in text  # no batch to shrink: plans fit this budget

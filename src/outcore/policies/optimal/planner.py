@@ -132,14 +132,20 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
                          time.perf_counter() - started, len(problem.candidates))
 
 
-def _greedy(graph: Graph, budget: int, cost: CostModel) -> tuple[Plan, Schedule]:
-    """Beyond ``LARGE_CANDIDATES``: outcore's greedy planner's plan, renamed (the LP takes
-    minutes there; the bound reported is the in-core step)."""
+_BEYOND_LP = (f"the graph has more than {LARGE_CANDIDATES} movable activations, beyond the "
+              "LP's reach")
+
+
+def _greedy(graph: Graph, budget: int, cost: CostModel,
+            why: str = _BEYOND_LP) -> tuple[Plan, Schedule]:
+    """outcore's greedy planner's plan, renamed: beyond ``LARGE_CANDIDATES`` (the LP takes
+    minutes there; the bound reported is the in-core step), and when the model's plans still
+    exceed the budget after ``MAX_CUTS`` cuts. Raises InfeasibleBudgetError when it does not
+    fit either."""
     from outcore.policies.auto import plan_auto
 
     plan, schedule = plan_auto(graph, budget, cost)
-    note = (f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; the graph "
-            f"has more than {LARGE_CANDIDATES} movable activations, beyond the LP's reach]")
+    note = f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; {why}]"
     plan = dataclasses.replace(plan, policy=NAME,
                                reasons={t: r + note for t, r in plan.reasons.items()})
     return plan, dataclasses.replace(schedule, policy=NAME)
@@ -193,6 +199,13 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
             NAME, budget, lowest_peak(problem),
             f"HiGHS found no plan within {time_limit:.0f} s ({sol.status}); raise the budget "
             "or the time limit, or use outcore-auto's other candidates.")
+    try:  # the cuts did not converge (each moved the excess elsewhere): a plan that fits
+        plan, schedule = _greedy(graph, budget, cost, "the model's plans still exceeded the "
+                                 f"budget after {MAX_CUTS} cuts")
+        if memory_curve(graph, schedule).peak <= budget:
+            return plan, schedule, False
+    except InfeasibleBudgetError:
+        pass
     raise InfeasibleBudgetError(
         NAME, budget, memory_curve(graph, last[1]).peak,
         "The model's plan did not fit after its cuts; try outcore-auto's other candidates, "

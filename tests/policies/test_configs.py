@@ -97,7 +97,7 @@ def test_a_config_refuses_bad_values_built_directly():
     with pytest.raises(PolicyOptionError, match="'m' or 'p'"):
         VdnnStaticConfig(algo="fast")  # type: ignore[arg-type]
     with pytest.raises(PolicyOptionError, match="True or False"):
-        SuperNeuronsConfig(cache="maybe")  # type: ignore[arg-type]
+        SuperNeuronsConfig(tensor_cache="maybe")  # type: ignore[arg-type]
 
 
 def test_vdnn_offload_mode_as_string_or_enum(cnn):

@@ -133,7 +133,7 @@ def table1(console: Console, graphs: dict[str, Graph]) -> None:
         light = data_only(graph)
         cells = [label]
         for strategy in ("speed", "memory", "cost-aware"):
-            r = _plan(graph, recompute=strategy, cache=False)
+            r = _plan(graph, recompute=strategy, tensor_cache=False)
             extra, peak = PAPER_TABLE1[label][strategy]
             cells += [f"{extra} / {r.recomputations}",
                       f"{peak:,.0f} / {mib(predicted_peak(light, r.schedule))}"]

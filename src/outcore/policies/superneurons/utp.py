@@ -12,7 +12,7 @@ against the budget, when the offloadable checkpoint tensors leave and come back:
   read of a tensor on the device moves it to the front (hit); a read of an offloaded one
   brings it back (miss: Prefetch + Wait h2d). So data moves only when device memory is
   insufficient; with no budget nothing moves.
-* **Eager offloading** (``cache=False``, Sec. 3.3.1, what Fig. 10b and Table 3's "without
+* **Eager offloading** (``tensor_cache=False``, Sec. 3.3.1, what Fig. 10b and Table 3's "without
   Tensor Cache" measure): every offloadable tensor is copied to the host as soon as it is
   made, and freed once its forward readers are done and the next forward CONV layer has run
   ("overlap with the forward computations starting from the current CONV layer to the next

@@ -42,6 +42,7 @@ from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.policies.auto import greedy_policy
+from outcore.policies.optimal import floor
 from outcore.policies.registry import PolicyContext, get
 from outcore.sim import simulate
 from outcore.units import format_bytes
@@ -55,7 +56,7 @@ GPT2_MEDIUM = (("n_layer", 24), ("n_head", 16), ("d_model", 1024))
 class Row:
     """A case: zoo model at ``batch`` on ``gpu``; ``budget`` is GiB when above 1, else a
     fraction of the in-core (free-at-last-use) peak; ``floor``: the lowest budget any plan
-    reaches, found by outcore-optimal's refusal (``budget`` is then ignored)."""
+    reaches, ``outcore.policies.optimal.floor`` (``budget`` is then ignored)."""
 
     name: str
     model: str
@@ -116,15 +117,6 @@ def graph_of(row: Row) -> Graph:
     return _GRAPHS[key]
 
 
-def floor_of(graph: Graph, cost: Any) -> int:
-    """The lowest peak any plan reaches: what outcore-optimal's refusal of 1 byte names."""
-    try:
-        get("outcore-optimal").fn(graph, PolicyContext(budget=1, cost=cost))
-    except InfeasibleBudgetError as exc:
-        return exc.required
-    raise AssertionError("outcore-optimal accepted a budget of 1 byte")
-
-
 def framework_kernels_step(graph: Graph, policy: str, budget: int, cost: Any) -> float | None:
     """``policy``'s simulated step on framework kernels (its operator variants dropped, as
     outcore-auto's portfolio drops them, so every column runs the same kernels), or None
@@ -150,7 +142,7 @@ def run_row(row: Row) -> Result:
     cost = cost_model_for(row.gpu)
     peak = reference_peaks(graph).liveness
     if row.floor:
-        budget = floor_of(graph, cost)
+        budget = floor(graph, cost)
     else:
         budget = int(row.budget * GiB) if row.budget > 1 else int(row.budget * peak)
     res = Result(row, budget, peak)

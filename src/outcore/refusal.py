@@ -27,19 +27,15 @@ _CACHE_KEY = "_outcore_lowest_peak"
 
 def lowest_peak(graph: Graph, cost: Any) -> int:
     """The lowest peak any keep / offload / recompute plan of ``graph`` reaches (one
-    sub-batch): outcore-optimal's refusal of a one-byte budget names it; at least the
-    layer-wise lower bound. Cached per graph and cost model."""
-    from outcore.policies.registry import PolicyContext, get
+    sub-batch): ``outcore.policies.optimal.floor``, the figure outcore-optimal refuses a
+    smaller budget with; at least the layer-wise lower bound. Cached per graph and cost
+    model."""
+    from outcore.policies.optimal import floor
 
     cache: dict[str, int] = graph.meta.setdefault(_CACHE_KEY, {})
     key = repr(cost)
     if key not in cache:
-        layer = reference_peaks(graph).layer_lower_bound
-        try:
-            get("outcore-optimal").fn(graph, PolicyContext(budget=1, cost=cost))
-            cache[key] = layer
-        except InfeasibleBudgetError as exc:
-            cache[key] = max(exc.required, layer)
+        cache[key] = max(floor(graph, cost), reference_peaks(graph).layer_lower_bound)
     return cache[key]
 
 

@@ -19,6 +19,7 @@ from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision
 from outcore.plan.verify import verify
+from outcore.policies.optimal import floor
 
 
 def test_planner_table_quick_row(capsys):
@@ -50,8 +51,8 @@ def test_torch_knapsack_plans_recompute_only_and_fit():
     assert set(found.plan.decisions.values()) == {Decision.RECOMPUTE}
     verify(graph, found.schedule)
     assert memory_curve(graph, found.schedule).peak == found.peak <= int(0.8 * peak)
-    floor = planner_table.floor_of(graph, cost)
-    assert torch_knapsack_plan(graph, floor - 1, cost) is None
+    lowest = floor(graph, cost)
+    assert torch_knapsack_plan(graph, lowest - 1, cost) is None
 
 
 def test_rank_agreement_helpers():

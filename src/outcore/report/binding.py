@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outcore.graph.ir import Graph
+from outcore.graph.liveness import storage_intervals
 from outcore.plan.residency import NONE, residency_steps
 from outcore.plan.schedule import Compute, Offload, Prefetch, Schedule, Wait
 
@@ -110,15 +111,11 @@ def _positions(graph: Graph, schedule: Schedule) -> list[int]:
 
 
 def _kept_spans(graph: Graph) -> dict[int, tuple[int, int]]:
-    """Base activation -> (producer position, last reader position) under free-at-last-use."""
-    order = {op.id: k for k, op in enumerate(graph.ops)}
-    groups = graph.aliases()
-    spans = {}
-    for t in graph.activations():
-        start = order[graph.producer_op(t.id).id]
-        readers = [order[c] for a in groups.get(t.id, [t.id]) for c in graph.tensors[a].consumers]
-        spans[t.id] = (start, max(readers, default=start))
-    return spans
+    """Base activation -> (producer position, last reader position) under free-at-last-use:
+    its storage's interval (``outcore.graph.liveness.storage_intervals``) in graph order."""
+    intervals = storage_intervals(graph, [op.id for op in graph.ops])
+    return {t.id: (intervals[t.storage].first, intervals[t.storage].last)
+            for t in graph.activations()}
 
 
 def _frees(graph: Graph, schedule: Schedule, steps: list[Any], bind_at: set[int],

@@ -2,8 +2,8 @@
 bound on the step time (see ``formulation`` for the derivation, ``planner`` for the loop)."""
 
 from outcore.policies.optimal.planner import NAME, OptimalResult, plan_optimal
-from outcore.policies.optimal.policy import lower_bound
+from outcore.policies.optimal.policy import floor, lower_bound
 from outcore.policies.optimal.problem import Problem, build_problem, stage_order
 
-__all__ = ["NAME", "OptimalResult", "Problem", "build_problem", "lower_bound", "plan_optimal",
-           "stage_order"]
+__all__ = ["NAME", "OptimalResult", "Problem", "build_problem", "floor", "lower_bound",
+           "plan_optimal", "stage_order"]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from outcore.graph.ir import Graph
-from outcore.policies.optimal.planner import EXACT_CANDIDATES, NAME, _bound, plan_optimal
+from outcore.policies.optimal.planner import (
+    EXACT_CANDIDATES,
+    NAME,
+    _bound,
+    lowest_peak,
+    plan_optimal,
+)
 from outcore.policies.optimal.problem import build_problem
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
@@ -24,6 +30,13 @@ def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
         problem = build_problem(graph, cost, int(budget))
         cache[key] = _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES, 20.0)
     return cache[key]
+
+
+def floor(graph: Graph, cost: Any) -> int:
+    """The lowest peak any plan of keep / offload / recompute decisions of ``graph`` reaches
+    on ``cost`` (one sub-batch): every activation freed over its whole gap. outcore-optimal
+    refuses any budget below it with exactly this figure."""
+    return lowest_peak(build_problem(graph, cost, 1))
 
 
 @register(NAME, "outcore's joint model: keep, offload (with its prefetch point) or recompute "

@@ -68,21 +68,10 @@ from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
 from outcore.planned import MACHINE, PlannedStep, plan
+from outcore.runtime.executor import RngState, rng_state, set_rng_state
 from outcore.units import format_bytes
 
 DEFAULT_CACHE_SIZE = 8
-
-
-def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    """The CPU generator's state and, once CUDA is in use, every GPU's."""
-    gpus = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), gpus
-
-
-def _restore_rng(states: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    torch.set_rng_state(states[0])
-    if states[1] is not None:
-        torch.cuda.set_rng_state_all(states[1])
 
 
 @dataclass
@@ -213,7 +202,7 @@ class Trainer:
         if scaler is not None and scaler.is_enabled():
             scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
         entry = self._entry(batch)
-        rng = _rng_states()
+        rng = rng_state()
         try:
             result = self._measured_run(entry, batch, scale)
         except SpecializationMismatch:
@@ -240,16 +229,16 @@ class Trainer:
         return measured.result
 
     def _run_recaptured(self, batch: Any, scale: float,
-                        rng: tuple[torch.Tensor, list[torch.Tensor] | None]) -> Any:
+                        rng: RngState) -> Any:
         """Capture, plan and run the step again after a specialisation guard failed.
 
         The failed run applied nothing; the capture records the values from the random
         state the step started with, and the run draws from it, as eager's one step would.
         A second failure means the values differ within one step (between its sub-batches):
         that is refused with a CaptureError, as it cannot equal eager's step."""
-        _restore_rng(rng)
+        set_rng_state(rng)
         entry = self._entry(batch, fresh=True)
-        _restore_rng(rng)
+        set_rng_state(rng)
         try:
             return self._measured_run(entry, batch, scale)
         except SpecializationMismatch as again:

@@ -146,31 +146,31 @@ class Runtime:
 
     def save_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
         with untracked():
-            self.rng[oid] = _rng_state()
+            self.rng[oid] = rng_state()
         return fn()
 
     def replay_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
         with untracked():
-            current = _rng_state()
-            _set_rng_state(self.rng[oid])
+            current = rng_state()
+            set_rng_state(self.rng[oid])
         try:
             return fn()
         finally:
             with untracked():
-                _set_rng_state(current)
+                set_rng_state(current)
 
 
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 
 
-def _rng_state() -> RngState:
+def rng_state() -> RngState:
     """The CPU generator's state and, once CUDA is in use, the current GPU's (dropout on a
     CUDA tensor draws from the GPU's generator, so a recompute must replay that one)."""
     gpu = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
     return torch.get_rng_state(), gpu
 
 
-def _set_rng_state(state: RngState) -> None:
+def set_rng_state(state: RngState) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1])

@@ -251,12 +251,12 @@ def _op_plan(graph: Graph, step: CapturedStep, oid: int, scales: dict[int, int])
 
 
 def _get_state() -> Any:
-    from outcore.runtime.executor import _rng_state
+    from outcore.runtime.executor import rng_state
 
-    return _rng_state()
+    return rng_state()
 
 
 def _set_state(state: Any) -> None:
-    from outcore.runtime.executor import _set_rng_state
+    from outcore.runtime.executor import set_rng_state
 
-    _set_rng_state(state)
+    set_rng_state(state)

@@ -28,6 +28,7 @@ report can show what each cost.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -118,8 +119,7 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     freed = [graph.tensors[params[n]].nbytes + state_bytes.get(n, 0) for n in names]
     total = sum(freed)
     prefixes = sorted({_prefix(freed, f * total) for f in FRACTIONS})
-    numel = {n: graph.tensors[params[n]].nbytes // max(_itemsize(graph, params[n]), 1)
-             for n in names}
+    numel = {n: math.prod(graph.tensors[params[n]].shape) for n in names}
     best: WeightChoice | None = None
     tried: list[Candidate] = []
     lowest = None
@@ -127,7 +127,7 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
         held = names[:k]
         placement = WeightPlacement(frozenset(params[n] for n in held),
                                     frozenset(grads[n] for n in held if n in grads))
-        device_state = sum(state_bytes.get(n, 0) for n in names[k:])
+        device_state = state_bytes_of(names[k:], state_bytes)
         cand = Candidate(held_bytes=sum(freed[:k]), params=k, device_state=device_state)
         cand.optimizer_seconds = (sum(numel[n] for n in held) / host_adam_rate
                                   + sum(numel[n] for n in names[k:]) / device_adam_rate)
@@ -192,14 +192,6 @@ def _prefix(freed: list[int], target: float) -> int:
             return k
         acc += b
     return len(freed)
-
-
-def _itemsize(graph: Graph, tid: int) -> int:
-    t = graph.tensors[tid]
-    numel = 1
-    for d in t.shape:
-        numel *= d
-    return t.nbytes // numel if numel else 1
 
 
 def adam_state_bytes(graph: Graph) -> dict[str, int]:

@@ -102,7 +102,7 @@ def held_before(graph: Any) -> int:
     tensors (parameters, buffers, the batch) less the loss seed, which the executor makes
     inside the step (so an ``allocator_peak`` of the step counts it). Added to
     ``allocator_peak(...).peak`` it gives the number the memory rule predicts."""
-    from outcore.graph.ir import STATIC_KINDS, TensorKind
+    from outcore.graph.ir import TensorKind
 
-    return sum(t.nbytes for t in graph.tensors
-               if t.kind in STATIC_KINDS and t.kind is not TensorKind.TANGENT)
+    return graph.static_bytes() - sum(t.nbytes for t in graph.tensors
+                                      if t.kind is TensorKind.TANGENT and not t.is_view)

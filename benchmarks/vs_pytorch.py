@@ -12,12 +12,20 @@ GPT-2), one training step per tool:
   (``--compile-budget``, default 0.5);
 * ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
   ``host_budget=0``: recompute only, the host is the device's own memory), its budget
-  searched so that its measured
-  activation peak is at most the peer's (``match_budget``).
+  searched so that its measured peak is at most the peer's (``match_budget``), by the
+  ``--match`` measure (default ``step``).
 
-**Activation peak**: the CPU allocator's own events (``torch.profiler``,
-``profile_memory=True``), parameters and gradients left out
-(``outcore.runtime.devices.allocator_peak``): what the step allocates on top of the model.
+Two peaks, both from the CPU allocator's own events (``torch.profiler``,
+``profile_memory=True``, ``outcore.runtime.devices.allocator_peak``), parameters left out
+(they are allocated before the step):
+
+* **step peak** (``--match step``, the default): everything the step allocates,
+  activations and the gradients it makes: what the device must hold beyond the model, and
+  what outcore's budget bounds (less the parameters);
+* **activation peak** (``--match activation``): the same with the gradients left out. A
+  planner that uses its budget holds activations early in backward, where few gradients
+  exist yet, so this measure penalises it for memory the peers leave empty at that point
+  and fill with gradients later; it is shown beside the step peak.
 **Step time**: the median of ``--rounds`` interleaved rounds (every tool once per round,
 in a shuffled order), with the spread (min-max) over rounds; ratios are to eager in the same
 run. Run:
@@ -80,6 +88,7 @@ class Row:
     model: str
     tool: str
     activation: int
+    step_peak: int
     seconds: list[float] = field(default_factory=list)
     note: str = ""
 
@@ -216,14 +225,21 @@ def zero_grad(model: nn.Module) -> None:
         p.grad = None
 
 
-def activation(step: Callable[[], Any], model: nn.Module) -> int:
-    """The step's activation peak: allocator bytes over the step, gradients left out (they
-    are freed before the step, as ``zero_grad(set_to_none=True)`` does)."""
+def peaks(step: Callable[[], Any], model: nn.Module) -> tuple[int, int]:
+    """The step's (activation peak, step peak): allocator bytes over the step, with and
+    without the gradients it makes (they are freed before the step, as
+    ``zero_grad(set_to_none=True)`` does; module docstring)."""
     zero_grad(model)
     step()  # warm up (allocator caches, lazy inits)
     zero_grad(model)
+    whole = allocator_peak(step).peak
+    zero_grad(model)
     grads = [p for p in model.parameters() if p.requires_grad]
-    return allocator_peak(step, lambda: [p.grad for p in grads]).peak
+    return allocator_peak(step, lambda: [p.grad for p in grads]).peak, whole
+
+
+#: What ``match_budget`` compares: index into ``peaks``'s pair (set by ``--match``).
+MATCH = {"activation": 0, "step": 1}
 
 
 def lowest_budget(graph: Any, static: int) -> int:
@@ -239,25 +255,27 @@ def lowest_budget(graph: Any, static: int) -> int:
     return budget
 
 
-def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int,
-                 tries: int = 5) -> tuple[Callable[[], Any] | None, int, str]:
-    """The plan with the largest measured activation peak at most ``target`` among budgets
+def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: int,
+                 tries: int = 5) -> tuple[Callable[[], Any] | None, tuple[int, int], str]:
+    """The plan with the largest measured peak (``peaks(...)[match]``) at most ``target``
+    among budgets
     bisected in ``[lo, hi]`` (outcore-auto's lowest budget, its in-core peak). The planned
     peak holds the kernels' measured temporaries, but the peer's number leaves gradients
     out and outcore's budget counts them, so each budget is measured. Returns the lowest
     plan, marked, when even that is above ``target``."""
-    best: tuple[Callable[[], Any], int, str] | None = None
-    lowest: tuple[Callable[[], Any], int, str] | None = None
+    best: tuple[Callable[[], Any], tuple[int, int], str] | None = None
+    lowest: tuple[Callable[[], Any], tuple[int, int], str] | None = None
     budget = lo
     for i in range(tries):
         step, planned = outcore_step(w, graph, budget)
-        act = activation(step, w.model)
+        both = peaks(step, w.model)
+        act = both[match]
         note = f"budget {budget / 2**20:.1f} MiB, {planned.plan.policy}"
         if i == 0:
-            lowest = (step, act, note + "; ABOVE the peer: outcore's lowest")
+            lowest = (step, both, note + "; ABOVE the peer: outcore's lowest")
         if act <= target:
-            if best is None or act > best[1]:
-                best = (step, act, note)
+            if best is None or act > best[1][match]:
+                best = (step, both, note)
             lo = budget
             if target - act < 0.02 * target:
                 break
@@ -266,22 +284,22 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int,
                 break
             hi = budget
         budget = (lo + hi) // 2
-    return best or lowest or (None, 0, "no plan")
+    return best or lowest or (None, (0, 0), "no plan")
 
 
 # ---- the run --------------------------------------------------------------------------------
 
 def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: bool,
-              log: Callable[[str], None]) -> list[Row]:
-    tools: dict[str, tuple[Callable[[], Any], int, str]] = {}
+              log: Callable[[str], None], match: int = MATCH["step"]) -> list[Row]:
+    tools: dict[str, tuple[Callable[[], Any], tuple[int, int], str]] = {}
     models: dict[str, nn.Module] = {}
     eager_model = w.model
     s = eager_step(eager_model, w)
-    tools["eager"] = (s, activation(s, eager_model), "")
+    tools["eager"] = (s, peaks(s, eager_model), "")
     for name, sel in (("checkpoint", False), ("selective", True)):
         m, n = wrap_blocks(w.model, sel)
         s = eager_step(m, w)
-        tools[name] = (s, activation(s, m), f"{n} blocks")
+        tools[name] = (s, peaks(s, m), f"{n} blocks")
         models[name] = m
     if not skip_compile:
         import torch._functorch.config as fconfig
@@ -295,9 +313,10 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         s()
         took = time.perf_counter() - t0
         log(f"  torch.compile took {took:.0f} s")
-        tools[f"compile {compile_budget}"] = (s, activation(s, m), f"compiled in {took:.0f} s")
+        tools[f"compile {compile_budget}"] = (s, peaks(s, m), f"compiled in {took:.0f} s")
         models[f"compile {compile_budget}"] = m
-    log("  " + ", ".join(f"{k}: {v[1] / 2**20:.1f} MiB" for k, v in tools.items()))
+    log("  " + ", ".join(f"{k}: {v[1][0] / 2**20:.1f} / {v[1][1] / 2**20:.1f} MiB"
+                         for k, v in tools.items()) + " (activation / step peak)")
     graph = outcore.capture(w.model, w.loss_fn, w.batch)
     measure_temporaries(graph, w.batch)  # the plans budget the kernels' temporaries
     static = sum(p.numel() * p.element_size() for p in w.model.parameters())
@@ -306,12 +325,13 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
                            host_budget=0).predicted_peak
     for peer in [k for k in tools if k != "eager"]:
         t0 = time.perf_counter()
-        step, act, note = match_budget(w, graph, tools[peer][1], lo, hi)
-        log(f"  outcore @ {peer}: {act / 2**20:.1f} MiB ({note}; "
+        step, act, note = match_budget(w, graph, tools[peer][1][match], lo, hi, match)
+        log(f"  outcore @ {peer}: {act[0] / 2**20:.1f} / {act[1] / 2**20:.1f} MiB ({note}; "
             f"{time.perf_counter() - t0:.0f} s to match)")
         if step is not None:
             tools[f"outcore @ {peer}"] = (step, act, note)
-    rows = {k: Row(w.name, k, act, note=note) for k, (_, act, note) in tools.items()}
+    rows = {k: Row(w.name, k, act, whole, note=note)
+            for k, (_, (act, whole), note) in tools.items()}
     names = list(tools)
     for _ in range(rounds):
         random.shuffle(names)
@@ -324,28 +344,31 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
 
 
 def table(rows: list[Row]) -> str:
-    out = ["| model | tool | activation MiB | / eager | step ms (median) | spread ms | / eager |",
-           "|---|---|---|---|---|---|---|"]
+    out = [("| model | tool | step peak MiB | / eager | activation MiB | / eager | "
+            "step ms (median) | spread ms | / eager |"),
+           "|---|---|---|---|---|---|---|---|---|"]
     eager = {r.model: r for r in rows if r.tool == "eager"}
     for r in rows:
         e = eager[r.model]
-        out.append(f"| {r.model} | {r.tool} | {r.activation / 2**20:.1f} | "
+        out.append(f"| {r.model} | {r.tool} | {r.step_peak / 2**20:.1f} | "
+                   f"{r.step_peak / e.step_peak:.2f} | {r.activation / 2**20:.1f} | "
                    f"{r.activation / e.activation:.2f} | {r.median * 1e3:.1f} | "
                    f"{min(r.seconds) * 1e3:.1f}-{max(r.seconds) * 1e3:.1f} | "
                    f"{r.median / e.median:.2f} |")
     return "\n".join(out)
 
 
-def verdicts(rows: list[Row]) -> list[str]:
-    """Per peer: is outcore's peak <= the peer's, and its time <= the peer's beyond the
-    spread (its slowest round faster than the peer's fastest = resolved)?"""
+def verdicts(rows: list[Row], match: str = "step") -> list[str]:
+    """Per peer: is outcore's peak (the ``match`` measure) <= the peer's, and its time <= the
+    peer's beyond the spread (its slowest round faster than the peer's fastest = resolved)?"""
     lines = []
     by = {(r.model, r.tool): r for r in rows}
+    measure = (lambda r: r.step_peak) if match == "step" else (lambda r: r.activation)
     for r in rows:
         o = by.get((r.model, f"outcore @ {r.tool}"))
         if o is None:
             continue
-        mem = "<=" if o.activation <= r.activation else ">"
+        mem = ("<=" if measure(o) <= measure(r) else ">") + f" ({match} peak)"
         if max(o.seconds) < min(r.seconds):
             speed = "faster beyond the spread"
         elif min(o.seconds) > max(r.seconds):
@@ -367,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-budget", type=float, default=0.5)
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--match", choices=list(MATCH), default="step",
+                        help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (5 if args.quick else 15)
@@ -378,13 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         w = WORKLOADS[name](args.quick)
         log(f"{name}: {w.about}")
-        done = run_model(w, rounds, args.compile_budget, args.skip_compile, log)
+        done = run_model(w, rounds, args.compile_budget, args.skip_compile, log,
+                         MATCH[args.match])
         log(table(done))  # each model's table as soon as it is done (long runs get cut)
         rows.extend(done)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")
     print(table(rows))
     print()
-    for line in verdicts(rows):
+    for line in verdicts(rows, args.match):
         print("* " + line)
     if args.json:
         with open(args.json, "w") as fh:

@@ -5,7 +5,11 @@ from it in backward. This planner does that on the Graph, without module boundar
 
 1. **Cuts.** A forward position is a cut when exactly one non-static base tensor produced
    at or before it is still read by a later forward op (the residual stream between two
-   blocks, the output of a plain layer in a chain). Keeping the cut tensors and recomputing
+   blocks, the output of a plain layer in a chain), not counting *long-lived* tensors:
+   those read across more than ``LONG_LIVED`` of the forward (an attention mask built once
+   and read by every layer, as Hugging Face models do; a U-Net's outer skip). A cut keeps
+   every tensor crossing it, long-lived ones included, as checkpointing keeps every input
+   of a block (the hidden state and the mask). Keeping the cut tensors and recomputing
    every other forward intermediate is checkpointing with one segment per cut; keeping every
    ``s``-th cut (from offset 0, 1 or 2) makes longer segments.
 2. **Recompute everything else.** Every forward intermediate that is not kept is
@@ -48,15 +52,26 @@ STRIDES = (1, 2, 3, 4, 6, 8)
 MAX_OFFSETS = 3
 #: Activations tried at once when keeping back (a chunk that does not fit is halved).
 KEEP_CHUNK = 8
+#: A tensor read across more than this share of the forward's positions (and more than
+#: ``LONG_LIVED_MIN`` of them) is long-lived: it does not stop a position from being a cut.
+LONG_LIVED = 0.25
+LONG_LIVED_MIN = 16
 
 
 @dataclass(frozen=True)
 class Cut:
-    """A forward position (index among forward ops) where only ``storage`` crosses."""
+    """A forward position (index among forward ops) where only ``storage`` crosses, besides
+    the long-lived tensors ``also`` (kept with it); ``nbytes`` counts ``storage`` alone."""
 
     position: int
     storage: int
     nbytes: int
+    also: tuple[int, ...] = ()
+
+    @property
+    def storages(self) -> tuple[int, ...]:
+        """Every storage a segment boundary here keeps."""
+        return (self.storage, *self.also)
 
 
 def find_cuts(graph: Graph) -> list[Cut]:
@@ -83,18 +98,26 @@ def find_cuts(graph: Graph) -> list[Cut]:
         if end > b:
             opens.setdefault(b, []).append(s)
             closes.setdefault(end, []).append(s)
+    long_lived = _long_lived(born, last, len(forward))
     live: set[int] = set()
     cuts: list[Cut] = []
     seen: set[int] = set()
     for i in range(len(forward)):
         live.update(opens.get(i, ()))
         live.difference_update(closes.get(i, ()))
-        if len(live) == 1:
-            (s,) = live
+        local = live - long_lived
+        if len(live) == 1 or len(local) == 1:
+            (s,) = live if len(live) == 1 else local
             if s not in seen:
                 seen.add(s)
-                cuts.append(Cut(i, s, graph.tensors[s].nbytes))
+                cuts.append(Cut(i, s, graph.tensors[s].nbytes, tuple(sorted(live - {s}))))
     return cuts
+
+
+def _long_lived(born: dict[int, int], last: dict[int, int], positions: int) -> set[int]:
+    """Storages read across more than ``LONG_LIVED`` of ``positions`` forward positions."""
+    least = max(LONG_LIVED_MIN, LONG_LIVED * positions)
+    return {s for s, b in born.items() if last.get(s, b) - b > least}
 
 
 def segment_plan(graph: Graph, keep: Iterable[int], budget: int | None = None) -> Plan:
@@ -105,7 +128,7 @@ def segment_plan(graph: Graph, keep: Iterable[int], budget: int | None = None) -
         plan.decisions[tid] = Decision.RECOMPUTE
         plan.reasons[tid] = "recomputed from the nearest kept tensors (checkpoint segment)"
     for tid in kept:
-        plan.reasons[tid] = "kept: a segment boundary (the only tensor crossing this point)"
+        plan.reasons[tid] = "kept: a segment boundary (a tensor crossing this point)"
     return plan
 
 
@@ -131,7 +154,8 @@ def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
     layouts = [(stride, offset) for stride in STRIDES if stride == 1 or stride < len(cuts)
                for offset in range(min(stride, MAX_OFFSETS))]
     for stride, offset in layouts:
-        plan = segment_plan(graph, [c.storage for c in cuts[offset::stride]], budget)
+        plan = segment_plan(graph, [s for c in cuts[offset::stride] for s in c.storages],
+                            budget)
         sched = lowerer(graph, plan)
         peak = memory_curve(graph, sched).peak
         lowest = min(lowest, peak)

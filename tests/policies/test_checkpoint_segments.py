@@ -149,3 +149,56 @@ def test_outcore_auto_reaches_full_checkpointing_memory_on_this_cpu(gpt):
     assert trace.peak <= budget and max(trace.host, default=0) == 0
     assert not out.plan.tensors_with(Decision.OFFLOAD)
     _run_equal(w, graph, out.schedule)
+
+
+class _MaskedBlocks(torch.nn.Module):
+    """Blocks that all read one tensor built once in forward (a mask, as Hugging Face
+    decoders build their causal mask once and hand it to every layer)."""
+
+    def __init__(self, width: int = 32, depth: int = 6) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                torch.nn.Linear(4 * width, width)) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (x > 0).to(x.dtype) * 0.5 + 0.5  # built once, read by every block
+        for block in self.blocks:
+            x = x + block(x) * mask
+        return x
+
+
+def _masked():
+    torch.manual_seed(0)
+    model = _MaskedBlocks()
+    x = torch.randn(512, 32)  # activations, not parameter gradients, make the peak
+    return zoo.Workload("masked-blocks", model, lambda out, y: (out - y).pow(2).mean(),
+                        (x, torch.randn(512, 32)), "blocks reading one mask")
+
+
+def test_a_tensor_every_block_reads_does_not_hide_the_cuts():
+    """The mask crosses every block boundary; the residual stream beside it is still a cut,
+    and the cut keeps both (as checkpointing keeps every input of a block)."""
+    w = _masked()
+    graph = capture(w.model, w.loss_fn, w.batch)
+    cuts = find_cuts(graph)
+    with_mask = [c for c in cuts if c.also]
+    assert len(with_mask) >= 5, "a cut at every boundary between blocks"
+    assert len({s for c in with_mask for s in c.also}) == 1, "the mask is kept beside each"
+    plan = segment_plan(graph, [s for c in cuts for s in c.storages])
+    schedule = lower(graph, plan)
+    verify(graph, schedule)
+    in_core = memory_curve(graph, lower(graph, Plan("in-core")))
+    trace = memory_curve(graph, schedule)
+    assert trace.peak - trace.static < 0.6 * (in_core.peak - in_core.static)
+    _run_equal(w, graph, schedule)
+
+
+def test_checkpoint_policy_reaches_below_half_the_activations_with_a_shared_mask():
+    w = _masked()
+    graph = capture(w.model, w.loss_fn, w.batch)
+    in_core = memory_curve(graph, lower(graph, Plan("in-core")))
+    budget = in_core.static + (in_core.peak - in_core.static) // 2
+    plan, schedule = plan_checkpoint(graph, budget, COST)
+    assert memory_curve(graph, schedule).peak <= budget
+    _run_equal(w, graph, schedule)

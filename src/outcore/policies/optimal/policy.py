@@ -13,6 +13,7 @@ from outcore.policies.optimal.planner import (
     plan_optimal,
 )
 from outcore.policies.optimal.problem import build_problem
+from outcore.policies.optimal.quiet import highs_quiet
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
 _CACHE_KEY = "_outcore_optimal_bounds"
@@ -28,7 +29,8 @@ def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
     key = (int(budget), repr(cost))
     if key not in cache:
         problem = build_problem(graph, cost, int(budget))
-        cache[key] = _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES, 20.0)
+        with highs_quiet():
+            cache[key] = _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES, 20.0)
     return cache[key]
 
 
@@ -52,5 +54,6 @@ def optimal_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
         return PolicyOutput(plan, lower(graph, plan), graph)
     # the bound is computed on demand (``lower_bound``, when outcore.plan reports it): the
     # portfolio that runs this policy ranks plans by their simulated step alone
-    result = plan_optimal(graph, ctx.budget, ctx.cost, bound=False)
+    with highs_quiet():  # HiGHS's stray C printf would reach the user's stdout
+        result = plan_optimal(graph, ctx.budget, ctx.cost, bound=False)
     return PolicyOutput(result.plan, result.schedule, graph)

@@ -32,6 +32,14 @@ could therefore at best tie (within ``TIE``, float rounding of the sums); the or
 that ran (a plan at the floor is optimal: the winner's step is the same as without the
 skip). The test is a comparison of simulated seconds, never a clock, so the plan is the
 same on every machine (data-parallel ranks compare plans).
+
+**Large graphs.** Beyond ``LARGE_GRAPH`` movable activations (SuperNeurons' 2,500-unit
+ResNet has 5,000) only ``LINEAR`` candidates run, planners whose work grows about linearly
+with the graph; the others are skipped and say so (PoocH, moDNN, Dymem, vDNN-dyn and
+outcore-checkpoint each take minutes there; outcore-optimal returns the greedy planner's
+plan beyond its own ``LARGE_CANDIDATES``, which the "outcore-auto" entry already is). When
+none of them fits, every candidate runs. The switch counts activations, so it is
+deterministic too.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
+from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, get
 from outcore.units import format_bytes
 
@@ -75,6 +84,10 @@ SHARED_MEMORY: tuple[str, ...] = ("outcore-auto", "outcore-checkpoint")
 TIE = 1e-9
 #: Run after the other candidates and skipped when a plan at the compute floor is known.
 LATE: tuple[str, ...] = ("pooch", "outcore-checkpoint", "outcore-optimal")
+
+#: Beyond this many movable activations only ``LINEAR`` candidates run (module doc).
+LARGE_GRAPH = 2000
+LINEAR: tuple[str, ...] = ("outcore-auto", "superneurons", "offload-all")
 
 Runner = Callable[[Graph, PolicyContext], PolicyOutput]
 
@@ -170,9 +183,14 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
     order = [n for n in candidates if n not in late] + [n for n in candidates if n in late]
     floor = (None if allow_variants or ctx.cost is None or not skip
              else compute_floor(graph, ctx.cost))
+    large = skip and len(movable_activations(graph)) > LARGE_GRAPH
     best = math.inf
     entries: dict[str, Entry] = {}
     for name in order:
+        if large and name not in LINEAR:
+            entries[name] = Entry(name, skipped=f"more than {LARGE_GRAPH} movable activations: "
+                                  "only the linear-time planners run")
+            continue
         if name in LATE and floor is not None and best <= floor * (1 + TIE):
             entries[name] = Entry(name, skipped=f"a plan at the compute floor, "
                                   f"{floor * 1e3:.3f} ms, was already found")
@@ -202,6 +220,9 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
         best = min(best, seconds)
         entries[name] = Entry(name, dataclasses.replace(out, predicted_peak=peak,
                                                         step_time=seconds), seconds)
+    if large and not any(e.fits for e in entries.values()):  # none fits: try every one
+        return run_portfolio(graph, ctx, candidates, runners, allow_variants=allow_variants,
+                             skip=False)
     return PortfolioResult(tuple(entries[n] for n in candidates))
 
 

@@ -34,16 +34,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import outcore  # noqa: E402
-from outcore import zoo  # noqa: E402
-from outcore.api import cost_model_for  # noqa: E402
-from outcore.capture import capture  # noqa: E402
-from outcore.graph.bounds import reference_peaks  # noqa: E402
-from outcore.graph.ir import Graph  # noqa: E402
-from outcore.policies.auto.policy import greedy_policy  # noqa: E402
-from outcore.policies.auto.portfolio import CANDIDATES, run_portfolio  # noqa: E402
-from outcore.policies.registry import PolicyContext, PolicyOutput, get  # noqa: E402
-from outcore.sim.synthetic import residual_chain  # noqa: E402
+import outcore
+from outcore import zoo
+from outcore.api import cost_model_for
+from outcore.capture import capture
+from outcore.graph.bounds import reference_peaks
+from outcore.graph.ir import Graph
+from outcore.policies.auto.policy import greedy_policy
+from outcore.policies.auto.portfolio import CANDIDATES, run_portfolio
+from outcore.policies.registry import PolicyContext, PolicyOutput, get
+from outcore.sim.synthetic import residual_chain
 
 GiB = 2**30
 

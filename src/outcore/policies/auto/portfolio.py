@@ -28,10 +28,11 @@ sum of the cost model's op times over the graph (``compute_floor``). That floor 
 for these three: they never change the graph (no sub-batches), and without
 ``allow_variants`` every op runs on framework kernels, once at least (the verifier's rule),
 on the one compute stream, so no schedule of theirs simulates faster. A skipped candidate
-could therefore at best tie (within ``TIE``, float rounding of the sums); the order of ``candidates`` still breaks ties among those
-that ran (a plan at the floor is optimal: the winner's step is the same as without the
-skip). The test is a comparison of simulated seconds, never a clock, so the plan is the
-same on every machine (data-parallel ranks compare plans).
+could therefore at best tie (within ``TIE``, float rounding of the sums); the order of
+``candidates`` still breaks ties among those that ran (a plan at the floor is optimal: the
+winner's step is the same as without the skip, though on a tie another candidate's plan
+may be the one returned). The test is a comparison of simulated seconds, never a clock,
+so the plan is the same on every machine (data-parallel ranks compare plans).
 
 **Large graphs.** Beyond ``LARGE_GRAPH`` movable activations (SuperNeurons' 2,500-unit
 ResNet has 5,000) only ``LINEAR`` candidates run, planners whose work grows about linearly

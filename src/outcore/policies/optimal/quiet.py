@@ -18,6 +18,7 @@ duplicated (no stdout, e.g. a daemon), the block runs unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -30,71 +31,70 @@ from typing import IO
 #: Lines that start with one of these are HiGHS's debugging prints and are dropped.
 HIGHS_PREFIXES: tuple[bytes, ...] = (b"HighsMipSolverData::", b"Highs")
 
-_lock = threading.Lock()
-_depth = 0
-_saved: int | None = None
-_sink: IO[bytes] | None = None
-
-
 def _flush_c() -> None:
     """Flush C's stdio buffers (HiGHS's printf output may sit there until exit)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no C library (not on Linux/macOS)
         ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):  # no C library to call (not expected on Linux/macOS)
-        pass
 
 
 def _flush_python() -> None:
     for stream in (sys.stdout, sys.__stdout__):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed or detached stream
             if stream is not None:
                 stream.flush()
-        except (OSError, ValueError):  # closed or detached stream
-            pass
 
 
-def _enter() -> None:
-    global _depth, _saved, _sink
-    with _lock:
-        _depth += 1
-        if _depth > 1:
-            return
-        try:
-            saved = os.dup(1)
-        except OSError:
-            return
-        _flush_python()
-        _flush_c()
-        sink = tempfile.TemporaryFile()
-        os.dup2(sink.fileno(), 1)
-        _saved, _sink = saved, sink
+class _Redirect:
+    """The one process-wide redirect of fd 1, shared by every thread inside a block."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved: int | None = None
+        self.sink: IO[bytes] | None = None
+
+    def enter(self) -> None:
+        with self.lock:
+            self.depth += 1
+            if self.depth > 1:
+                return
+            try:
+                saved = os.dup(1)
+            except OSError:
+                return
+            _flush_python()
+            _flush_c()
+            sink = tempfile.TemporaryFile()  # noqa: SIM115  (closed in leave)
+            os.dup2(sink.fileno(), 1)
+            self.saved, self.sink = saved, sink
+
+    def leave(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth > 0 or self.saved is None or self.sink is None:
+                return
+            _flush_python()
+            _flush_c()
+            os.dup2(self.saved, 1)
+            os.close(self.saved)
+            sink, self.saved, self.sink = self.sink, None, None
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True)
+                    if not line.lstrip().startswith(HIGHS_PREFIXES)]
+            sink.close()
+            data = b"".join(kept)
+            while data:
+                data = data[os.write(1, data):]
 
 
-def _leave() -> None:
-    global _depth, _saved, _sink
-    with _lock:
-        _depth -= 1
-        if _depth > 0 or _saved is None or _sink is None:
-            return
-        _flush_python()
-        _flush_c()
-        os.dup2(_saved, 1)
-        os.close(_saved)
-        sink, _saved, _sink = _sink, None, None
-        sink.seek(0)
-        kept = [line for line in sink.read().splitlines(keepends=True)
-                if not line.lstrip().startswith(HIGHS_PREFIXES)]
-        sink.close()
-        data = b"".join(kept)
-        while data:
-            data = data[os.write(1, data):]
+_REDIRECT = _Redirect()
 
 
 @contextmanager
 def highs_quiet() -> Iterator[None]:
     """Run the block with HiGHS's C-level prints dropped (see the module doc)."""
-    _enter()
+    _REDIRECT.enter()
     try:
         yield
     finally:
-        _leave()
+        _REDIRECT.leave()

@@ -40,8 +40,7 @@ from outcore.api import cost_model_for
 from outcore.capture import capture
 from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Graph
-from outcore.policies.auto.policy import greedy_policy
-from outcore.policies.auto.portfolio import CANDIDATES, run_portfolio
+from outcore.policies.auto import CANDIDATES, greedy_policy, run_portfolio
 from outcore.policies.registry import PolicyContext, PolicyOutput, get
 from outcore.sim.synthetic import residual_chain
 
@@ -113,11 +112,10 @@ def breakdown(graph: Graph, budget: int, cost: Any) -> str:
 
 
 def _fresh_bound(graph: Graph, budget: int, cost: Any) -> float | None:
-    """``outcore.policies.optimal.lower_bound`` without its per-graph cache (what
-    ``outcore.plan(..., bound=True)`` reports)."""
-    from outcore.policies.optimal.policy import _CACHE_KEY, lower_bound
+    """``outcore.policies.optimal.lower_bound``, what ``outcore.plan(..., bound=True)``
+    reports (first call for this graph and budget: nothing cached yet)."""
+    from outcore.policies.optimal import lower_bound
 
-    graph.meta.pop(_CACHE_KEY, None)
     return lower_bound(graph, budget, cost)
 
 

@@ -10,8 +10,15 @@ import pytest
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
 from outcore.policies import PolicyContext
-from outcore.policies.auto import CANDIDATES, greedy_policy, portfolio, run_portfolio
-from outcore.policies.auto.portfolio import LATE, LINEAR, compute_floor
+from outcore.policies.auto import (
+    CANDIDATES,
+    LATE,
+    LINEAR,
+    compute_floor,
+    greedy_policy,
+    portfolio,
+    run_portfolio,
+)
 from outcore.policies.registry import get
 from outcore.sim import simulate
 from outcore.sim.synthetic import residual_chain

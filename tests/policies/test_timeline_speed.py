@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from outcore.policies.common.timeline import _span_sum, earliest_fit
+from outcore.policies.common import earliest_fit, span_sum
 
 
 def _earliest_fit_by_definition(size: float, lo: int, need: int, memory: np.ndarray,
@@ -43,4 +43,4 @@ def test_span_sum_equals_slice_by_slice_addition() -> None:
         expected = np.zeros(n)
         for a, b, v in spans:
             expected[a:b] += v
-        assert np.array_equal(_span_sum(spans, n), expected)
+        assert np.array_equal(span_sum(spans, n), expected)

@@ -6,7 +6,7 @@ import ctypes
 import os
 import threading
 
-from outcore.policies.optimal.quiet import highs_quiet
+from outcore.policies.optimal import highs_quiet
 
 LINE = b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n"
 

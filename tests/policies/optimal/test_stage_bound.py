@@ -10,9 +10,7 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.policies.optimal.policy import lower_bound
-from outcore.policies.optimal.problem import build_problem
-from outcore.policies.optimal.stage_bound import stage_bound
+from outcore.policies.optimal import build_problem, lower_bound, stage_bound
 from outcore.sim.synthetic import residual_chain
 
 sys.path.insert(0, str(Path(__file__).parent))

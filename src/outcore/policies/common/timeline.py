@@ -356,7 +356,7 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
         else:
             spans.append((lo, ev.free_at[x], p.size[x]))
             swapped.append(x)
-    memory = p.base + _span_sum(spans, len(p.base))
+    memory = p.base + span_sum(spans, len(p.base))
     _release_when_short(p, ev, memory, budget, swapped)
     swapped.sort(key=lambda x: (need[x], p.prod[x]))
     floor = p.nf
@@ -370,7 +370,7 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
     return memory
 
 
-def _span_sum(spans: list[tuple[int, int, float]], n: int) -> np.ndarray:
+def span_sum(spans: list[tuple[int, int, float]], n: int) -> np.ndarray:
     """``out[i]`` = the bytes of every span ``[start, end)`` holding ``i`` (spans clipped to
     ``[0, n)`` as slices are; empty ones add nothing)."""
     diff = np.zeros(n + 1)

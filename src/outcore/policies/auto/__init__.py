@@ -5,18 +5,21 @@ Policies registered: ``outcore-auto`` (options: ``AutoConfig``) and ``outcore-ch
 (``segments``: recompute-only checkpoint segments, one of the portfolio's candidates).
 """
 
-from outcore.policies.auto import segments  # registers outcore-checkpoint
+from outcore.policies.auto import portfolio, segments  # segments registers outcore-checkpoint
 from outcore.policies.auto.config import AutoConfig
 from outcore.policies.auto.policy import Choice, greedy_policy, plan_auto
 from outcore.policies.auto.portfolio import (
     CANDIDATES,
+    LATE,
+    LINEAR,
     Entry,
     PortfolioResult,
+    compute_floor,
     crowned,
     run_portfolio,
 )
 from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
 
-__all__ = ["CANDIDATES", "AutoConfig", "Choice", "Entry", "PortfolioResult", "crowned",
-           "find_cuts", "greedy_policy", "plan_auto", "plan_checkpoint", "run_portfolio",
-           "segment_plan", "segments"]
+__all__ = ["CANDIDATES", "LATE", "LINEAR", "AutoConfig", "Choice", "Entry", "PortfolioResult",
+           "compute_floor", "crowned", "find_cuts", "greedy_policy", "plan_auto",
+           "plan_checkpoint", "portfolio", "run_portfolio", "segment_plan", "segments"]

@@ -20,17 +20,41 @@ and ``HOST_SPARING`` run first with a host budget of 0. With a host budget
 either, and ``HOST_SPARING`` (plans that move nothing to the host) joins the candidates.
 
 Adding a planner is one line in ``CANDIDATES`` (a registered policy name).
+
+**Skipping dominated candidates** (planning time, issue 15). The candidates of
+``LATE`` (the costly searches: outcore-optimal, outcore-checkpoint, PoocH) run after the
+others, and one is skipped when the best plan found so far is already at the ``floor``: the
+sum of the cost model's op times over the graph (``compute_floor``). That floor is honest
+for these three: they never change the graph (no sub-batches), and without
+``allow_variants`` every op runs on framework kernels, once at least (the verifier's rule),
+on the one compute stream, so no schedule of theirs simulates faster. A skipped candidate
+could therefore at best tie (within ``TIE``, float rounding of the sums); the order of
+``candidates`` still breaks ties among those that ran (a plan at the floor is optimal: the
+winner's step is the same as without the skip, though on a tie another candidate's plan
+may be the one returned). The test is a comparison of simulated seconds, never a clock,
+so the plan is the same on every machine (data-parallel ranks compare plans).
+
+**Large graphs.** Beyond ``LARGE_GRAPH`` movable activations (SuperNeurons' 2,500-unit
+ResNet has 5,000) only ``LINEAR`` candidates run, planners whose work grows about linearly
+with the graph; the others are skipped and say so (PoocH, moDNN, Dymem, vDNN-dyn and
+outcore-checkpoint each take minutes there; outcore-optimal returns the greedy planner's
+plan beyond its own ``LARGE_CANDIDATES``, which the "outcore-auto" entry already is). When
+none of them fits, every candidate runs. The switch counts activations, so it is
+deterministic too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
+from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, get
 from outcore.units import format_bytes
 
@@ -56,6 +80,16 @@ HOST_SPARING: tuple[str, ...] = ("recompute-cheap",)
 #: which free nothing there. Only when none fits does the whole portfolio run.
 SHARED_MEMORY: tuple[str, ...] = ("outcore-auto", "outcore-checkpoint")
 
+#: Relative slack of "at the floor": the simulator adds the same op times in schedule order,
+#: the floor in graph order, so the two may differ in the last bits (a tie within it).
+TIE = 1e-9
+#: Run after the other candidates and skipped when a plan at the compute floor is known.
+LATE: tuple[str, ...] = ("pooch", "outcore-checkpoint", "outcore-optimal")
+
+#: Beyond this many movable activations only ``LINEAR`` candidates run (module doc).
+LARGE_GRAPH = 2000
+LINEAR: tuple[str, ...] = ("outcore-auto", "superneurons", "offload-all")
+
 Runner = Callable[[Graph, PolicyContext], PolicyOutput]
 
 
@@ -69,12 +103,15 @@ class Entry:
     error: InfeasibleBudgetError | None = None
     peak: int | None = None  # a schedule above the budget: its predicted peak
     host_peak: int | None = None  # a schedule above the host budget: its host bytes
+    skipped: str | None = None  # not run: why it could not beat the best plan
 
     @property
     def fits(self) -> bool:
         return self.output is not None and self.seconds is not None
 
     def why_not(self) -> str:
+        if self.skipped is not None:
+            return f"skipped ({self.skipped})"
         if self.error is not None:
             return f"infeasible (needs {format_bytes(self.error.required)})"
         if self.host_peak is not None:
@@ -124,18 +161,41 @@ class PortfolioResult:
         return lines
 
 
+def compute_floor(graph: Graph, cost: Any) -> float:
+    """The sum of ``cost``'s op times over ``graph``'s ops: no schedule of this graph on
+    framework kernels simulates faster (each op runs at least once on the compute stream)."""
+    bound = cost.bind(graph) if hasattr(cost, "bind") else cost
+    return float(sum(bound.op_time(op) for op in graph.ops))
+
+
 def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
                   runners: Mapping[str, Runner] | None = None, *,
-                  allow_variants: bool = False) -> PortfolioResult:
+                  allow_variants: bool = False, skip: bool = True) -> PortfolioResult:
     """Run every candidate and simulate those that fit. A candidate is run by
     ``runners[name]`` when given (outcore-auto's greedy planner is given so), else by the
-    registered policy of that name."""
+    registered policy of that name. ``LATE`` candidates run last and are skipped once a
+    plan at the compute floor is known (module doc; ``skip=False`` runs every one, in order);
+    entries keep ``candidates``' order."""
     from outcore import progress
     from outcore.sim import simulate
 
     runners = runners or {}
-    entries = []
-    for name in candidates:
+    late = LATE if skip else ()
+    order = [n for n in candidates if n not in late] + [n for n in candidates if n in late]
+    floor = (None if allow_variants or ctx.cost is None or not skip
+             else compute_floor(graph, ctx.cost))
+    large = skip and len(movable_activations(graph)) > LARGE_GRAPH
+    best = math.inf
+    entries: dict[str, Entry] = {}
+    for name in order:
+        if large and name not in LINEAR:
+            entries[name] = Entry(name, skipped=f"more than {LARGE_GRAPH} movable activations: "
+                                  "only the linear-time planners run")
+            continue
+        if name in LATE and floor is not None and best <= floor * (1 + TIE):
+            entries[name] = Entry(name, skipped=f"a plan at the compute floor, "
+                                  f"{floor * 1e3:.3f} ms, was already found")
+            continue
         fresh = PolicyContext(budget=ctx.budget, cost=ctx.cost, recapture=ctx.recapture,
                               host_budget=ctx.host_budget,
                               split_changes_ok=ctx.split_changes_ok)
@@ -144,23 +204,27 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
             with progress.task(f"outcore-auto: trying {name}'s plan"):
                 out = runner(graph, fresh)
         except InfeasibleBudgetError as exc:
-            entries.append(Entry(name, error=exc))
+            entries[name] = Entry(name, error=exc)
             continue
         if out.schedule.variants and not allow_variants:
             out = _without_variants(out)
         trace = memory_curve(out.graph, out.schedule)
         peak = trace.peak
         if ctx.budget is not None and peak > ctx.budget:
-            entries.append(Entry(name, peak=peak))
+            entries[name] = Entry(name, peak=peak)
             continue
         host = max(trace.host, default=0)
         if ctx.host_budget is not None and host > ctx.host_budget:
-            entries.append(Entry(name, host_peak=host))
+            entries[name] = Entry(name, host_peak=host)
             continue
         seconds = simulate(out.graph, out.schedule, ctx.cost).step_time
-        entries.append(Entry(name, dataclasses.replace(out, predicted_peak=peak,
-                                                       step_time=seconds), seconds))
-    return PortfolioResult(tuple(entries))
+        best = min(best, seconds)
+        entries[name] = Entry(name, dataclasses.replace(out, predicted_peak=peak,
+                                                        step_time=seconds), seconds)
+    if large and not any(e.fits for e in entries.values()):  # none fits: try every one
+        return run_portfolio(graph, ctx, candidates, runners, allow_variants=allow_variants,
+                             skip=False)
+    return PortfolioResult(tuple(entries[n] for n in candidates))
 
 
 def _without_variants(out: PolicyOutput) -> PolicyOutput:

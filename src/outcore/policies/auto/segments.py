@@ -40,6 +40,7 @@ from outcore.graph.ir import STATIC_KINDS, Graph, Phase
 from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
+from outcore.plan.residency import residency_steps
 from outcore.plan.schedule import Schedule
 from outcore.policies.baseline import movable_activations
 from outcore.policies.config import PolicyConfig
@@ -172,6 +173,19 @@ def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
     return _keep_back(graph, plan, sched, budget, cost, lowerer)
 
 
+def fits(graph: Graph, schedule: Schedule, budget: int) -> bool:
+    """Whether ``schedule``'s peak (``memory_curve(...).peak``, the same replay) is within
+    ``budget``; the replay stops at the first instruction above it."""
+    steps = residency_steps(graph, schedule)
+    static = next(steps).device  # the state before the first instruction: no sample of it
+    empty = True
+    for step in steps:
+        if step.device > budget:
+            return False
+        empty = False
+    return not empty or static <= budget
+
+
 def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
                cost: CostModel | None, lowerer: Callable[[Graph, Plan], Schedule]
                ) -> tuple[Plan, Schedule]:
@@ -193,7 +207,7 @@ def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
         for tid in chunk:
             del plan.decisions[tid]
         trial = lowerer(graph, plan)
-        if memory_curve(graph, trial).peak <= budget:
+        if fits(graph, trial, budget):
             schedule = trial
             for tid in chunk:
                 plan.reasons[tid] = ("kept: recomputing it would cost "

@@ -19,6 +19,7 @@ from outcore.policies.common.timeline import (
     earliest_fit,
     evaluate,
     producer,
+    span_sum,
 )
 from outcore.policies.common.variant_spec import VariantSpec, variant_table
 from outcore.policies.common.variants import FRAMEWORK, Variants, candidates
@@ -27,5 +28,5 @@ __all__ = [
     "FRAMEWORK", "INPLACE_ACTIVATIONS", "KEEP", "RECOMPUTE", "SWAP", "Evaluation",
     "FeatureClass", "Profile", "SwapInRule", "VariantSpec", "Variants", "bound", "budget_of",
     "candidates", "cost_of", "earliest_fit", "evaluate", "fuses_into_activation", "producer",
-    "through_activations", "variant_table",
+    "span_sum", "through_activations", "variant_table",
 ]

@@ -106,6 +106,7 @@ class Profile:
         for x in self.features:
             base[self.last_fwd[x] + 1:self.last_bwd[x] + 1] -= self.size[x]
         self.base = base
+        self.base_list: list[float] = base.tolist()  # scalar reads in Python (same values)
         self.out_bytes = np.array([sum(graph.tensors[t].nbytes for t in graph.ops[o].outputs)
                                    for o in self.order], dtype=np.float64)
         self.produced_at: dict[int, list[int]] = {}
@@ -211,11 +212,17 @@ SwapInRule = Callable[[Profile, int, int, int, np.ndarray, float], int]
 def earliest_fit(profile: Profile, x: int, lo: int, need: int, memory: np.ndarray,
                  budget: float) -> int:
     """PoocH §4.3: the earliest position in [lo, need] from which the map fits in memory
-    until its use (``need`` when even that overflows)."""
+    until its use (``need`` when even that overflows): one past the last position of the
+    window where it would overflow (adding the map's size is monotone, so this is the
+    first position whose suffix maximum fits)."""
     window = memory[lo:need + 1]
-    tail = np.maximum.accumulate(window[::-1])[::-1] + profile.size[x]
-    fits = np.flatnonzero(tail <= budget)
-    return lo + int(fits[0]) if fits.size and fits[-1] == len(window) - 1 else need
+    if not len(window):
+        return need
+    over = np.flatnonzero(window + profile.size[x] > budget)
+    if not over.size:
+        return lo
+    last = int(over[-1])
+    return need if last == len(window) - 1 else lo + last + 1
 
 
 def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
@@ -262,12 +269,13 @@ def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evalua
     """Forward timeline; fills copy-out ends, release positions and memory stalls."""
     t, d2h, ext = 0.0, 0.0, 0.0
     pending: list[tuple[float, int]] = []  # (copy-out end, map): swapped, past last forward use
+    base, times, produced_at, leaves_at = p.base_list, p.times, p.produced_at, p.leaves_at
     for j in range(p.nf):
         while pending and pending[0][0] <= t:
             _, x = heapq.heappop(pending)
             ext -= p.size[x]
             ev.free_at[x] = j
-        need = p.base[j] + ext
+        need = base[j] + ext
         while need > budget and pending:
             end, x = heapq.heappop(pending)
             ev.forward_stall[x] = max(0.0, end - t)
@@ -279,13 +287,13 @@ def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evalua
             ev.feasible = False
             ev.peak = need
             return t, d2h
-        t += p.times[j]
-        for x in p.produced_at.get(j, ()):
+        t += times[j]
+        for x in produced_at.get(j, ()):
             if cls[x] == SWAP:
                 start = max(t, d2h)
                 d2h = start + p.out_time[x]
                 ev.copy_out_end[x] = d2h
-        for x in p.leaves_at.get(j, ()):
+        for x in leaves_at.get(j, ()):
             if cls[x] == KEEP:
                 ext += p.size[x]
             elif cls[x] == SWAP:
@@ -316,8 +324,12 @@ def _release_after_forward(p: Profile, cls: dict[int, FeatureClass], ev: Evaluat
 
 def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, budget: float,
                      swap_in_at: SwapInRule, strict: bool) -> np.ndarray:
-    """The memory profile with every map's residency; chooses copy-in positions."""
-    memory = p.base.copy()
+    """The memory profile with every map's residency; chooses copy-in positions.
+
+    Residency intervals are summed in one difference array: bytes are whole numbers far
+    below 2**53, so float64 sums are exact in any order (the profile equals slice-by-slice
+    addition)."""
+    spans: list[tuple[int, int, float]] = []  # [start, end) gets +bytes
     need = {x: p.first_bwd[x] for x in p.features}
     last = dict(p.last_bwd)
     for x in reversed(p.features):  # later maps first: their chains read earlier ones
@@ -327,23 +339,24 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
                     need[y] = min(need[y], need[x])
                     last[y] = max(last[y], need[x])
                 elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
-                    memory[p.last_use[y] + 1:need[x] + 1] += p.graph.tensors[y].nbytes
+                    spans.append((p.last_use[y] + 1, need[x] + 1, p.graph.tensors[y].nbytes))
     ev.need_at = need
     ev.last_at = last
     swapped = []
     for x in p.features:
         lo, hi = p.last_fwd[x] + 1, last[x] + 1
         if cls[x] == KEEP:
-            memory[lo:hi] += p.size[x]
+            spans.append((lo, hi, p.size[x]))
         elif cls[x] == RECOMPUTE:
-            memory[need[x]:hi] += p.size[x]
+            spans.append((need[x], hi, p.size[x]))
         elif ev.free_at[x] > need[x] or ev.free_at[x] >= hi:  # never left: kept in effect
-            memory[lo:hi] += p.size[x]
+            spans.append((lo, hi, p.size[x]))
             ev.free_at.pop(x)
             cls[x] = KEEP
         else:
-            memory[lo:ev.free_at[x]] += p.size[x]
+            spans.append((lo, ev.free_at[x], p.size[x]))
             swapped.append(x)
+    memory = p.base + span_sum(spans, len(p.base))
     _release_when_short(p, ev, memory, budget, swapped)
     swapped.sort(key=lambda x: (need[x], p.prod[x]))
     floor = p.nf
@@ -355,6 +368,18 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
         floor = at
         memory[at:last[x] + 1] += p.size[x]
     return memory
+
+
+def span_sum(spans: list[tuple[int, int, float]], n: int) -> np.ndarray:
+    """``out[i]`` = the bytes of every span ``[start, end)`` holding ``i`` (spans clipped to
+    ``[0, n)`` as slices are; empty ones add nothing)."""
+    diff = np.zeros(n + 1)
+    live = [(max(a, 0), min(b, n), v) for a, b, v in spans if min(b, n) > max(a, 0)]
+    if live:
+        starts, ends, sizes = (np.array(col) for col in zip(*live, strict=True))
+        np.add.at(diff, starts, sizes)
+        np.add.at(diff, ends, -sizes)
+    return np.cumsum(diff[:n])
 
 
 def _remake_peak(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation,
@@ -398,16 +423,21 @@ def _backward_time(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: 
         elif cls[x] == RECOMPUTE:
             remakes.setdefault(ev.need_at[x], []).append(x)
     arrive: dict[int, float] = {}
-    for j in range(p.nf, p.n):
-        t = max(t, ev.release_wait.get(j, 0.0))
-        for x in sorted(issued.get(j, ()), key=lambda x: (ev.need_at[x], p.prod[x])):
-            start = max(t, h2d, ev.copy_out_end[x])
-            h2d = start + p.in_time[x]
-            arrive[x] = h2d
-        for x in waits.get(j, ()):
-            ev.copy_in_stall[x] = max(0.0, arrive[x] - t)
-            t = max(t, arrive[x])
-        rerun = {op for x in remakes.get(j, ()) for op in p.chains[x].ops}
-        t += sum(p.times[p.pos[op]] for op in rerun)
-        t += p.times[j]
+    times, pos, release = p.times, p.pos, ev.release_wait
+    for j in range(p.nf, p.n):  # the same float operations in the same order, fewer lookups
+        if j in release:
+            t = max(t, release[j])
+        if j in issued:
+            for x in sorted(issued[j], key=lambda x: (ev.need_at[x], p.prod[x])):
+                start = max(t, h2d, ev.copy_out_end[x])
+                h2d = start + p.in_time[x]
+                arrive[x] = h2d
+        if j in waits:
+            for x in waits[j]:
+                ev.copy_in_stall[x] = max(0.0, arrive[x] - t)
+                t = max(t, arrive[x])
+        if j in remakes:
+            rerun = {op for x in remakes[j] for op in p.chains[x].ops}
+            t += sum(times[pos[op]] for op in rerun)
+        t += times[j]
     return t, h2d

@@ -1,0 +1,50 @@
+"""The stage bound (``optimal.stage_bound``): never above the best plan found by brute force,
+never below the in-core step, and above it where the budget forces traffic or recompute."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from outcore.api import cost_model_for
+from outcore.graph.bounds import reference_peaks
+from outcore.policies.optimal import build_problem, lower_bound, stage_bound
+from outcore.sim.synthetic import residual_chain
+
+sys.path.insert(0, str(Path(__file__).parent))
+from brute_force import best_time
+
+GRAPH = residual_chain(2, activation_bytes=1 << 30, conv_flops=2e10)
+COST = cost_model_for("v100-pcie")
+PEAK = reference_peaks(GRAPH).liveness
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.8])
+def test_stage_bound_is_below_the_brute_force_optimum_and_above_in_core(fraction):
+    problem = build_problem(GRAPH, COST, int(PEAK * fraction))
+    bound = stage_bound(problem)
+    best = best_time(GRAPH, COST, int(PEAK * fraction))
+    assert problem.in_core_time < bound <= best * (1 + 1e-9)
+
+
+def test_stage_bound_is_the_in_core_step_when_memory_fits():
+    problem = build_problem(GRAPH, COST, PEAK)
+    assert stage_bound(problem) == pytest.approx(problem.in_core_time, rel=1e-12)
+
+
+def test_lower_bound_takes_the_larger_of_the_lp_and_the_stage_bound():
+    budget = int(PEAK * 0.8)
+    GRAPH.meta.pop("_outcore_optimal_bounds", None)
+    found = lower_bound(GRAPH, budget, COST)
+    assert found is not None
+    assert found >= stage_bound(build_problem(GRAPH, COST, budget)) - 1e-15
+    assert found <= best_time(GRAPH, COST, budget) * (1 + 1e-9)
+
+
+def test_stage_bound_on_a_thousand_unit_chain_is_quick_and_valid():
+    graph = residual_chain(1000)
+    problem = build_problem(graph, COST, int(reference_peaks(graph).liveness * 0.5))
+    assert len(problem.candidates) > 1000
+    assert stage_bound(problem) >= problem.in_core_time * (1 - 1e-9)

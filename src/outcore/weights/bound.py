@@ -39,6 +39,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from outcore.graph.ir import Graph, OpCategory, TensorKind
 from outcore.plan.weights import gradients, parameters
@@ -82,7 +83,7 @@ class JointBound:
 StepCost = Callable[[float, float], float]
 
 
-def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: object | None
+def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: Any
                 ) -> list[ParamFacts]:
     """``ParamFacts`` of every parameter, in the graph's tensor order."""
     grads = gradients(graph)
@@ -95,7 +96,7 @@ def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: object | Non
         grad = graph.tensors[graph.tensors[gid].storage].nbytes if gid is not None else 0
         h2d = d2h = 0.0
         if cost is not None:
-            transfer = getattr(cost, "transfer_time")
+            transfer = cost.transfer_time
             h2d = transfer(t.nbytes, "h2d") if tid in used else 0.0
             d2h = transfer(grad, "d2h") if grad else 0.0
         out.append(ParamFacts(name, tid, t.nbytes, grad, int(state_bytes.get(name, 0)),
@@ -103,11 +104,11 @@ def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: object | Non
     return out
 
 
-def op_times(graph: Graph, cost: object) -> list[float]:
+def op_times(graph: Graph, cost: Any) -> list[float]:
     """Seconds of every op on ``cost`` (bound to the graph; 0 for views): the fastest of
     the framework kernel and the variants the op offers, so the sum bounds any schedule's
     compute whatever variants it picks."""
-    model = cost.bind(graph)  # type: ignore[attr-defined]
+    model = cost.bind(graph)
     out = []
     for op in graph.ops:
         if op.category is OpCategory.VIEW:
@@ -139,7 +140,7 @@ def min_cover(items: list[tuple[float, float]], need: float) -> float:
     return math.inf
 
 
-def joint_lower_bound(graph: Graph, budget: int, cost: object, state_bytes: Mapping[str, int],
+def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int],
                       *, step_cost: StepCost | None = None) -> JointBound | None:
     """Seconds no placement and activation plan within ``budget`` beats (module doc); None
     when no placement fits the memory term (holding everything frees too little).

@@ -45,7 +45,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         raise InvalidArgumentError(None, "a budget with optimizer=", "Planning the weights "
                                    "decides what the budget cannot hold; give budget=.")
     if policy not in POLICIES:
-        raise InvalidArgumentError(policy, f"policy outcore-auto or outcore-checkpoint with "
+        raise InvalidArgumentError(policy, "policy outcore-auto or outcore-checkpoint with "
                                    "optimizer=", "The weights are planned with those "
                                    "activation planners; drop policy= or optimizer=.")
     spec = spec_of(optimizer)

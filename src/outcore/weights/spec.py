@@ -47,7 +47,7 @@ class OptimizerSpec:
     def state_bytes(self, numel: int, itemsize: int) -> int:
         """Bytes of one parameter's state (``numel`` elements of ``itemsize`` bytes)."""
         if self.bytes_per_element is not None:
-            return int(round(self.bytes_per_element * numel)) + self.step_bytes
+            return round(self.bytes_per_element * numel) + self.step_bytes
         master = 4 * numel if self.master and itemsize < 4 else 0
         return 4 * self.moments * numel + master + self.step_bytes
 

@@ -164,3 +164,18 @@ def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping
     optimizer = step_cost(host, numel - host)
     return JointBound(max(compute, copies) + optimizer, compute, copies, optimizer,
                       max(0, need))
+
+
+def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: float,
+                    engines: int, step_cost: StepCost) -> float:
+    """Seconds no activation plan beats with exactly ``held`` in host memory: the module
+    doc's argument for one placement (compute, the held parameters' one prefetch and
+    their gradients' one offload on the copy engines, the optimizer at that split). The
+    chooser skips planning a placement whose bound is no better than the best step found
+    (branch and bound: the skipped ones cannot win)."""
+    h2d = sum(f.h2d for f in held)
+    d2h = sum(f.d2h for f in held)
+    copies = h2d + d2h if engines < 2 else max(h2d, d2h)
+    host = sum(f.numel for f in held)
+    return max(compute, copies) + step_cost(host, sum(f.numel for f in every) - host)
+

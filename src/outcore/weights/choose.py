@@ -15,6 +15,9 @@ The rule (``choose_weights``):
 * for each, the activations are planned by outcore-auto and outcore-checkpoint *through the
   same lowering*, so the activation planner sees the real peak, parameters' prefetches
   included, against ``budget - state of the device-held parameters``;
+* placements are planned in the order of their own lower bound
+  (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
+  best step found is not planned (it cannot win);
 * among those that fit, the smallest estimated step wins: the simulated schedule (copies
   overlapped with compute) plus the optimizer step (``step_seconds``, by default
   ``outcore.weights.spec.optimizer_seconds`` at ``host_adam_rate``/``device_adam_rate``);
@@ -42,7 +45,14 @@ from outcore.plan.schedule import Schedule
 from outcore.plan.weights import WeightPlacement, gradients, parameters
 from outcore.units import format_bytes
 from outcore.weights import search
-from outcore.weights.bound import JointBound, ParamFacts, joint_lower_bound, op_times, param_facts
+from outcore.weights.bound import (
+    JointBound,
+    ParamFacts,
+    joint_lower_bound,
+    op_times,
+    param_facts,
+    placement_bound,
+)
 from outcore.weights.spec import DEVICE_ADAM_RATE, HOST_ADAM_RATE, optimizer_seconds
 
 __all__ = ["DEVICE_ADAM_RATE", "HOST_ADAM_RATE", "MODES", "Candidate", "WeightChoice",
@@ -146,7 +156,6 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    simulate: Callable[[Graph, Schedule], float] | None = None,
                    host_adam_rate: float = HOST_ADAM_RATE,
                    device_adam_rate: float = DEVICE_ADAM_RATE, mode: str = "auto",
-                   fractions: tuple[float, ...] = search.FRACTIONS,
                    given: Iterable[str] | None = None) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
@@ -181,12 +190,9 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
         run.evaluate(search.Proposal(tuple(f.name for f in facts if f.holdable), "given",
                                      1.0))
     else:
-        orders = search.rankings(facts, exposed, step_cost)
-        for prop in search.proposals(facts, need, orders, fractions):
-            run.evaluate(prop)
-        if run.best is not None:
-            for prop in search.refine(run.best_proposal, facts, need, orders, fractions):
-                run.evaluate(prop)
+        run.compute = sum(times)
+        run.engines = int(getattr(cost, "copy_engines", 2))
+        _search(run, facts, need, search.rankings(facts, exposed, step_cost))
     if run.best is None:
         raise _refusal(budget, run.tried, mode)
     run.best.tried = run.tried
@@ -194,6 +200,38 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     run.best.facts = facts
     run.best.exposed = exposed
     return run.best
+
+
+def _search(run: _Runner, facts: list[ParamFacts], need: int,
+            orders: dict[str, list[str]]) -> None:
+    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking from
+    ``need`` up until one fits, then wider, then refined; every parameter held when none
+    fitted (the refusal's lowest figure)."""
+    freed = {f.name: f.freed for f in facts if f.holdable}
+    total = sum(freed.values())
+    fitting: dict[str, float] = {}
+    tried: dict[str, list[float]] = {r: [] for r in orders}
+    for ranking, order in orders.items():
+        target = float(max(0, need))
+        for _ in range(search.STEPS):
+            cand = run.evaluate(search.at(order, freed, target, ranking))
+            tried[ranking].append(target)
+            if cand.fits:
+                fitting[ranking] = target
+                break
+            if cand.required is None or target >= total:
+                break
+            target = min(float(total), target + max(cand.required - run.budget, 1))
+    for prop in run.by_bound(search.wider(fitting, total, freed, orders)):
+        run.evaluate(prop)
+        tried[prop.ranking].append(prop.target)
+    if run.best is None:
+        run.evaluate(search.Proposal(tuple(sorted(freed)), "all", float(total)))
+        return
+    best = run.best_proposal
+    if best.ranking in orders:
+        for prop in run.by_bound(search.refine(best, tried[best.ranking], freed, orders)):
+            run.evaluate(prop)
 
 
 class _Runner:
@@ -209,13 +247,26 @@ class _Runner:
         self.tried: list[Candidate] = []
         self.best: WeightChoice | None = None
         self.best_proposal = search.Proposal((), "", 0.0)
-        self._seen: set[frozenset[str]] = set()
+        self._seen: dict[frozenset[str], Candidate] = {}
+        self.compute: float | None = None  # set: prune by each placement's bound
+        self.engines = 2
 
-    def evaluate(self, prop: search.Proposal) -> None:
+    def bound(self, prop: search.Proposal) -> float:
+        """``placement_bound`` of ``prop`` (0 when not pruning)."""
+        if self.compute is None:
+            return 0.0
+        return placement_bound([self.facts[n] for n in prop.names], list(self.facts.values()),
+                               self.compute, self.engines, self.step_cost)
+
+    def by_bound(self, props: list[search.Proposal]) -> list[search.Proposal]:
+        """``props``, the lowest bound first (ties: as given), so the pruning bites."""
+        return sorted(props, key=self.bound)
+
+    def evaluate(self, prop: search.Proposal) -> Candidate:
+        """Plan ``prop`` (once per distinct placement) and return its Candidate."""
         key = frozenset(prop.names)
         if key in self._seen:
-            return
-        self._seen.add(key)
+            return self._seen[key]
         held = [self.facts[n] for n in prop.names]
         device = [f for n, f in self.facts.items() if n not in key]
         params, grads = parameters(self.graph), gradients(self.graph)
@@ -227,14 +278,21 @@ class _Runner:
         cand.optimizer_seconds = self.step_cost(sum(f.numel for f in held),
                                                 sum(f.numel for f in device))
         self.tried.append(cand)
+        self._seen[key] = cand
+        floor = self.bound(prop)
+        if self.best is not None and floor >= self.best.total_seconds:
+            cand.error = (f"not planned: no activation plan beats {floor * 1e3:.3f} ms with "
+                          f"this placement, the best step found is "
+                          f"{self.best.total_seconds * 1e3:.3f} ms")
+            return cand
         room = self.budget - device_state
         if room <= 0:
             cand.error = (f"the device-held optimizer state alone ({format_bytes(device_state)})"
                           " fills the budget")
-            return
+            return cand
         found = self._plan(cand, placement, room)
         if found is None:
-            return
+            return cand
         plan, schedule = found
         if self.best is None or cand.total_seconds < self.best.total_seconds:
             self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
@@ -242,6 +300,7 @@ class _Runner:
                                      cand.step_seconds, cand.optimizer_seconds,
                                      host_state=sum(f.state for f in held))
             self.best_proposal = prop
+        return cand
 
     def _plan(self, cand: Candidate, placement: WeightPlacement, room: int
               ) -> tuple[Plan, Schedule] | None:

@@ -13,11 +13,12 @@ the shortest one whose freed bytes (weight + gradient + optimizer state) reach a
   used late in forward and at once in backward (the head, the last block) is exposed and
   ranks late; one behind a large matmul ranks early.
 
-Targets: ``need`` (the bytes the memory term of ``outcore.weights.bound`` says any fitting
-placement frees; 0 when the weights fit) plus 0, 1/8, 1/4, 1/2 and all of the rest, so no
-candidate is infeasible by the end-of-step count alone. ``refine`` adds, around the best
-candidate, the midpoints to its neighbouring targets on its ranking. Deterministic: ties
-rank by tensor id.
+Targets, per ranking: first ``need`` (the bytes the memory term of
+``outcore.weights.bound`` says any fitting placement frees; 0 when the weights fit); when
+the activation planners cannot fit that placement, the target grows by what they lacked
+(their lowest peak less the budget), up to ``STEPS`` times. From the first fitting target
+``wider`` adds more held bytes (``MORE``), and ``refine`` the midpoints around the best.
+Deterministic: ties rank by tensor id.
 """
 
 from __future__ import annotations
@@ -29,17 +30,20 @@ from dataclasses import dataclass
 from outcore.graph.ir import Graph, OpCategory, Phase
 from outcore.weights.bound import ParamFacts
 
-FRACTIONS = (0.0, 0.125, 0.25, 0.5, 1.0)
+#: how much of the bytes left after the first fitting target ``wider`` adds
+MORE = (0.25, 1.0)
+#: fitting tries per ranking: each adds what the failed one lacked
+STEPS = 4
 HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A placement to plan: the held names, the ranking and the target that made it."""
+    """A placement to plan: the held names, the ranking and the byte target that made it."""
 
     names: tuple[str, ...]
     ranking: str
-    fraction: float
+    target: float
 
 
 def exposure(graph: Graph, facts: list[ParamFacts], times: list[float]) -> dict[str, float]:
@@ -107,32 +111,25 @@ def prefix(order: list[str], freed: dict[str, int], target: float) -> tuple[str,
     return tuple(order)
 
 
-def proposals(facts: list[ParamFacts], need: int, orders: dict[str, list[str]],
-              fractions: tuple[float, ...] = FRACTIONS) -> list[Proposal]:
-    """Every distinct placement of the grid (module doc), fewest held bytes first."""
-    freed = {f.name: f.freed for f in facts if f.holdable}
-    total = sum(freed.values())
-    base = max(0, need)
-    seen: dict[frozenset[str], Proposal] = {}
-    for ranking, order in orders.items():
-        for frac in fractions:
-            names = prefix(order, freed, base + frac * (total - base))
-            seen.setdefault(frozenset(names), Proposal(names, ranking, frac))
-    return sorted(seen.values(), key=lambda p: (sum(freed[n] for n in p.names), p.ranking))
+def at(order: list[str], freed: dict[str, int], target: float, ranking: str) -> Proposal:
+    """The proposal holding the shortest prefix of ``order`` that frees ``target`` bytes."""
+    return Proposal(prefix(order, freed, target), ranking, target)
 
 
-def refine(best: Proposal, facts: list[ParamFacts], need: int, orders: dict[str, list[str]],
-           fractions: tuple[float, ...] = FRACTIONS) -> list[Proposal]:
-    """Midpoints between ``best``'s target and its neighbours, on its ranking."""
-    freed = {f.name: f.freed for f in facts if f.holdable}
-    total = sum(freed.values())
-    base = max(0, need)
-    k = fractions.index(best.fraction) if best.fraction in fractions else -1
-    mids = []
-    if k > 0:
-        mids.append((fractions[k - 1] + best.fraction) / 2)
-    if 0 <= k < len(fractions) - 1:
-        mids.append((fractions[k + 1] + best.fraction) / 2)
-    order = orders[best.ranking]
-    return [Proposal(prefix(order, freed, base + m * (total - base)), best.ranking, m)
-            for m in mids]
+def wider(fitting: dict[str, float], total: int, freed: dict[str, int],
+          orders: dict[str, list[str]]) -> list[Proposal]:
+    """From each ranking's first fitting target ``t``: ``t`` plus ``MORE`` of the rest of
+    the bytes (more held, more room for the activations, a slower optimizer step)."""
+    return [at(orders[r], freed, t + f * (total - t), r) for r, t in fitting.items()
+            for f in MORE]
+
+
+def refine(best: Proposal, targets: list[float], freed: dict[str, int],
+           orders: dict[str, list[str]]) -> list[Proposal]:
+    """Midpoints between ``best``'s target and its neighbours among ``targets`` (those
+    tried on its ranking)."""
+    ts = sorted(set(targets) | {best.target})
+    k = ts.index(best.target)
+    mids = [(ts[k - 1] + best.target) / 2] if k > 0 else []
+    mids += [(ts[k + 1] + best.target) / 2] if k + 1 < len(ts) else []
+    return [at(orders[best.ranking], freed, m, best.ranking) for m in mids]

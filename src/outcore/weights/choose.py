@@ -8,10 +8,10 @@ parameter lives in host memory, where its optimizer step runs.
 
 The rule (``choose_weights``):
 
-* the placements tried are prefixes of two rankings at a few byte targets
-  (``outcore.weights.search``: largest first, and most bytes per second of exposed copy
-  and host optimizer time first), starting at the bytes the end-of-step count says any
-  fitting placement must free, then refined around the best;
+* the placements tried are prefixes of two rankings (``outcore.weights.search``: largest
+  first, and most bytes per second of exposed copy and host optimizer time first), at
+  byte targets that start where the end-of-step count says any fitting placement must be
+  and grow by what the activation planners lacked, then wider and refined around the best;
 * for each, the activations are planned by outcore-auto and outcore-checkpoint *through the
   same lowering*, so the activation planner sees the real peak, parameters' prefetches
   included, against ``budget - state of the device-held parameters``;
@@ -19,12 +19,14 @@ The rule (``choose_weights``):
   (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
   best step found is not planned (it cannot win);
 * among those that fit, the smallest estimated step wins: the simulated schedule (copies
-  overlapped with compute) plus the optimizer step (``step_seconds``, by default
+  overlapped with compute) plus the optimizer step (by default
   ``outcore.weights.spec.optimizer_seconds`` at ``host_adam_rate``/``device_adam_rate``);
 * ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
   ``WeightChoice.gap`` is the chosen step's distance to it.
 
-``mode="device"`` tries the empty placement only, ``mode="host"`` every parameter held.
+``mode="device"`` tries the empty placement only, ``mode="host"`` every parameter held
+(a parameter another one views, tied weights, always stays on the device: the lowering
+cannot hold it yet).
 A gradient is sent to host memory exactly when its parameter is held; the optimizer state
 lives with its parameter. ``WeightChoice.tried`` records every candidate for the report.
 """

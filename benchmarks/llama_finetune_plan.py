@@ -5,7 +5,7 @@ For each model (the zoo's ``llama-1b``, Llama 3.2 1B's shape with its tied embed
 is allocated), ``outcore.plan(graph, budget, optimizer="adamw", gpu=...)`` plans the
 parameters, gradients and AdamW state (bf16 weights, fp32 moments and masters: 16 bytes per
 parameter) with the activations against one device budget, on 24 GB, 40 GB and 80 GB. The
-24 GB row is the a100-40gb profile given a 24 GB budget (outcore has no 24 GB profile; the
+24 GiB row is the a100-40gb profile given a 24 GiB budget (outcore has no 24 GB profile; the
 compute and link rates are an A100's). Printed per row: whether it fits, how many
 parameters are held in host memory, the simulated forward+backward, the optimizer step
 (``outcore.weights.spec.optimizer_seconds``: host AdamW at ``--host-adam-rate``, not
@@ -27,7 +27,7 @@ from outcore.errors import InfeasibleBudgetError
 from outcore.units import format_bytes, parse_bytes
 from outcore.weights.spec import HOST_ADAM_RATE
 
-TARGETS = ("24GB:a100-40gb", "40GB:a100-40gb", "80GB:a100-80gb")
+TARGETS = ("24GiB:a100-40gb", "40GiB:a100-40gb", "80GiB:a100-80gb")
 
 
 def main() -> None:

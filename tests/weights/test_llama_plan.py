@@ -83,3 +83,13 @@ def test_cli_refuses_a_budget_no_placement_reaches(capsys):
                  "--budget", "20KB", "--gpu", "a100-40gb", "--optimizer", "adamw"])
     err = capsys.readouterr().err
     assert code == EXIT_INFEASIBLE and "Ways out" in err
+
+
+@pytest.mark.parametrize(("name", "count"), [("llama-1b", 1_235_814_400),
+                                             ("llama-7b", 6_738_415_616)])
+def test_zoo_llamas_have_the_published_parameter_counts(name, count):
+    """Llama 3.2 1B (tied embedding) and Llama 2 7B, built with fake tensors."""
+    w = zoo.get(name, 1, fake=True)
+    assert sum(p.numel() for p in w.model.parameters()) == count
+    assert all(p.dtype.is_floating_point and p.element_size() == 2
+               for p in w.model.parameters())

@@ -158,6 +158,7 @@ def test_plan_with_an_optimizer_reports_the_weights(gpt_graph):
     assert [r["parameter"] for r in rows.parameters] == w.held
     assert any(n.startswith("weights:") for n in rows.notes)
     assert any("lower bound" in line for line in w.lines)
+    assert sum(line.startswith("chosen: ") for line in w.lines) == 1
 
 
 def test_plan_with_the_torch_optimizer_sizes_its_own_state(gpt_graph):

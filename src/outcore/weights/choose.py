@@ -111,6 +111,7 @@ class WeightChoice:
     host_state: int = 0
     facts: list[ParamFacts] = field(default_factory=list)
     exposed: dict[str, float] = field(default_factory=dict)
+    chosen: Candidate | None = None
 
     @property
     def total_seconds(self) -> float:
@@ -126,7 +127,8 @@ class WeightChoice:
 
     def explain(self, graph: Graph) -> list[str]:
         """One line per candidate and one per held parameter: what moved and why."""
-        lines = [f"{c.ranking or 'given'} ranking, held {c.params} parameters "
+        lines = [("chosen: " if c is self.chosen else "")
+                 + f"{c.ranking or 'given'} ranking, held {c.params} parameters "
                  f"({format_bytes(c.held_bytes)}): "
                  + (f"{c.policy}, peak {format_bytes(c.peak)} + state "
                     f"{format_bytes(c.device_state)}, step {c.step_seconds * 1e3:.3f} ms + "
@@ -291,6 +293,7 @@ class _Runner:
         if room <= 0:
             cand.error = (f"the device-held optimizer state alone ({format_bytes(device_state)})"
                           " fills the budget")
+            cand.required = sum(f.freed for f in device)  # at the end of the step
             return cand
         found = self._plan(cand, placement, room)
         if found is None:
@@ -300,7 +303,7 @@ class _Runner:
             self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
                                      sum(f.weight + f.state for f in held),
                                      cand.step_seconds, cand.optimizer_seconds,
-                                     host_state=sum(f.state for f in held))
+                                     host_state=sum(f.state for f in held), chosen=cand)
             self.best_proposal = prop
         return cand
 
@@ -346,10 +349,11 @@ def _refusal(budget: int, tried: list[Candidate], mode: str) -> InfeasibleBudget
     what = ("with every parameter, gradient and optimizer state in host memory"
             if every is not None and every.params and mode != "device" else
             "with the weights on the device")
-    hint = (f"No placement fits: {what} the step still needs {format_bytes(lowest)} "
-            "(activations and one layer's parameters in flight). Ways out: a budget of at "
-            f"least {format_bytes(lowest)} (a GPU with more memory), a smaller batch or "
-            "sequence, or a smaller model or precision.")
+    hint = (f"No placement fits: {what} the lowest the planners reach is "
+            f"{format_bytes(lowest)} (activations, the parameters in flight and the "
+            "device-held state). Ways out: a budget of at least "
+            f"{format_bytes(lowest)} (a GPU with more memory), a smaller batch or sequence, "
+            "or a smaller model or precision.")
     if mode == "device":
         hint += " weights='auto' would hold parameters in host memory."
     exc = InfeasibleBudgetError("outcore-auto (weights)", budget, lowest, hint)

@@ -141,6 +141,19 @@ def _planning_arguments(p: argparse.ArgumentParser) -> None:
                         "PATH` instead of the GPU profile")
 
 
+def _weights_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimizer", default=None, choices=("adamw", "adam", "sgd"),
+                   help="plan the parameters, gradients and this optimizer's state with the "
+                        "activations (fp32 moments and masters; the budget then holds them "
+                        "all): which live in host memory, host and pinned bytes, the step "
+                        "with the optimizer step")
+    p.add_argument("--weights", default=None, choices=("auto", "device", "host"),
+                   help="with --optimizer: where the parameters live (default auto: in host "
+                        "memory when that makes the step fastest or the budget needs it)")
+    p.add_argument("--host-adam-rate", type=float, default=None, metavar="PARAMS_PER_S",
+                   help="with --optimizer: this CPU's optimizer parameters per second")
+
+
 def _global_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print JSON instead of tables (accepted anywhere)")
@@ -177,6 +190,7 @@ def _add_planning_commands(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a model under a budget: decisions, peak, time")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _weights_arguments(p)
     _gpus_arguments(p)
 
     p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot, trace, HTML")
@@ -201,6 +215,7 @@ def _add_planning_commands(sub: Any) -> None:
     p = sub.add_parser("explain", help="per tensor: what was decided and why")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _weights_arguments(p)
     p.add_argument("--limit", type=int, default=40, help="rows to show (0 = all)")
 
 

@@ -41,7 +41,39 @@ def summary(planned: Any, label: str) -> dict[str, Any]:
         "instructions": len(planned.schedule),
         "simulation": sim.to_dict() if sim is not None else None,
         "lower_bound": planned.lower_bound, "gap": planned.gap,
+        **weights_summary(planned),
     }
+
+
+def weights_summary(planned: Any) -> dict[str, Any]:
+    """The weights part of a plan's JSON (planned with --optimizer), else nothing."""
+    report = getattr(planned, "weights", None)
+    if report is None:
+        return {}
+    from outcore.weights.report import tokens_per_step
+
+    tokens = tokens_per_step(planned.graph)
+    return {"weights": report.to_dict(), "tokens_per_step": tokens,
+            "tokens_per_second": tokens / report.total_seconds
+            if tokens and report.total_seconds > 0 else None}
+
+
+def _weights_rows(table: Any, planned: Any) -> None:
+    """``outcore plan``'s rows for the weights (planned with --optimizer)."""
+    w = planned.weights
+    if w is None:
+        return
+    found = weights_summary(planned)
+    table.add_row("parameters held in host memory",
+                  f"{len(w.held)} of {w.parameters} ({format_bytes(w.held_weights)})")
+    table.add_row(f"{w.optimizer} state on the device", format_bytes(w.device_state))
+    table.add_row("host memory needed", format_bytes(w.host_bytes))
+    table.add_row("pinned host memory", f"{format_bytes(w.pinned)} "
+                  f"({w.pinned_ratio:.3f}x the host copies)")
+    table.add_row("optimizer step", f"{w.optimizer_seconds * 1e3:.2f} ms")
+    table.add_row("step with optimizer", f"{w.total_seconds * 1e3:.2f} ms")
+    if found.get("tokens_per_second"):
+        table.add_row("tokens per second", f"{found['tokens_per_second']:.0f}")
 
 
 def _print_notes(console: Any, notes: list[str]) -> None:
@@ -76,8 +108,10 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
             sim = planned.simulation
             table.add_row(f"simulated step ({sim.cost_model})", f"{sim.step_time * 1e3:.2f} ms")
             table.add_row("exposed transfer", f"{sim.exposed_transfer_time * 1e3:.2f} ms")
+        _weights_rows(table, planned)
         if planned.gap is not None:
-            table.add_row("lower bound (any plan)", f"{planned.lower_bound * 1e3:.2f} ms")
+            table.add_row("lower bound (any placement and plan)" if planned.weights else
+                          "lower bound (any plan)", f"{planned.lower_bound * 1e3:.2f} ms")
             table.add_row("gap to the bound", f"{planned.gap * 100:.1f}%")
         console.print(table)
         _print_notes(console, planned.notes)
@@ -185,12 +219,37 @@ def cmd_explain(args: argparse.Namespace) -> dict[str, Any]:
         console.print(escape(binding_line(rows)))
         if shared:
             console.print(f"every row above also: {escape(shared.strip('; '))}")
+        _print_weights(console, planned)
         _print_notes(console, rows.notes)
 
     emit(args, render)
     return {"model": label, "policy": planned.plan.policy, "notes": rows.notes,
             "tensors": list(rows), "lower_bound": planned.lower_bound, "gap": planned.gap,
-            "binds": rows.binds, "binding": [dataclasses.asdict(b) for b in rows.binding]}
+            "binds": rows.binds, "binding": [dataclasses.asdict(b) for b in rows.binding],
+            **weights_summary(planned),
+            "parameters": list(planned.weights.rows) if planned.weights else []}
+
+
+def _print_weights(console: Any, planned: Any) -> None:
+    """``outcore explain``'s table of the parameters held in host memory, and the
+    candidates the chooser planned (planned with --optimizer)."""
+    w = planned.weights
+    if w is None:
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    console.print(escape(w.summary()))
+    if w.rows:
+        table = Table(title=f"parameters held in host memory ({len(w.rows)})")
+        for col in ("parameter", "size", "why"):
+            table.add_column(col, overflow="fold")
+        for r in w.rows:
+            table.add_row(escape(r["parameter"]), r["size"], escape(r["why"]))
+        console.print(table)
+    for line in w.lines:
+        if "held in host memory (prefetched" not in line:
+            console.print(f"  {escape(line)}")
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:

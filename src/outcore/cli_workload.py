@@ -159,10 +159,13 @@ def plan_policy(args: argparse.Namespace, graph: Any, policy: str, *,
     from outcore.api import plan
 
     fake = not getattr(args, "real", False)
+    weights = {k: getattr(args, k) for k in ("optimizer", "weights", "host_adam_rate")
+               if getattr(args, k, None) is not None}
     return plan(graph, budget(args), policy=policy, gpu=args.gpu, cost=cost_model(args),
                 recapture=recapture_for(args, fake=fake),
                 allow_sub_batches=allow_sub_batches(args),
-                cache=False if args.no_cache else None, bound=bound, **options(args))
+                cache=False if args.no_cache else None, bound=bound, **weights,
+                **options(args))
 
 
 def planned(args: argparse.Namespace) -> tuple[Any, str]:

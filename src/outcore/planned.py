@@ -63,7 +63,12 @@ class PlannedStep:
         lower_bound: seconds no plan of keep/offload/recompute decisions (framework kernels,
             one sub-batch) beats on this cost model and budget (``outcore-optimal``'s
             relaxation), when asked for (``plan(..., bound=True)``); ``gap`` is the
-            simulated step's distance to it.
+            simulated step's distance to it. Planned with an optimizer: the joint bound
+            on the step plus the optimizer step (``outcore.weights.bound``).
+        weights: planned with an optimizer, a ``outcore.weights.report.WeightReport``:
+            the parameters held in host memory, host and pinned bytes, the step time with
+            the optimizer step, and why; None otherwise. ``host_peak`` then counts the
+            host-held optimizer state too.
         host_peak: host bytes the step's host copies hold at their peak (the sum of its
             offloaded storages: nothing leaves the host before the step ends), known before
             the step runs; the simulator's ``host_peak_bytes`` is the same number.
@@ -83,10 +88,14 @@ class PlannedStep:
     host_sizes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     lower_bound: float | None = None
+    weights: Any = None
 
     @property
     def gap(self) -> float | None:
-        """``step_time / lower_bound - 1`` when both are known."""
+        """``step_time / lower_bound - 1`` when both are known (planned with an optimizer:
+        the step with the optimizer step over the joint bound, ``weights.gap``)."""
+        if self.weights is not None:
+            return self.weights.gap
         if self.lower_bound is None or self.simulation is None or self.lower_bound <= 0:
             return None
         return float(self.simulation.step_time / self.lower_bound - 1.0)
@@ -112,7 +121,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
          recapture: Callable[[int], Graph] | None = None, simulate: bool = True,
          allow_sub_batches: bool | None = None, cache: bool | None = None,
          host_budget: int | str | None = MACHINE, bound: bool = False,
-         **options: Any) -> PlannedStep:
+         optimizer: Any = None, weights: str | None = None,
+         host_adam_rate: float | None = None, **options: Any) -> PlannedStep:
     """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
 
     Args:
@@ -135,6 +145,13 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
             no limit; default: what this machine or its cgroup allows
             (``outcore.host.host_limit``) when the graph can run here, no limit for a fake
             graph. outcore-auto prefers plans that fit it.
+        optimizer: plan the parameters, gradients and optimizer state with the
+            activations against ``budget`` (which then holds them all): "adamw", "adam",
+            "sgd", an ``outcore.weights.spec.OptimizerSpec`` or a built torch optimizer.
+            The result's ``weights`` says which are held in host memory, the host and
+            pinned bytes and the step with the optimizer step (``outcore.weights.planned``).
+        weights: with ``optimizer``: "auto" (default), "device" or "host".
+        host_adam_rate: with ``optimizer``: this CPU's optimizer parameters per second.
         options: policy-specific options (see each policy's docstring).
 
     Raises:
@@ -153,6 +170,9 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     gpu = check_gpu(gpu)
     split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
     model = cost if cost is not None else cost_model_for(gpu, graph)
+    if optimizer is not None or weights is not None:
+        return _plan_with_weights(graph, limit, name, model, optimizer, weights, simulate,
+                                  host_budget, host_adam_rate)
     if limit is not None:
         layer_bound = reference_peaks(graph).layer_lower_bound
         if limit < layer_bound and not split_ok:
@@ -192,6 +212,29 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     log_info(f"planned {graph.name} with {result.plan.policy}"
              f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
              f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
+    return result
+
+
+def _plan_with_weights(graph: Graph, limit: int | None, name: str, model: Any,
+                       optimizer: Any, weights: str | None, simulate: bool,
+                       host_budget: int | str | None, host_adam_rate: float | None
+                       ) -> PlannedStep:
+    """``plan`` with ``optimizer=``: ``outcore.weights.planned.plan_weights``."""
+    from outcore import progress
+    from outcore.errors import InvalidArgumentError
+    from outcore.log import info as log_info
+    from outcore.weights.planned import plan_weights
+
+    if optimizer is None:
+        raise InvalidArgumentError(weights, "weights= together with optimizer=", "The "
+                                   "placement is planned with the optimizer's state.")
+    host_limit, host_source = _host_budget(graph, host_budget)
+    with progress.task(f"planning {graph.name}'s weights and activations with {name}"):
+        result = plan_weights(graph, limit, name, model, optimizer, weights,
+                              simulate=simulate, host_adam_rate=host_adam_rate,
+                              host_limit=host_limit, host_source=host_source)
+    log_info(f"planned {graph.name} with {result.plan.policy} and its weights: "
+             f"{result.weights.summary()}")
     return result
 
 

@@ -459,7 +459,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             policy: str = "auto", autocast: torch.dtype | None = None,
             cache_size: int = DEFAULT_CACHE_SIZE, allow_sub_batches: bool | None = None,
             cache: bool | None = None, host_budget: int | str | None = MACHINE,
-            distributed: Any = False, **options: Any) -> Any:
+            distributed: Any = False, optimizer: Any = None, **options: Any) -> Any:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Every argument is checked before the capture (``InvalidArgumentError`` subclasses).
@@ -490,6 +490,12 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             as ``(x, y)``; gradients are averaged over the ranks. Extra options:
             ``bucket_cap`` (bytes), ``timeout`` (a timedelta), ``host`` (a multi-GPU host
             profile).
+        optimizer: the user's ``torch.optim`` optimizer (built on ``model.parameters()``):
+            the budget then holds the parameters, gradients and optimizer state too, and
+            the plan decides which parameters live in host memory with the activations
+            (``outcore.weights.compile``; a ``WeightTrainer``: ``step`` accumulates
+            ``.grad``, the user still calls ``optimizer.step()``). Runs on
+            "cpu-emulated" and "cpu"; policy "auto" or "outcore-checkpoint".
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` or ``trainer.step(batch)`` trains one step (a
@@ -512,6 +518,9 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
                                      **options)
+    if optimizer is not None:
+        return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
+                                policy, distributed, options)
     if autocast is None:
         autocast_now = autocast_state(None, example_batch, model)
         autocast = autocast_now[1] if autocast_now is not None else None
@@ -525,3 +534,22 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     except BaseException:
         _close(trainer_device)
         raise
+
+
+def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, optimizer: Any,
+                     limit: int | None, device: str, gpu: str | None, policy: str,
+                     distributed: Any, options: dict[str, Any]) -> Any:
+    """``compile(..., optimizer=...)``: ``outcore.weights.compile`` (checked first)."""
+    from outcore.weights import compile as compile_weights
+
+    if limit is None:
+        raise InvalidArgumentError(None, "a budget with optimizer=", "The plan decides what "
+                                   "the budget cannot hold of the weights; give budget=.")
+    if distributed not in (False, None) or options or policy not in (
+            "auto", "outcore-auto", "outcore-checkpoint"):
+        raise InvalidArgumentError(policy, "policy='auto' without other options or "
+                                   "distributed= when an optimizer is given", "The weights "
+                                   "are planned with outcore-auto for one process for now.")
+    return compile_weights(model, loss_fn, example_batch, optimizer=optimizer, budget=limit,
+                           device=device, gpu=gpu)
+

@@ -9,12 +9,13 @@ from outcore import zoo
 #: Families whose original network uses BatchNorm (and so must have it, in training mode).
 WITH_BATCHNORM = ("resnet", "resnext", "densenet", "inception")
 #: Families whose original network predates BatchNorm.
-WITHOUT_BATCHNORM = ("mlp", "vgg", "alexnet", "overfeat", "googlenet", "fcn", "transformer")
+WITHOUT_BATCHNORM = ("mlp", "vgg", "alexnet", "overfeat", "googlenet", "fcn", "transformer",
+                     "llama")
 
 
 def expected_output_shape(w: zoo.Workload, batch_size: int) -> tuple[int, ...]:
     opts = w.options
-    if w.name == "transformer":
+    if w.name == "transformer" or w.name.startswith("llama"):
         return (batch_size, opts["seq_len"], opts["vocab"])
     if w.name == "fcn":
         size = opts["image_size"]

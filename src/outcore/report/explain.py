@@ -22,9 +22,12 @@ RICH_STYLES = {"keep": "green", "offload": "blue", "recompute": "dark_orange"}
 class Explanation(list[dict[str, Any]]):
     """The rows of ``explain()`` plus ``notes`` (strings), ``sub_batches`` and ``binding``:
     the instructions whose device bytes are within ``outcore.report.binding.EPSILON`` of the
-    budget (of the peak without one), as ``BindingInstruction`` objects."""
+    budget (of the peak without one), as ``BindingInstruction`` objects; ``parameters``:
+    planned with an optimizer, one row per parameter held in host memory and why
+    (``outcore.weights.report``; empty otherwise)."""
 
     notes: list[str]
+    parameters: list[dict[str, Any]]
     sub_batches: int
     binding: list[Any]
     binds: bool  # False: no instruction is within epsilon of the budget; ``binding`` is the peak
@@ -69,6 +72,8 @@ def explain_rows(planned: Any) -> Explanation:
     rows.sort(key=lambda r: (_rank(r["decision"]), -r["bytes"]))
     result = Explanation(rows)
     result.notes = list(getattr(planned, "notes", []))
+    weights = getattr(planned, "weights", None)
+    result.parameters = list(weights.rows) if weights is not None else []
     result.sub_batches = plan.sub_batches
     result.binding = bound.instructions
     result.binds = bound.binds

@@ -6,48 +6,62 @@ held parameters while they are prefetched) and, across steps, the optimizer stat
 device-held parameters (``state_bytes``: AdamW's two moments, ...). The state of a held
 parameter lives in host memory, where its optimizer step runs.
 
-The rule (``choose_weights``), a portfolio over one family of placements:
+The rule (``choose_weights``):
 
-* parameters are ranked by the device bytes holding them frees (weight + optimizer state),
-  largest first; candidate placements hold a prefix of that ranking on the host, the
-  prefixes whose bytes reach 0, 1/8, 1/4, 1/2, 3/4 and all of the total;
-* for each candidate, the activations are planned by outcore-auto (and outcore-checkpoint)
-  *through the same lowering*, so the activation planner sees the real peak, parameters'
-  prefetches included, against ``budget - state of the device-held parameters``;
-* among the candidates that fit, the one with the smallest estimated step time wins: the
-  simulated schedule (copies overlapped with compute) plus the optimizer step, host-held
-  parameters at ``host_adam_rate`` and device-held ones at ``device_adam_rate`` (parameters
-  per second).
+* the placements tried are prefixes of two rankings (``outcore.weights.search``: largest
+  first, and most bytes per second of exposed copy and host optimizer time first), at
+  byte targets that start where the end-of-step count says any fitting placement must be
+  and grow by what the activation planners lacked, then wider and refined around the best;
+* for each, the activations are planned by outcore-auto and outcore-checkpoint *through the
+  same lowering*, so the activation planner sees the real peak, parameters' prefetches
+  included, against ``budget - state of the device-held parameters``;
+* placements are planned in the order of their own lower bound
+  (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
+  best step found is not planned (it cannot win);
+* among those that fit, the smallest estimated step wins: the simulated schedule (copies
+  overlapped with compute) plus the optimizer step (by default
+  ``outcore.weights.spec.optimizer_seconds`` at ``host_adam_rate``/``device_adam_rate``);
+* ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
+  ``WeightChoice.gap`` is the chosen step's distance to it.
 
-What this is not: a joint optimum. The placements are prefixes of one ranking (a
-parameter's position in the layer order, hence how well its copy hides, is not weighed);
-the optimizer step is added to the step time, not overlapped with backward; there is no
-lower bound on the joint problem. ``WeightChoice.tried`` records every candidate, so a
-report can show what each cost.
+``mode="device"`` tries the empty placement only, ``mode="host"`` every parameter held
+(a parameter another one views, tied weights, always stays on the device: the lowering
+cannot hold it yet).
+A gradient is sent to host memory exactly when its parameter is held; the optimizer state
+lives with its parameter. ``WeightChoice.tried`` records every candidate for the report.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from outcore.errors import InfeasibleBudgetError, ScheduleError
+from outcore.errors import InfeasibleBudgetError, InvalidArgumentError, ScheduleError
 from outcore.graph.ir import Graph
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.weights import WeightPlacement, gradients, parameters
+from outcore.units import format_bytes
+from outcore.weights import search
+from outcore.weights.bound import (
+    JointBound,
+    ParamFacts,
+    joint_lower_bound,
+    op_times,
+    param_facts,
+    placement_bound,
+)
+from outcore.weights.spec import DEVICE_ADAM_RATE, HOST_ADAM_RATE, optimizer_seconds
 
-FRACTIONS = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0)
-#: Parameters per second of AdamW, when not measured: a GPU and one CPU socket (fused
-#: kernels, fp32). ``outcore.weights.optimizer.measure_host_adam`` measures this CPU.
-DEVICE_ADAM_RATE = 2.0e10
-HOST_ADAM_RATE = 5.0e8
+__all__ = ["DEVICE_ADAM_RATE", "HOST_ADAM_RATE", "MODES", "Candidate", "WeightChoice",
+           "adam_state_bytes", "choose_weights", "default_planners", "ranking",
+           "state_bytes_of"]
 
+MODES = ("auto", "device", "host")
 Planner = Callable[[Graph, int, Any, Callable[[Graph, Plan], Schedule]], tuple[Plan, Schedule]]
 
 
@@ -63,15 +77,26 @@ class Candidate:
     step_seconds: float = 0.0
     optimizer_seconds: float = 0.0
     error: str = ""
+    ranking: str = ""
+    required: int | None = None
 
     @property
     def fits(self) -> bool:
         return not self.error
 
+    @property
+    def total_seconds(self) -> float:
+        return self.step_seconds + self.optimizer_seconds
+
 
 @dataclass
 class WeightChoice:
-    """The chosen placement, the activation plan and Schedule that go with it, and why."""
+    """The chosen placement, the activation plan and Schedule that go with it, and why.
+
+    ``host_bytes``: the held parameters' weights and optimizer state (the gradients' and
+    activations' host copies are in the schedule's host peak); ``bound``: the joint lower
+    bound (None without a cost model); ``facts``/``exposed``: every parameter's bytes and
+    copy seconds, and the seconds of its copies the compute would not hide if held."""
 
     placement: WeightPlacement
     plan: Plan
@@ -82,14 +107,40 @@ class WeightChoice:
     step_seconds: float
     optimizer_seconds: float
     tried: list[Candidate] = field(default_factory=list)
+    bound: JointBound | None = None
+    host_state: int = 0
+    facts: list[ParamFacts] = field(default_factory=list)
+    exposed: dict[str, float] = field(default_factory=dict)
+    chosen: Candidate | None = None
+
+    @property
+    def total_seconds(self) -> float:
+        """The simulated step plus the optimizer step."""
+        return self.step_seconds + self.optimizer_seconds
+
+    @property
+    def gap(self) -> float | None:
+        """``total_seconds / bound - 1`` when the bound is known."""
+        if self.bound is None or self.bound.seconds <= 0:
+            return None
+        return self.total_seconds / self.bound.seconds - 1.0
 
     def explain(self, graph: Graph) -> list[str]:
         """One line per candidate and one per held parameter: what moved and why."""
-        lines = [f"held {c.params} parameters ({c.held_bytes} B): "
-                 + (f"{c.policy}, peak {c.peak} B + state {c.device_state} B, "
-                    f"step {c.step_seconds * 1e3:.3f} ms + optimizer "
-                    f"{c.optimizer_seconds * 1e3:.3f} ms" if c.fits else f"no plan ({c.error})")
+        lines = [("chosen: " if c is self.chosen else "")
+                 + f"{c.ranking or 'given'} ranking, held {c.params} parameters "
+                 f"({format_bytes(c.held_bytes)}): "
+                 + (f"{c.policy}, peak {format_bytes(c.peak)} + state "
+                    f"{format_bytes(c.device_state)}, step {c.step_seconds * 1e3:.3f} ms + "
+                    f"optimizer {c.optimizer_seconds * 1e3:.3f} ms"
+                    if c.fits else f"no plan ({c.error})")
                  for c in self.tried]
+        if self.bound is not None:
+            b = self.bound
+            lines.append(f"lower bound {b.seconds * 1e3:.3f} ms (compute "
+                         f"{b.compute * 1e3:.3f} ms, copies {b.copies * 1e3:.3f} ms, "
+                         f"optimizer {b.optimizer * 1e3:.3f} ms; any fitting placement frees "
+                         f"{format_bytes(b.need)}); gap {(self.gap or 0.0) * 100:.1f}%")
         lines += [f"{graph.tensors[t].source}: held in host memory (prefetched before its "
                   "forward and backward use; gradient sent to host; optimizer step on host)"
                   for t in sorted(self.placement.params)]
@@ -108,69 +159,206 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    planners: Mapping[str, Planner] | None = None,
                    simulate: Callable[[Graph, Schedule], float] | None = None,
                    host_adam_rate: float = HOST_ADAM_RATE,
-                   device_adam_rate: float = DEVICE_ADAM_RATE) -> WeightChoice:
+                   device_adam_rate: float = DEVICE_ADAM_RATE, mode: str = "auto",
+                   given: Iterable[str] | None = None) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
-    ``InfeasibleBudgetError`` naming the lowest need when none does."""
-    if planners is None:
-        planners = default_planners()
-    params = parameters(graph)
-    grads = gradients(graph)
-    names = ranking(graph, state_bytes)
-    freed = [graph.tensors[params[n]].nbytes + state_bytes.get(n, 0) for n in names]
-    total = sum(freed)
-    prefixes = sorted({_prefix(freed, f * total) for f in FRACTIONS})
-    numel = {n: math.prod(graph.tensors[params[n]].shape) for n in names}
-    best: WeightChoice | None = None
-    tried: list[Candidate] = []
-    lowest = None
-    for k in prefixes:
-        held = names[:k]
-        placement = WeightPlacement(frozenset(params[n] for n in held),
-                                    frozenset(grads[n] for n in held if n in grads))
-        device_state = state_bytes_of(names[k:], state_bytes)
-        cand = Candidate(held_bytes=sum(freed[:k]), params=k, device_state=device_state)
-        cand.optimizer_seconds = (sum(numel[n] for n in held) / host_adam_rate
-                                  + sum(numel[n] for n in names[k:]) / device_adam_rate)
-        tried.append(cand)
-        room = budget - device_state
+    ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
+    exactly the placement holding these parameter names (``mode`` is then ignored)."""
+    if mode not in MODES:
+        raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
+
+    def step_cost(host: float, device: float) -> float:
+        return optimizer_seconds(int(host), int(device), host_rate=host_adam_rate,
+                                 device_rate=device_adam_rate)
+
+    facts = param_facts(graph, state_bytes, cost)
+    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost) \
+        if cost is not None else None
+    need = sum(f.freed for f in facts) - budget
+    times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
+    exposed = search.exposure(graph, facts, times)
+    run = _Runner(graph, budget, cost, facts, planners or default_planners(), simulate,
+                  step_cost)
+    if given is not None:
+        names = {n.removeprefix("model.") for n in given}
+        unknown = names - {f.name for f in facts if f.holdable}
+        if unknown:
+            raise InvalidArgumentError(sorted(unknown)[0], "a parameter name of the graph "
+                                       "that is not tied to another (tied ones stay on the "
+                                       "device)")
+        run.evaluate(search.Proposal(tuple(f.name for f in facts if f.name in names),
+                                     "given", 0.0))
+    elif mode == "device":
+        run.evaluate(search.Proposal((), "given", 0.0))
+    elif mode == "host":
+        run.evaluate(search.Proposal(tuple(f.name for f in facts if f.holdable), "given",
+                                     1.0))
+    else:
+        run.compute = sum(times)
+        run.engines = int(getattr(cost, "copy_engines", 2))
+        _search(run, facts, need, search.rankings(facts, exposed, step_cost))
+    if run.best is None:
+        raise _refusal(budget, run.tried, mode)
+    run.best.tried = run.tried
+    run.best.bound = bound
+    run.best.facts = facts
+    run.best.exposed = exposed
+    return run.best
+
+
+def _search(run: _Runner, facts: list[ParamFacts], need: int,
+            orders: dict[str, list[str]]) -> None:
+    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking from
+    ``need`` up until one fits, then wider, then refined; every parameter held when none
+    fitted (the refusal's lowest figure)."""
+    freed = {f.name: f.freed for f in facts if f.holdable}
+    total = sum(freed.values())
+    fitting: dict[str, float] = {}
+    tried: dict[str, list[float]] = {r: [] for r in orders}
+    for ranking, order in orders.items():
+        target = float(max(0, need))
+        for _ in range(search.STEPS):
+            cand = run.evaluate(search.at(order, freed, target, ranking))
+            tried[ranking].append(target)
+            if cand.fits:
+                fitting[ranking] = target
+                break
+            if cand.required is None or target >= total:
+                break
+            target = min(float(total), target + max(cand.required - run.budget, 1))
+    for prop in run.by_bound(search.wider(fitting, total, freed, orders)):
+        run.evaluate(prop)
+        tried[prop.ranking].append(prop.target)
+    if run.best is None:
+        run.evaluate(search.Proposal(tuple(sorted(freed)), "all", float(total)))
+        return
+    best = run.best_proposal
+    if best.ranking in orders:
+        for prop in run.by_bound(search.refine(best, tried[best.ranking], freed, orders)):
+            run.evaluate(prop)
+
+
+class _Runner:
+    """Plans candidate placements and keeps the fastest that fits."""
+
+    def __init__(self, graph: Graph, budget: int, cost: Any, facts: list[ParamFacts],
+                 planners: Mapping[str, Planner],
+                 simulate: Callable[[Graph, Schedule], float] | None,
+                 step_cost: Callable[[float, float], float]) -> None:
+        self.graph, self.budget, self.cost = graph, budget, cost
+        self.facts = {f.name: f for f in facts}
+        self.planners, self.simulate, self.step_cost = planners, simulate, step_cost
+        self.tried: list[Candidate] = []
+        self.best: WeightChoice | None = None
+        self.best_proposal = search.Proposal((), "", 0.0)
+        self._seen: dict[frozenset[str], Candidate] = {}
+        self.compute: float | None = None  # set: prune by each placement's bound
+        self.engines = 2
+
+    def bound(self, prop: search.Proposal) -> float:
+        """``placement_bound`` of ``prop`` (0 when not pruning)."""
+        if self.compute is None:
+            return 0.0
+        return placement_bound([self.facts[n] for n in prop.names], list(self.facts.values()),
+                               self.compute, self.engines, self.step_cost)
+
+    def by_bound(self, props: list[search.Proposal]) -> list[search.Proposal]:
+        """``props``, the lowest bound first (ties: as given), so the pruning bites."""
+        return sorted(props, key=self.bound)
+
+    def evaluate(self, prop: search.Proposal) -> Candidate:
+        """Plan ``prop`` (once per distinct placement) and return its Candidate."""
+        key = frozenset(prop.names)
+        if key in self._seen:
+            return self._seen[key]
+        held = [self.facts[n] for n in prop.names]
+        device = [f for n, f in self.facts.items() if n not in key]
+        params, grads = parameters(self.graph), gradients(self.graph)
+        placement = WeightPlacement(frozenset(params[f.name] for f in held),
+                                    frozenset(grads[f.name] for f in held if f.name in grads))
+        device_state = sum(f.state for f in device)
+        cand = Candidate(held_bytes=sum(f.freed for f in held), params=len(held),
+                         device_state=device_state, ranking=prop.ranking)
+        cand.optimizer_seconds = self.step_cost(sum(f.numel for f in held),
+                                                sum(f.numel for f in device))
+        self.tried.append(cand)
+        self._seen[key] = cand
+        floor = self.bound(prop)
+        if self.best is not None and floor >= self.best.total_seconds:
+            cand.error = (f"not planned: no activation plan beats {floor * 1e3:.3f} ms with "
+                          f"this placement, the best step found is "
+                          f"{self.best.total_seconds * 1e3:.3f} ms")
+            return cand
+        room = self.budget - device_state
         if room <= 0:
-            cand.error = f"the device-held optimizer state alone ({device_state} B) fills it"
-            continue
+            cand.error = (f"the device-held optimizer state alone ({format_bytes(device_state)})"
+                          " fills the budget")
+            cand.required = sum(f.freed for f in device)  # at the end of the step
+            return cand
+        found = self._plan(cand, placement, room)
+        if found is None:
+            return cand
+        plan, schedule = found
+        if self.best is None or cand.total_seconds < self.best.total_seconds:
+            self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
+                                     sum(f.weight + f.state for f in held),
+                                     cand.step_seconds, cand.optimizer_seconds,
+                                     host_state=sum(f.state for f in held), chosen=cand)
+            self.best_proposal = prop
+        return cand
+
+    def _plan(self, cand: Candidate, placement: WeightPlacement, room: int
+              ) -> tuple[Plan, Schedule] | None:
+        """Each planner through the weights' lowering; the fastest fitting plan, or None
+        (``cand.error``/``required`` say why)."""
         lowerer = partial(lower, weights=placement)
         errors: list[str] = []
-        for pname, planner in planners.items():
+        best: tuple[Plan, Schedule] | None = None
+        for pname, planner in self.planners.items():
             try:
-                plan, schedule = planner(graph, room, cost, lowerer)
+                plan, schedule = planner(self.graph, room, self.cost, lowerer)
             except (InfeasibleBudgetError, ScheduleError) as exc:
                 need = getattr(exc, "required", None)
                 if isinstance(need, int):
-                    need += device_state
-                    lowest = need if lowest is None else min(lowest, need)
+                    need += cand.device_state
+                    cand.required = need if cand.required is None else min(cand.required,
+                                                                            need)
                 errors.append(str(exc).splitlines()[0][:120])
                 continue
-            peak = predicted_peak(graph, schedule)
+            peak = predicted_peak(self.graph, schedule)
             if peak > room:
-                errors.append(f"{pname}'s plan peaks at {peak} B > {room} B")
+                errors.append(f"{pname}'s plan peaks at {format_bytes(peak)} > "
+                              f"{format_bytes(room)}")
+                need = peak + cand.device_state
+                cand.required = need if cand.required is None else min(cand.required, need)
                 continue
-            seconds = simulate(graph, schedule) if simulate is not None else 0.0
-            total_s = seconds + cand.optimizer_seconds
-            if not cand.policy or total_s < cand.step_seconds + cand.optimizer_seconds:
+            seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
+            if best is None or seconds < cand.step_seconds:
                 cand.policy, cand.peak, cand.step_seconds = pname, peak, seconds
-                if best is None or total_s < best.step_seconds + best.optimizer_seconds:
-                    best = WeightChoice(placement, plan, schedule, peak, device_state,
-                                        sum(graph.tensors[t].nbytes for t in placement.params)
-                                        + state_bytes_of(held, state_bytes),
-                                        seconds, cand.optimizer_seconds)
-        if not cand.policy:
+                best = (plan, schedule)
+        if best is None:
             cand.error = errors[0] if errors else "no planner"
-    if best is None:
-        raise InfeasibleBudgetError(
-            "outcore-auto (weights)", budget, lowest if lowest is not None else budget + 1,
-            "Even with every parameter, gradient and optimizer state in host memory the "
-            "step's activations and one layer's weights do not fit; raise the budget or "
-            "shrink the batch or sequence.")
-    best.tried = tried
-    return best
+        return best
+
+
+def _refusal(budget: int, tried: list[Candidate], mode: str) -> InfeasibleBudgetError:
+    """No placement fits: the lowest need any candidate reported, and the ways out."""
+    needs = [c.required for c in tried if c.required is not None]
+    lowest = min(needs) if needs else budget + 1
+    every = max(tried, key=lambda c: c.held_bytes) if tried else None
+    what = ("with every parameter, gradient and optimizer state in host memory"
+            if every is not None and every.params and mode != "device" else
+            "with the weights on the device")
+    hint = (f"No placement fits: {what} the lowest the planners reach is "
+            f"{format_bytes(lowest)} (activations, the parameters in flight and the "
+            "device-held state). Ways out: a budget of at least "
+            f"{format_bytes(lowest)} (a GPU with more memory), a smaller batch or sequence, "
+            "or a smaller model or precision.")
+    if mode == "device":
+        hint += " weights='auto' would hold parameters in host memory."
+    exc = InfeasibleBudgetError("outcore-auto (weights)", budget, lowest, hint)
+    exc.lowest = lowest
+    return exc
 
 
 def default_planners() -> dict[str, Planner]:
@@ -182,16 +370,6 @@ def default_planners() -> dict[str, Planner]:
 
 def state_bytes_of(names: list[str], state_bytes: Mapping[str, int]) -> int:
     return sum(state_bytes.get(n, 0) for n in names)
-
-
-def _prefix(freed: list[int], target: float) -> int:
-    """The shortest prefix of ``freed`` whose sum reaches ``target``."""
-    acc = 0
-    for k, b in enumerate(freed):
-        if acc >= target:
-            return k
-        acc += b
-    return len(freed)
 
 
 def adam_state_bytes(graph: Graph) -> dict[str, int]:

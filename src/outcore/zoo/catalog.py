@@ -23,6 +23,7 @@ from outcore.zoo import (
     fcn,
     googlenet,
     inception,
+    llama,
     mlp,
     resnet,
     resnext3d,
@@ -169,6 +170,12 @@ def _other_entries() -> list[Entry]:
               {"vocab": 50257, "seq_len": 1024, "n_layer": 12, "n_head": 12, "d_model": 768,
                "dropout": 0.1, "tie_weights": True, "attention": "math"},
               {"vocab": 64, "seq_len": 16, "n_layer": 2, "n_head": 2, "d_model": 32}),
+        Entry("llama-1b", "Llama-style decoder, Llama 3.2 1B's shape: RMSNorm, RoPE, grouped-"
+              "query attention (SDPA), SwiGLU; bf16 parameters (for fine-tuning plans)",
+              llama.build_llama, token_batch, lm_loss, dict(llama.LLAMA_1B), dict(llama.SMALL)),
+        Entry("llama-7b", "Llama-style decoder, Llama 2 7B's shape: RMSNorm, RoPE, SDPA, "
+              "SwiGLU; bf16 parameters (for fine-tuning plans)",
+              llama.build_llama, token_batch, lm_loss, dict(llama.LLAMA_7B), dict(llama.SMALL)),
         Entry("resnext101-3d", "ResNeXt-101 3D (Hara et al. 2018): grouped 3x3x3 bottlenecks, "
               "cardinality 32, stages (3, 4, 23, 3), 16-frame 112x112 clips",
               resnext3d.build_resnext3d, clip_batch, cross_entropy,

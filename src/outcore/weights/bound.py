@@ -1,0 +1,181 @@
+"""A lower bound on the step time of every weights placement with its activation plan.
+
+Plain Python (no torch). The joint problem: choose the set ``S`` of parameters held in
+host memory (their gradients sent there, their optimizer state and step on the host) and an
+activation plan, so that the step's device peak plus the optimizer state of the
+device-held parameters fits ``budget``; minimise the simulated step plus the optimizer step
+(``outcore.weights.spec.optimizer_seconds``). ``joint_lower_bound`` returns seconds no such
+placement and plan beats. The argument, term by term, for any fitting ``S``:
+
+* **Memory.** At the end of the step every device-held parameter is resident (a static
+  tensor that is not held is never freed) and so is its gradient (a step output that is
+  not sent ends on the device); the device-held optimizer state sits beside them. So
+  ``sum over p not in S of (weight_p + grad_p + state_p) <= budget``, i.e. ``S`` frees at
+  least ``need = total - budget`` of those bytes (``m_p = weight_p + grad_p + state_p``).
+* **Compute.** Every op of the graph runs at least once on the one compute stream, so the
+  simulated step is at least the sum of the ops' times (each at its fastest variant; a
+  recompute only adds).
+* **Copies.** A held parameter that some op reads is not resident at the start, so it is
+  prefetched at least once (``transfer_time(weight_p, "h2d")``); a sent gradient ends in
+  host memory, so it is offloaded at least once (its storage, ``"d2h"``). A copy engine
+  runs its copies one at a time and the step ends after the last copy, so the step is at
+  least the busier engine's total (both directions' total when the profile has one engine).
+* **Optimizer.** ``optimizer_seconds`` is non-decreasing in the host-held elements, so it
+  is at least its value at the fewest elements any ``S`` freeing ``need`` bytes holds.
+
+The step is at least ``max(compute, copies)`` plus the optimizer; each term is minimised
+over ``S`` separately, by the fractional relaxation of "hold enough bytes" (a covering
+knapsack solved greedily, exact for the relaxation), which is below the minimum over the
+integer ``S`` that the chooser searches (tied parameters, which stay on the device, are
+never in ``S``). Every activation decision only adds time (it is
+not modelled: at budgets that force recompute or offload of activations the gap includes
+that cost). The bound covers placements whose gradients are sent exactly when their
+parameter is held (the chooser's family).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outcore.graph.ir import Graph, OpCategory, TensorKind
+from outcore.plan.weights import gradients, parameters
+from outcore.weights.spec import optimizer_seconds
+
+
+@dataclass(frozen=True)
+class ParamFacts:
+    """One parameter: the device bytes holding it frees (``freed``: weight + gradient +
+    state), its elements, and the seconds of its one prefetch and its gradient's one
+    offload on the cost model (0 without one). ``holdable`` is False for a parameter that
+    another parameter views (tied weights: the LM head reading the embedding): the
+    lowering cannot hold those yet, so they stay on the device."""
+
+    name: str
+    tensor: int
+    weight: int
+    grad: int
+    state: int
+    numel: int
+    h2d: float
+    d2h: float
+    holdable: bool = True
+
+    @property
+    def freed(self) -> int:
+        return self.weight + self.grad + self.state
+
+
+@dataclass(frozen=True)
+class JointBound:
+    """The bound and its terms (seconds); ``need``: bytes any fitting placement frees."""
+
+    seconds: float
+    compute: float
+    copies: float
+    optimizer: float
+    need: int
+
+
+StepCost = Callable[[float, float], float]
+
+
+def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: Any
+                ) -> list[ParamFacts]:
+    """``ParamFacts`` of every parameter, in the graph's tensor order."""
+    grads = gradients(graph)
+    used = {graph.tensors[i].storage for op in graph.ops for i in op.inputs}
+    tied = {t.storage for t in graph.tensors if t.is_view and t.kind is TensorKind.PARAMETER}
+    out = []
+    for name, tid in parameters(graph).items():
+        t = graph.tensors[tid]
+        gid = grads.get(name)
+        grad = graph.tensors[graph.tensors[gid].storage].nbytes if gid is not None else 0
+        h2d = d2h = 0.0
+        if cost is not None:
+            transfer = cost.transfer_time
+            h2d = transfer(t.nbytes, "h2d") if tid in used else 0.0
+            d2h = transfer(grad, "d2h") if grad else 0.0
+        out.append(ParamFacts(name, tid, t.nbytes, grad, int(state_bytes.get(name, 0)),
+                              math.prod(t.shape), h2d, d2h, tid not in tied))
+    return out
+
+
+def op_times(graph: Graph, cost: Any) -> list[float]:
+    """Seconds of every op on ``cost`` (bound to the graph; 0 for views): the fastest of
+    the framework kernel and the variants the op offers, so the sum bounds any schedule's
+    compute whatever variants it picks."""
+    model = cost.bind(graph)
+    out = []
+    for op in graph.ops:
+        if op.category is OpCategory.VIEW:
+            out.append(0.0)
+            continue
+        best = float(model.op_time(dataclasses.replace(op, variant="")))
+        for name, info in op.variant_options.items():
+            if "refused" not in info:
+                best = min(best, float(model.op_time(dataclasses.replace(op, variant=name))))
+        out.append(best)
+    return out
+
+
+def min_cover(items: list[tuple[float, float]], need: float) -> float:
+    """min sum(c_i x_i) over 0 <= x_i <= 1 with sum(b_i x_i) >= need, for ``(b_i, c_i)``
+    pairs with b_i >= 0, c_i >= 0 (a covering knapsack's relaxation: take the cheapest
+    cost per byte first, the last one fractionally). ``inf`` when even all do not cover."""
+    if need <= 0:
+        return 0.0
+    total = 0.0
+    for b, c in sorted(items, key=lambda bc: (bc[1] / bc[0]) if bc[0] > 0 else math.inf):
+        if b <= 0:
+            continue
+        take = min(1.0, need / b)
+        total += take * c
+        need -= take * b
+        if need <= 0:
+            return total
+    return math.inf
+
+
+def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int],
+                      *, step_cost: StepCost | None = None) -> JointBound | None:
+    """Seconds no placement and activation plan within ``budget`` beats (module doc); None
+    when no placement fits the memory term (holding everything frees too little).
+    ``step_cost(host_numel, device_numel)``: the optimizer's seconds (default
+    ``optimizer_seconds`` at its default rates)."""
+    step_cost = step_cost or (lambda h, d: optimizer_seconds(int(h), int(d)))
+    every = param_facts(graph, state_bytes, cost)
+    need = sum(f.freed for f in every) - budget
+    facts = [f for f in every if f.holdable]
+    if need > sum(f.freed for f in facts):
+        return None
+    compute = sum(op_times(graph, cost))
+    engines = int(getattr(cost, "copy_engines", 2))
+    if engines < 2:
+        copies = min_cover([(f.freed, f.h2d + f.d2h) for f in facts], need)
+    else:
+        copies = max(min_cover([(f.freed, f.h2d) for f in facts], need),
+                     min_cover([(f.freed, f.d2h) for f in facts], need))
+    numel = sum(f.numel for f in every)
+    host = min_cover([(f.freed, float(f.numel)) for f in facts], need)
+    optimizer = step_cost(host, numel - host)
+    return JointBound(max(compute, copies) + optimizer, compute, copies, optimizer,
+                      max(0, need))
+
+
+def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: float,
+                    engines: int, step_cost: StepCost) -> float:
+    """Seconds no activation plan beats with exactly ``held`` in host memory: the module
+    doc's argument for one placement (compute, the held parameters' one prefetch and
+    their gradients' one offload on the copy engines, the optimizer at that split). The
+    chooser skips planning a placement whose bound is no better than the best step found
+    (branch and bound: the skipped ones cannot win)."""
+    h2d = sum(f.h2d for f in held)
+    d2h = sum(f.d2h for f in held)
+    copies = h2d + d2h if engines < 2 else max(h2d, d2h)
+    host = sum(f.numel for f in held)
+    return max(compute, copies) + step_cost(host, sum(f.numel for f in every) - host)
+

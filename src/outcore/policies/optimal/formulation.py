@@ -142,6 +142,11 @@ class Model:
                 self.r.append(None)
         # bound model: y_u >= r_k for every k whose producer reads u, a kept activation dead at
         # b_k in the in-core schedule (lowering keeps u alive until that recompute)
+        # v_ki: candidate k is offloaded and released (Wait d2h + Free) at option >= i
+        self.v: list[list[int]] = []
+        for c in cands:
+            self.v.append(list(range(col, col + len(self.releases(c)))))
+            col += len(self.releases(c))
         self.ext: dict[int, tuple[int, int, int, list[int]]] = {}  # u -> col, bytes, from, ks
         # ... or re-made (a recompute chain): z_(u,b) = u re-made before stage b, at its floor
         # z_(m,b): op m re-run before stage b (a chain), at its full time
@@ -164,6 +169,20 @@ class Model:
     # -- prices per model -------------------------------------------------------------------
     def options(self, c: Candidate) -> tuple[int, ...]:
         return c.bound_options if self.relaxed and c.bound_options else c.options
+
+    def releases(self, c: Candidate) -> tuple[int, ...]:
+        return c.bound_release if self.relaxed else c.release
+
+    def release_stages(self, k: int, i: int) -> tuple[int, int]:
+        """(first stage freed, stage the copy-out is waited before) of release option ``i``:
+        the option's stage in the primal model; in the bound model option ``i`` stands for
+        every stage of ``(releases[i-1], releases[i]]``, freed from the earlier end and
+        waited for at the later one."""
+        c = self.p.candidates[k]
+        rel = self.releases(c)
+        if not self.relaxed:
+            return rel[i], rel[i]
+        return (rel[i - 1] if i > 0 else c.last_forward + 1) + 1, rel[i]
 
     def recompute_cost(self, k: int) -> float:
         c = self.p.candidates[k]
@@ -193,6 +212,8 @@ class Model:
             lo[self.D + t] = BYTES * max(0.0, float(mem - budget + self.cuts.get(t, 0)))
         for xs in self.x:
             hi[xs] = 1.0
+        for vs in self.v:
+            hi[vs] = 1.0
         for rc in self.r:
             if rc is not None:
                 hi[rc] = 1.0
@@ -229,6 +250,14 @@ class Model:
                 delta[q][ys[j]] = delta[q].get(ys[j], 0.0) + size
                 if j + 1 < len(ys):
                     delta[q][ys[j + 1]] = delta[q].get(ys[j + 1], 0.0) - size
+            vs = self.v[k]
+            if vs:  # released later: held from f_k + 1 until the release's first freed stage
+                start[vs[0]] = start.get(vs[0], 0.0) + size
+                for i, col in enumerate(vs):
+                    at = delta[self.release_stages(k, i)[0]]
+                    at[col] = at.get(col, 0.0) - size
+                    if i + 1 < len(vs):
+                        at[vs[i + 1]] = at.get(vs[i + 1], 0.0) + size
             rc = self.r[k]
             if rc is not None:
                 start[rc] = start.get(rc, 0.0) - size
@@ -259,9 +288,22 @@ class Model:
             if prev is not None:
                 rows.add({e: 1.0, self.E + prev: -1.0, **o}, 0.0)
             rows.add({e: 1.0, self.A + c.produce: -1.0, **o}, SECONDS * self.p.op_time[c.produce])
-            big = total if latest > c.last_forward else 0.0
-            rows.add({self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}, -big)
-            latest = max(latest, c.last_forward)
+            vs = self.v[k]
+            # o_k = 0: E_k <= A_{f+1} + (earlier copies' time) when an earlier copy may be
+            # waited for after f_k + 1; released later: E_k <= A_{f+1} + that + d_k
+            big = total + d if vs else (total if latest > c.last_forward else 0.0)
+            entries = {self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}
+            if vs:
+                entries[vs[0]] = big
+            rows.add(entries, -big)
+            for i, col in enumerate(vs):  # released at option i: A_{wait_i} >= E_k
+                wait = self.release_stages(k, i)[1]
+                entries = {self.A + wait: 1.0, e: -1.0, self.x[k][0]: -big}
+                if i + 1 < len(vs):
+                    entries[vs[i + 1]] = big
+                rows.add(entries, -big)
+            latest = max(latest, self.release_stages(k, len(vs) - 1)[1] - 1 if vs
+                         else c.last_forward)
             total += d
             prev = k
         produce = [cands[k].produce for k in order]
@@ -273,9 +315,12 @@ class Model:
                 cm = cands[m]
                 if cm.produce > c.last_forward or listed >= WINDOW_CAP:
                     break
-                if cm.last_forward <= c.last_forward:
+                if cm.last_forward <= c.last_forward:  # ... and released at f_m + 1
                     col = self.x[m][0]
                     entries[col] = entries.get(col, 0.0) - SECONDS * cm.d2h
+                    if self.v[m]:
+                        col = self.v[m][0]
+                        entries[col] = entries.get(col, 0.0) + SECONDS * cm.d2h
                     listed += 1
             rows.add(entries, SECONDS * self.p.op_time[c.produce])
 
@@ -319,6 +364,8 @@ class Model:
             rows.add(entries, -math.inf, 1.0)
             for a, b in itertools.pairwise(self.x[k]):
                 rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)
+            for a, b in itertools.pairwise([self.x[k][0], *self.v[k]]):
+                rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)  # released later => offloaded
         if self.relaxed:
             self._dead_inputs(rows)
             self._bound_leaves(rows, index)
@@ -378,6 +425,10 @@ class Model:
         c = self.p.candidates[k]
         at = self.options(c).index(pick[1]) if pick[0] == "offload" else -1
         values = {col: float(j <= at) for j, col in enumerate(self.x[k])}
+        rel = self.releases(c)
+        late = rel.index(pick[2]) if pick[0] == "offload" and len(pick) > 2 and pick[2] in rel \
+            else -1
+        values.update({col: float(i <= late) for i, col in enumerate(self.v[k])})
         rc = self.r[k]
         if rc is not None:
             values[rc] = float(pick[0] == "recompute")
@@ -405,6 +456,8 @@ class Model:
         if integral:
             for xs in self.x:
                 integrality[xs] = 1
+            for vs in self.v:
+                integrality[vs] = 1
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
@@ -433,9 +486,21 @@ class Model:
         """Per candidate: every column of it is integral in ``values``."""
         out = []
         for k in range(len(self.p.candidates)):
-            cols = [*self.x[k], *([self.r[k]] if self.r[k] is not None else [])]
+            cols = [*self.x[k], *self.v[k], *([self.r[k]] if self.r[k] is not None else [])]
             out.append(all(min(abs(values[c]), abs(1 - values[c])) <= tol for c in cols))
         return out
+
+    def _release_read(self, k: int, values: np.ndarray, eps: float) -> int:
+        """The earliest release stage with a share in ``values`` (``last_forward + 1`` when
+        the share released there is positive), so the rounded plan frees at least as much."""
+        c = self.p.candidates[k]
+        vs = [float(values[col]) for col in self.v[k]]
+        shares = [float(values[self.x[k][0]]) - (vs[0] if vs else 0.0)]
+        shares += [vs[i] - (vs[i + 1] if i + 1 < len(vs) else 0.0) for i in range(len(vs))]
+        for i, share in enumerate(shares):
+            if share > eps:
+                return c.last_forward + 1 if i == 0 else self.release_stages(k, i - 1)[0]
+        return c.last_forward + 1
 
     def _read(self, values: np.ndarray, eps: float = 1e-6) -> list[tuple]:
         """Integral choices from (possibly fractional) values, rounded so that every stage
@@ -455,7 +520,8 @@ class Model:
                 out.append(("recompute",))
             elif off > eps:
                 latest = max(j for j in range(len(xs)) if xs[j] > eps or j == 0)
-                out.append(("offload", opts[-1] if rv > eps else opts[latest]))
+                out.append(("offload", opts[-1] if rv > eps else opts[latest],
+                            self._release_read(k, values, eps)))
             else:
                 out.append(("keep",))
         return out

@@ -284,11 +284,14 @@ def _to_plan(graph: Graph, problem: Problem, choice: list[tuple], how: str) -> P
             q = pick[1]
             plan.decisions[t] = Decision.OFFLOAD
             plan.prefetch_at[t] = problem.op_order[q]
+            rho = pick[2] if len(pick) > 2 else c.last_forward + 1
+            if rho > c.last_forward + 1:
+                plan.release_at[t] = problem.op_order[rho]
             plan.reasons[t] = (f"offload {c.nbytes} B: {c.d2h * 1e3:.3f} ms out, "
                                f"{c.h2d * 1e3:.3f} ms back, prefetched before "
                                f"{graph.ops[problem.op_order[q]].name} (stage {q}, needed at "
-                               f"{c.first_backward}); frees it over stages {c.last_forward + 1}.."
-                               f"{q - 1} [{how}]")
+                               f"{c.first_backward}); frees it over stages {rho}..{q - 1} "
+                               f"[{how}]")
         elif pick[0] == "recompute":
             plan.decisions[t] = Decision.RECOMPUTE
             for u in c.chain:  # re-made first (forward intermediates backward never reads)

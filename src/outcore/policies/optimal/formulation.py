@@ -162,6 +162,17 @@ class Model:
                     if d.maker >= 0 and (d.maker, c.first_backward) not in self.remake:
                         self.remake[(d.maker, c.first_backward)] = (col, d.seconds)
                         col += 1
+        # primal: n_(k,u) >= r_k + r_u - 1: k's recompute re-makes its recomputed leaf u
+        # first, which then stays resident from b_k until b_u
+        self.nest: dict[tuple[int, int], int] = {}
+        if not relaxed:
+            index = {c.tensor: k for k, c in enumerate(cands)}
+            for k, c in enumerate(cands):
+                for leaf in c.leaves:
+                    u = index[leaf]
+                    if self.r[k] is not None and self.r[u] is not None:
+                        self.nest[(k, u)] = col
+                        col += 1
         self.ncols = col
         self.cuts = dict(cuts or {})
         self._built: tuple | None = None
@@ -221,6 +232,8 @@ class Model:
             hi[col] = 1.0
         for col, _ in self.remake.values():
             hi[col] = 1.0
+        for col in self.nest.values():
+            hi[col] = 1.0
         return rows, lo, hi
 
     def _stream(self, rows: _Rows) -> None:
@@ -263,6 +276,11 @@ class Model:
                 start[rc] = start.get(rc, 0.0) - size
                 end = delta[c.first_backward]
                 end[rc] = end.get(rc, 0.0) + size
+        for (k, u), col in self.nest.items():
+            cu, b = self.p.candidates[u], self.p.candidates[k].first_backward
+            delta[b][col] = delta[b].get(col, 0.0) + BYTES * cu.nbytes
+            delta[cu.first_backward][col] = delta[cu.first_backward].get(col, 0.0) - \
+                BYTES * cu.nbytes
         for col, nbytes, last, ks in self.ext.values():
             until = min(self.p.candidates[k].first_backward for k in ks)
             if last + 1 < until:
@@ -377,12 +395,29 @@ class Model:
             for leaf in c.leaves:
                 u = index[leaf]
                 entries = {rk: 1.0}
-                if self.r[u] is not None:
-                    entries[self.r[u]] = 1.0  # type: ignore[index]
+                ru = self.r[u]
+                if ru is not None:
+                    rows.add({self.nest[(k, u)]: 1.0, rk: -1.0, ru: -1.0}, -1.0)
                 later = [j for j, q in enumerate(self.options(cands[u])) if q > c.first_backward]
                 if later:
                     entries[self.x[u][later[0]]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
+        self._nesting(rows, index)
+
+    def _nesting(self, rows: _Rows, index: dict[int, int]) -> None:
+        """One level only: a leaf re-made early is not itself re-made from a recomputed leaf
+        (``n_(k,u) + n_(u,w) <= 1``), and its own leaves are resident at ``b_k`` already
+        (``n_(k,u) + sum_{q_wj > b_k} x_wj <= 1``)."""
+        cands = self.p.candidates
+        for (k, u), col in self.nest.items():
+            b = cands[k].first_backward
+            for leaf in cands[u].leaves:
+                w = index[leaf]
+                if (u, w) in self.nest:
+                    rows.add({col: 1.0, self.nest[(u, w)]: 1.0}, -math.inf, 1.0)
+                later = [j for j, q in enumerate(self.options(cands[w])) if q > b]
+                if later:
+                    rows.add({col: 1.0, self.x[w][later[0]]: 1.0}, -math.inf, 1.0)
 
     def _dead_inputs(self, rows: _Rows) -> None:
         """What needs a freed input ``d`` (k's recompute, or re-running ``d.needed_by``

@@ -22,13 +22,20 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   sum_{b_k=t} size_k r_k``, so the memory rows have O(1) entries per candidate.
   ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
   model (``Cuts``).
+* Release points (``Plan.release_at``): ``v_ki in {0,1}``, cumulative like ``y``: ``k`` is
+  offloaded and its ``Wait(d2h)`` + ``Free`` are placed before the Compute of release option
+  ``i`` or a later one (``o_k >= v_k0 >= v_k1 >= ...``; none set: right after ``f_k``). The
+  memory rows hold ``k`` from ``f_k + 1`` until its release (``+ size_k v_k0`` at ``f_k + 1``,
+  ``- size_k (v_ki - v_k(i+1))`` at option ``i``'s stage), and the Wait moves with it.
 * Compute stream: ``A_{s+1} >= A_s + c_s + sum_{b_k=s+1} R_k r_k`` (recomputes run before
   the op that needs them).
 * D2H engine, FIFO in issue order (= production order): ``E_k >= E_{k-1} + d_k o_k`` and
   ``E_k >= A_{p_k} + c_{p_k} + d_k o_k`` give the end of ``k``'s copy; the Wait before ``k``'s
-  forward Free: ``A_{f_k+1} >= E_k - M_k (1 - o_k)`` (``M_k = 0`` when no earlier copy has a
-  later deadline, else the earlier copies' total time). Windows strengthen the relaxation:
-  copies released at or after ``k``'s and due by ``f_k`` fit between them.
+  forward Free: ``A_{f_k+1} >= E_k - M_k (1 - o_k + v_k0)`` and at release option ``i``,
+  ``A_{rho_ki} >= E_k - M_k (1 - o_k + v_k(i+1))`` (``M_k = 0`` when ``k`` has no release
+  options and no earlier copy may be waited for after ``f_k + 1``, else the earlier copies'
+  total time plus ``d_k``). Windows strengthen the relaxation: copies issued at or after
+  ``k``'s, due by ``f_k`` and released at ``f + 1`` (``o_m - v_m0``) fit between them.
 * H2D engine: for each prefetch choice ``(k, j)`` issued before stage ``tau_kj`` (after
   Compute of ``tau_kj - 1`` ends; the Wait comes before Compute of ``b_k``), every prefetch
   issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]``
@@ -52,12 +59,19 @@ Two models share this code:
   are not counted (a relaxation); deeper freed inputs likewise, up to ``CHAIN_DEPTH``
   levels (deeper re-makes are free). A recompute finds each of its producer's candidate
   inputs resident, or recomputes it, or prefetches it then (lowering's just-in-time
-  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Its LP (or MILP dual) value is
+  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Release option ``i`` stands for every
+  stage of ``(rho_k(i-1), rho_ki]`` (the last option ends at the last forward stage): freed
+  from the earlier end, waited for at the later one. Its LP (or MILP dual) value is
   a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
   from these decisions (framework kernels, one sub-batch).
-* **primal**: exact prefetch stages, recompute priced at the producer's time (plus, for a
-  chain, the producers of the freed forward intermediates it re-makes first), only when its
-  inputs are resident (``leaves``: ``r_k + r_u + sum_{q_uj > b_k} x_uj <= 1``).
+* **primal**: exact prefetch and release stages, recompute priced at the producer's time
+  (plus, for a chain, the producers of the freed forward intermediates it re-makes first),
+  only when its candidate inputs (``leaves``) are resident at ``b_k`` or recomputed
+  themselves: ``r_k + sum_{q_uj > b_k} x_uj <= 1``; a recomputed leaf ``u`` is then re-made
+  first, at ``b_k``, and held until ``b_u``: ``n_ku >= r_k + r_u - 1`` adds its bytes over
+  ``[b_k, b_u)``. One level only (``n_ku + n_uw <= 1``, and ``u``'s own leaves resident at
+  ``b_k``: ``n_ku + sum_{q_wj > b_k} x_wj <= 1``); ``u``'s time stays charged at ``b_u``
+  (the primal model's plans are simulated anyway; only the bound must be a bound).
 """
 
 from __future__ import annotations

@@ -324,16 +324,12 @@ class Model:
             # o_k = 0: E_k <= A_{f+1} + (earlier copies' time) when an earlier copy may be
             # waited for after f_k + 1; released later: E_k <= A_{f+1} + that + d_k
             big = total + d if vs else (total if latest > c.last_forward else 0.0)
-            entries = {self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}
-            if vs:
-                entries[vs[0]] = big
-            rows.add(entries, -big)
-            for i, col in enumerate(vs):  # released at option i: A_{wait_i} >= E_k
-                wait = self.release_stages(k, i)[1]
-                entries = {self.A + wait: 1.0, e: -1.0, self.x[k][0]: -big}
+            for i in range(-1, len(vs)):  # the Wait at f_k + 1 (i = -1) or at option i
+                wait = c.last_forward + 1 if i < 0 else self.release_stages(k, i)[1]
+                row = {self.A + wait: 1.0, e: -1.0, self.x[k][0]: -big}
                 if i + 1 < len(vs):
-                    entries[vs[i + 1]] = big
-                rows.add(entries, -big)
+                    row[vs[i + 1]] = big  # released at a later option: no Wait here
+                rows.add(row, -big)
             latest = max(latest, self.release_stages(k, len(vs) - 1)[1] - 1 if vs
                          else c.last_forward)
             total += d

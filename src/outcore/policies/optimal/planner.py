@@ -254,7 +254,7 @@ def _search(model: Model, start: Solution, segments: int | None,
     starts = list(range(0, len(order), SEGMENT))
     for lo in starts if segments is None else starts[:segments]:
         free = set(order[lo:lo + SEGMENT])
-        pins: dict[int, float] = {}
+        pins = {}
         for k, pick in enumerate(incumbent.choice):
             if k not in free:
                 pins.update(model.fix(k, pick))
@@ -302,7 +302,7 @@ def _choice_of(problem: Problem, plan: Plan) -> list[tuple]:
             if decision is Decision.RECOMPUTE:
                 q = c.first_backward
             rel = stage_of.get(plan.release_at.get(c.tensor, -1), c.last_forward + 1)
-            rho = max((r for r in (c.last_forward + 1, *c.release) if r <= rel))
+            rho = max(r for r in (c.last_forward + 1, *c.release) if r <= rel)
             out.append(("offload", q, rho))
     return out
 

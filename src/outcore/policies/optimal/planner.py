@@ -11,8 +11,9 @@ Steps (``plan_optimal``):
 3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else
    from its LP relaxation (``_search``): the rounded LP (``("offload", q)`` by the largest
    prefetch share, recompute when its share is the largest), the node-limited MILP over the
-   LP's fractional candidates, and a segment local search from it. Each is lowered
-   (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
+   LP's fractional candidates, outcore-checkpoint's and the greedy planner's plans mapped to
+   the model (warm starts, ``_seed_plans``), and a segment local search from the best.
+   Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
    and the model re-solved, up to ``MAX_CUTS`` rounds.

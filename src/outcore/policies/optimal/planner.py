@@ -272,8 +272,7 @@ def _seed_plans(graph: Graph, budget: int, cost: CostModel) -> list[Plan]:
     """Warm starts for the search on large graphs: outcore-checkpoint's and the greedy
     planner's plans (those that fit; both take well under a second on the planner table's
     graphs, unlike PoocH's search)."""
-    from outcore.policies.auto import plan_auto
-    from outcore.policies.auto.segments import plan_checkpoint
+    from outcore.policies.auto import plan_auto, plan_checkpoint
 
     plans = []
     for make in (plan_checkpoint, plan_auto):

@@ -11,7 +11,10 @@ Three passes, each simple enough to check by eye:
    are not resident in backward until brought back.
 2. **Frees.** Each tensor's residency is split into intervals at every (re)definition; a
    ``Free`` follows the last use of each interval (right after the definition when it has
-   no use). An offloaded tensor's forward Free is preceded by ``Wait(d2h)``. Static tensors
+   no use). An offloaded tensor's forward Free is preceded by ``Wait(d2h)``; both move to
+   just before the forward op the plan names in ``release_at`` (a release point: the
+   tensor stays resident until then, and the compute stream waits for its copy-out there,
+   not right after its last forward use). Static tensors
    and the step's outputs (loss, gradients, buffer updates) are never freed.
    Parameters held in host memory and gradients sent there (``weights``, a
    ``outcore.plan.weights.WeightPlacement``) go through the same passes: a held parameter
@@ -110,7 +113,8 @@ def lower(graph: Graph, plan: Plan, *, order: Sequence[int] | None = None,
                             "parameters held in host memory need one batch, freed at last use")
     seq, defs = _sequence(graph, ops, decisions, weights)
     keep = list(graph.outputs)
-    seq = _insert_frees(graph, seq, defs, keep, weights.movable(graph))
+    release = _release_points(graph, plan, decisions)
+    seq = _insert_frees(graph, seq, defs, keep, weights.movable(graph), release)
     seq = _free_unused_remakes(graph, seq, set(keep))
     if not plan.free_at_last_use:
         if decisions:
@@ -220,12 +224,45 @@ def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[in
     return free_after
 
 
+def _release_points(graph: Graph, plan: Plan, decisions: dict[int, Decision]) -> dict[int, int]:
+    """``plan.release_at`` checked: offloaded tensor -> the forward op its copy-out is waited
+    for and its storage freed before."""
+    for tid, oid in plan.release_at.items():
+        if decisions.get(tid) is not Decision.OFFLOAD:
+            raise ScheduleError(f"plan {plan.policy!r} names a release point for tensor {tid}, "
+                                "which it does not offload; drop it from release_at")
+        if not 0 <= oid < len(graph.ops) or graph.ops[oid].phase is not Phase.FORWARD:
+            raise ScheduleError(f"plan {plan.policy!r} releases tensor {tid} before op {oid}, "
+                                "which is not a forward op; name a forward op after its last "
+                                "forward use")
+    return dict(plan.release_at)
+
+
 def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int]],
-                  keep: list[int], movable: frozenset[int] = frozenset()) -> list[Instruction]:
-    """Free every tensor after the last use of each residency interval."""
+                  keep: list[int], movable: frozenset[int] = frozenset(),
+                  release_at: Mapping[int, int] | None = None) -> list[Instruction]:
+    """Free every tensor after the last use of each residency interval; a copied-out
+    residency named in ``release_at`` is waited for and freed just before that op's
+    forward Compute instead, when that Compute comes after its last use."""
     free_after = free_points(graph, seq, defs, keep, movable)
+    before: dict[int, list[int]] = defaultdict(list)
+    if release_at:
+        compute_at = {ins.op: i for i, ins in enumerate(seq)
+                      if isinstance(ins, Compute) and not ins.recompute
+                      and graph.ops[ins.op].phase is Phase.FORWARD}
+        for i, frees in free_after.items():
+            stay: list[tuple[int, bool]] = []
+            for tid, copied in frees:
+                at = compute_at.get(release_at[tid], -1) if copied and tid in release_at else -1
+                if at > i:
+                    before[at].append(tid)
+                else:
+                    stay.append((tid, copied))
+            frees[:] = stay
     out: list[Instruction] = []
     for i, ins in enumerate(seq):
+        for tid in before.get(i, ()):
+            out += [Wait(tid, "d2h"), Free(tid)]
         out.append(ins)
         for tid, copied in free_after.get(i, []):
             if copied:

@@ -24,6 +24,9 @@ class Plan:
     ``reasons`` holds, per tensor id, a one-line human explanation of the decision.
     ``prefetch_at`` may map an offloaded tensor id to the backward op id before which its
     prefetch is issued (default: chosen by the lowering's prefetch window).
+    ``release_at`` may map an offloaded tensor id to a later forward op id before which its
+    ``Wait(d2h)`` and ``Free`` are placed (default: right after its last forward use), so
+    that a long copy-out need not hold up the compute stream; it stays resident until then.
     """
 
     policy: str
@@ -31,6 +34,7 @@ class Plan:
     reasons: dict[int, str] = field(default_factory=dict)
     variants: dict[int, str] = field(default_factory=dict)
     prefetch_at: dict[int, int] = field(default_factory=dict)
+    release_at: dict[int, int] = field(default_factory=dict)
     sub_batches: int = 1
     budget: int | None = None
     free_at_last_use: bool = True  # False = network-wide allocation (nothing freed in the step)

@@ -89,3 +89,45 @@ def test_outcore_optimal_leads_outcore_autos_portfolio():
     from outcore.policies.auto import CANDIDATES
 
     assert CANDIDATES[0] == "outcore-optimal"
+
+
+def test_a_release_point_is_found_when_the_copy_out_is_long():
+    """Heavy convolutions and a copy-out longer than the next op: the optimum waits for the
+    copy (and frees) a few ops later instead of right after the last forward use; the exact
+    model finds the brute-force optimum over release points too, the bound stays below it,
+    and the same plan without its release point is slower."""
+    import dataclasses
+
+    from outcore.plan.lower import lower
+    from outcore.sim import simulate
+
+    graph = residual_chain(2, activation_bytes=1 << 28, conv_flops=3e11)
+    budget = int(reference_peaks(graph).liveness * 0.9)
+    result = plan_optimal(graph, budget, COST)
+    assert result.exact and result.plan.release_at
+    assert result.step_time == pytest.approx(best_time(graph, COST, budget), rel=1e-9)
+    assert result.lower_bound <= result.step_time * (1 + 1e-9)
+    verify(graph, result.schedule)
+    assert memory_curve(graph, result.schedule).peak <= budget
+    early = dataclasses.replace(result.plan, release_at={})
+    assert simulate(graph, lower(graph, early), COST).step_time > result.step_time
+
+
+def test_release_points_are_lowered_before_their_op_and_checked():
+    from outcore.errors import ScheduleError
+    from outcore.plan.lower import lower
+    from outcore.plan.plan import Plan
+    from outcore.plan.schedule import Free, Wait
+
+    tid = next(c.tensor for c in build_problem(GRAPH, COST, PEAK).candidates)
+    forward = [op.id for op in GRAPH.ops if op.phase.name == "FORWARD"]
+    at = forward[-2]
+    plan = Plan(policy="t", decisions={tid: Decision.OFFLOAD}, release_at={tid: at})
+    ins = lower(GRAPH, plan).instructions
+    k = ins.index(Compute(at))
+    assert ins[k - 2:k] == [Wait(tid, "d2h"), Free(tid)]
+    backward = next(op.id for op in GRAPH.ops if op.id not in forward)
+    for bad in (Plan(policy="t", release_at={tid: at}),
+                Plan(policy="t", decisions={tid: Decision.OFFLOAD}, release_at={tid: backward})):
+        with pytest.raises(ScheduleError, match="release"):
+            lower(GRAPH, bad)

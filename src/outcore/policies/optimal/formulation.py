@@ -22,13 +22,20 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   sum_{b_k=t} size_k r_k``, so the memory rows have O(1) entries per candidate.
   ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
   model (``Cuts``).
+* Release points (``Plan.release_at``): ``v_ki in {0,1}``, cumulative like ``y``: ``k`` is
+  offloaded and its ``Wait(d2h)`` + ``Free`` are placed before the Compute of release option
+  ``i`` or a later one (``o_k >= v_k0 >= v_k1 >= ...``; none set: right after ``f_k``). The
+  memory rows hold ``k`` from ``f_k + 1`` until its release (``+ size_k v_k0`` at ``f_k + 1``,
+  ``- size_k (v_ki - v_k(i+1))`` at option ``i``'s stage), and the Wait moves with it.
 * Compute stream: ``A_{s+1} >= A_s + c_s + sum_{b_k=s+1} R_k r_k`` (recomputes run before
   the op that needs them).
 * D2H engine, FIFO in issue order (= production order): ``E_k >= E_{k-1} + d_k o_k`` and
   ``E_k >= A_{p_k} + c_{p_k} + d_k o_k`` give the end of ``k``'s copy; the Wait before ``k``'s
-  forward Free: ``A_{f_k+1} >= E_k - M_k (1 - o_k)`` (``M_k = 0`` when no earlier copy has a
-  later deadline, else the earlier copies' total time). Windows strengthen the relaxation:
-  copies released at or after ``k``'s and due by ``f_k`` fit between them.
+  forward Free: ``A_{f_k+1} >= E_k - M_k (1 - o_k + v_k0)`` and at release option ``i``,
+  ``A_{rho_ki} >= E_k - M_k (1 - o_k + v_k(i+1))`` (``M_k = 0`` when ``k`` has no release
+  options and no earlier copy may be waited for after ``f_k + 1``, else the earlier copies'
+  total time plus ``d_k``). Windows strengthen the relaxation: copies issued at or after
+  ``k``'s, due by ``f_k`` and released at ``f + 1`` (``o_m - v_m0``) fit between them.
 * H2D engine: for each prefetch choice ``(k, j)`` issued before stage ``tau_kj`` (after
   Compute of ``tau_kj - 1`` ends; the Wait comes before Compute of ``b_k``), every prefetch
   issued at or after it and due by ``b_k`` fits in ``[A_{tau-1} + c_{tau-1}, A_{b_k}]``
@@ -52,12 +59,19 @@ Two models share this code:
   are not counted (a relaxation); deeper freed inputs likewise, up to ``CHAIN_DEPTH``
   levels (deeper re-makes are free). A recompute finds each of its producer's candidate
   inputs resident, or recomputes it, or prefetches it then (lowering's just-in-time
-  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Its LP (or MILP dual) value is
+  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Release option ``i`` stands for every
+  stage of ``(rho_k(i-1), rho_ki]`` (the last option ends at the last forward stage): freed
+  from the earlier end, waited for at the later one. Its LP (or MILP dual) value is
   a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
   from these decisions (framework kernels, one sub-batch).
-* **primal**: exact prefetch stages, recompute priced at the producer's time (plus, for a
-  chain, the producers of the freed forward intermediates it re-makes first), only when its
-  inputs are resident (``leaves``: ``r_k + r_u + sum_{q_uj > b_k} x_uj <= 1``).
+* **primal**: exact prefetch and release stages, recompute priced at the producer's time
+  (plus, for a chain, the producers of the freed forward intermediates it re-makes first),
+  only when its candidate inputs (``leaves``) are resident at ``b_k`` or recomputed
+  themselves: ``r_k + sum_{q_uj > b_k} x_uj <= 1``; a recomputed leaf ``u`` is then re-made
+  first, at ``b_k``, and held until ``b_u``: ``n_ku >= r_k + r_u - 1`` adds its bytes over
+  ``[b_k, b_u)``. One level only (``n_ku + n_uw <= 1``, and ``u``'s own leaves resident at
+  ``b_k``: ``n_ku + sum_{q_wj > b_k} x_wj <= 1``); ``u``'s time stays charged at ``b_u``
+  (the primal model's plans are simulated anyway; only the bound must be a bound).
 """
 
 from __future__ import annotations
@@ -142,6 +156,11 @@ class Model:
                 self.r.append(None)
         # bound model: y_u >= r_k for every k whose producer reads u, a kept activation dead at
         # b_k in the in-core schedule (lowering keeps u alive until that recompute)
+        # v_ki: candidate k is offloaded and released (Wait d2h + Free) at option >= i
+        self.v: list[list[int]] = []
+        for c in cands:
+            self.v.append(list(range(col, col + len(self.releases(c)))))
+            col += len(self.releases(c))
         self.ext: dict[int, tuple[int, int, int, list[int]]] = {}  # u -> col, bytes, from, ks
         # ... or re-made (a recompute chain): z_(u,b) = u re-made before stage b, at its floor
         # z_(m,b): op m re-run before stage b (a chain), at its full time
@@ -157,6 +176,17 @@ class Model:
                     if d.maker >= 0 and (d.maker, c.first_backward) not in self.remake:
                         self.remake[(d.maker, c.first_backward)] = (col, d.seconds)
                         col += 1
+        # primal: n_(k,u) >= r_k + r_u - 1: k's recompute re-makes its recomputed leaf u
+        # first, which then stays resident from b_k until b_u
+        self.nest: dict[tuple[int, int], int] = {}
+        if not relaxed:
+            index = {c.tensor: k for k, c in enumerate(cands)}
+            for k, c in enumerate(cands):
+                for leaf in c.leaves:
+                    u = index[leaf]
+                    if self.r[k] is not None and self.r[u] is not None:
+                        self.nest[(k, u)] = col
+                        col += 1
         self.ncols = col
         self.cuts = dict(cuts or {})
         self._built: tuple | None = None
@@ -164,6 +194,20 @@ class Model:
     # -- prices per model -------------------------------------------------------------------
     def options(self, c: Candidate) -> tuple[int, ...]:
         return c.bound_options if self.relaxed and c.bound_options else c.options
+
+    def releases(self, c: Candidate) -> tuple[int, ...]:
+        return c.bound_release if self.relaxed else c.release
+
+    def release_stages(self, k: int, i: int) -> tuple[int, int]:
+        """(first stage freed, stage the copy-out is waited before) of release option ``i``:
+        the option's stage in the primal model; in the bound model option ``i`` stands for
+        every stage of ``(releases[i-1], releases[i]]``, freed from the earlier end and
+        waited for at the later one."""
+        c = self.p.candidates[k]
+        rel = self.releases(c)
+        if not self.relaxed:
+            return rel[i], rel[i]
+        return (rel[i - 1] if i > 0 else c.last_forward + 1) + 1, rel[i]
 
     def recompute_cost(self, k: int) -> float:
         c = self.p.candidates[k]
@@ -193,12 +237,16 @@ class Model:
             lo[self.D + t] = BYTES * max(0.0, float(mem - budget + self.cuts.get(t, 0)))
         for xs in self.x:
             hi[xs] = 1.0
+        for vs in self.v:
+            hi[vs] = 1.0
         for rc in self.r:
             if rc is not None:
                 hi[rc] = 1.0
         for col, _, _, _ in self.ext.values():
             hi[col] = 1.0
         for col, _ in self.remake.values():
+            hi[col] = 1.0
+        for col in self.nest.values():
             hi[col] = 1.0
         return rows, lo, hi
 
@@ -229,11 +277,24 @@ class Model:
                 delta[q][ys[j]] = delta[q].get(ys[j], 0.0) + size
                 if j + 1 < len(ys):
                     delta[q][ys[j + 1]] = delta[q].get(ys[j + 1], 0.0) - size
+            vs = self.v[k]
+            if vs:  # released later: held from f_k + 1 until the release's first freed stage
+                start[vs[0]] = start.get(vs[0], 0.0) + size
+                for i, col in enumerate(vs):
+                    at = delta[self.release_stages(k, i)[0]]
+                    at[col] = at.get(col, 0.0) - size
+                    if i + 1 < len(vs):
+                        at[vs[i + 1]] = at.get(vs[i + 1], 0.0) + size
             rc = self.r[k]
             if rc is not None:
                 start[rc] = start.get(rc, 0.0) - size
                 end = delta[c.first_backward]
                 end[rc] = end.get(rc, 0.0) + size
+        for (k, u), col in self.nest.items():
+            cu, b = self.p.candidates[u], self.p.candidates[k].first_backward
+            delta[b][col] = delta[b].get(col, 0.0) + BYTES * cu.nbytes
+            delta[cu.first_backward][col] = delta[cu.first_backward].get(col, 0.0) - \
+                BYTES * cu.nbytes
         for col, nbytes, last, ks in self.ext.values():
             until = min(self.p.candidates[k].first_backward for k in ks)
             if last + 1 < until:
@@ -259,9 +320,18 @@ class Model:
             if prev is not None:
                 rows.add({e: 1.0, self.E + prev: -1.0, **o}, 0.0)
             rows.add({e: 1.0, self.A + c.produce: -1.0, **o}, SECONDS * self.p.op_time[c.produce])
-            big = total if latest > c.last_forward else 0.0
-            rows.add({self.A + c.last_forward + 1: 1.0, e: -1.0, self.x[k][0]: -big}, -big)
-            latest = max(latest, c.last_forward)
+            vs = self.v[k]
+            # o_k = 0: E_k <= A_{f+1} + (earlier copies' time) when an earlier copy may be
+            # waited for after f_k + 1; released later: E_k <= A_{f+1} + that + d_k
+            big = total + d if vs else (total if latest > c.last_forward else 0.0)
+            for i in range(-1, len(vs)):  # the Wait at f_k + 1 (i = -1) or at option i
+                wait = c.last_forward + 1 if i < 0 else self.release_stages(k, i)[1]
+                row = {self.A + wait: 1.0, e: -1.0, self.x[k][0]: -big}
+                if i + 1 < len(vs):
+                    row[vs[i + 1]] = big  # released at a later option: no Wait here
+                rows.add(row, -big)
+            latest = max(latest, self.release_stages(k, len(vs) - 1)[1] - 1 if vs
+                         else c.last_forward)
             total += d
             prev = k
         produce = [cands[k].produce for k in order]
@@ -273,9 +343,12 @@ class Model:
                 cm = cands[m]
                 if cm.produce > c.last_forward or listed >= WINDOW_CAP:
                     break
-                if cm.last_forward <= c.last_forward:
+                if cm.last_forward <= c.last_forward:  # ... and released at f_m + 1
                     col = self.x[m][0]
                     entries[col] = entries.get(col, 0.0) - SECONDS * cm.d2h
+                    if self.v[m]:
+                        col = self.v[m][0]
+                        entries[col] = entries.get(col, 0.0) + SECONDS * cm.d2h
                     listed += 1
             rows.add(entries, SECONDS * self.p.op_time[c.produce])
 
@@ -319,6 +392,8 @@ class Model:
             rows.add(entries, -math.inf, 1.0)
             for a, b in itertools.pairwise(self.x[k]):
                 rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)
+            for a, b in itertools.pairwise([self.x[k][0], *self.v[k]]):
+                rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)  # released later => offloaded
         if self.relaxed:
             self._dead_inputs(rows)
             self._bound_leaves(rows, index)
@@ -330,12 +405,29 @@ class Model:
             for leaf in c.leaves:
                 u = index[leaf]
                 entries = {rk: 1.0}
-                if self.r[u] is not None:
-                    entries[self.r[u]] = 1.0  # type: ignore[index]
+                ru = self.r[u]
+                if ru is not None:
+                    rows.add({self.nest[(k, u)]: 1.0, rk: -1.0, ru: -1.0}, -1.0)
                 later = [j for j, q in enumerate(self.options(cands[u])) if q > c.first_backward]
                 if later:
                     entries[self.x[u][later[0]]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
+        self._nesting(rows, index)
+
+    def _nesting(self, rows: _Rows, index: dict[int, int]) -> None:
+        """One level only: a leaf re-made early is not itself re-made from a recomputed leaf
+        (``n_(k,u) + n_(u,w) <= 1``), and its own leaves are resident at ``b_k`` already
+        (``n_(k,u) + sum_{q_wj > b_k} x_wj <= 1``)."""
+        cands = self.p.candidates
+        for (k, u), col in self.nest.items():
+            b = cands[k].first_backward
+            for leaf in cands[u].leaves:
+                w = index[leaf]
+                if (u, w) in self.nest:
+                    rows.add({col: 1.0, self.nest[(u, w)]: 1.0}, -math.inf, 1.0)
+                later = [j for j, q in enumerate(self.options(cands[w])) if q > b]
+                if later:
+                    rows.add({col: 1.0, self.x[w][later[0]]: 1.0}, -math.inf, 1.0)
 
     def _dead_inputs(self, rows: _Rows) -> None:
         """What needs a freed input ``d`` (k's recompute, or re-running ``d.needed_by``
@@ -378,6 +470,10 @@ class Model:
         c = self.p.candidates[k]
         at = self.options(c).index(pick[1]) if pick[0] == "offload" else -1
         values = {col: float(j <= at) for j, col in enumerate(self.x[k])}
+        rel = self.releases(c)
+        late = rel.index(pick[2]) if pick[0] == "offload" and len(pick) > 2 and pick[2] in rel \
+            else -1
+        values.update({col: float(i <= late) for i, col in enumerate(self.v[k])})
         rc = self.r[k]
         if rc is not None:
             values[rc] = float(pick[0] == "recompute")
@@ -405,6 +501,8 @@ class Model:
         if integral:
             for xs in self.x:
                 integrality[xs] = 1
+            for vs in self.v:
+                integrality[vs] = 1
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
@@ -433,9 +531,21 @@ class Model:
         """Per candidate: every column of it is integral in ``values``."""
         out = []
         for k in range(len(self.p.candidates)):
-            cols = [*self.x[k], *([self.r[k]] if self.r[k] is not None else [])]
+            cols = [*self.x[k], *self.v[k], *([self.r[k]] if self.r[k] is not None else [])]
             out.append(all(min(abs(values[c]), abs(1 - values[c])) <= tol for c in cols))
         return out
+
+    def _release_read(self, k: int, values: np.ndarray, eps: float) -> int:
+        """The earliest release stage with a share in ``values`` (``last_forward + 1`` when
+        the share released there is positive), so the rounded plan frees at least as much."""
+        c = self.p.candidates[k]
+        vs = [float(values[col]) for col in self.v[k]]
+        shares = [float(values[self.x[k][0]]) - (vs[0] if vs else 0.0)]
+        shares += [vs[i] - (vs[i + 1] if i + 1 < len(vs) else 0.0) for i in range(len(vs))]
+        for i, share in enumerate(shares):
+            if share > eps:
+                return c.last_forward + 1 if i == 0 else self.release_stages(k, i - 1)[0]
+        return c.last_forward + 1
 
     def _read(self, values: np.ndarray, eps: float = 1e-6) -> list[tuple]:
         """Integral choices from (possibly fractional) values, rounded so that every stage
@@ -455,7 +565,8 @@ class Model:
                 out.append(("recompute",))
             elif off > eps:
                 latest = max(j for j in range(len(xs)) if xs[j] > eps or j == 0)
-                out.append(("offload", opts[-1] if rv > eps else opts[latest]))
+                out.append(("offload", opts[-1] if rv > eps else opts[latest],
+                            self._release_read(k, values, eps)))
             else:
                 out.append(("keep",))
         return out

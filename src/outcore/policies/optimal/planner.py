@@ -11,8 +11,9 @@ Steps (``plan_optimal``):
 3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else
    from its LP relaxation (``_search``): the rounded LP (``("offload", q)`` by the largest
    prefetch share, recompute when its share is the largest), the node-limited MILP over the
-   LP's fractional candidates, and a segment local search from it. Each is lowered
-   (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
+   LP's fractional candidates, outcore-checkpoint's and the greedy planner's plans mapped to
+   the model (warm starts, ``_seed_plans``), and a segment local search from the best.
+   Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
    and the model re-solved, up to ``MAX_CUTS`` rounds.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from outcore.cost.model import CostModel
@@ -160,7 +162,8 @@ def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
 
 
 def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_limit: float,
-            search_segments: int | None) -> tuple[Plan, Schedule, bool]:
+            search_segments: int | None, starts: list[list[tuple]] | None = None
+            ) -> tuple[Plan, Schedule, bool]:
     from outcore.sim import simulate
 
     budget = problem.budget
@@ -175,7 +178,9 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         sol = model.solve(integral=exact, time_limit=time_limit)
         if not sol.choice:
             break
-        tries = [sol] if exact else _search(model, sol, search_segments)
+        if not exact and starts is None:
+            starts = [_choice_of(problem, seed) for seed in _seed_plans(graph, budget, cost)]
+        tries = [sol] if exact else _search(model, sol, search_segments, starts or [])
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:
@@ -212,24 +217,37 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
         "sub-batches (modnn) or a larger budget.")
 
 
-def _search(model: Model, start: Solution, segments: int | None) -> list[Solution]:
+def _search(model: Model, start: Solution, segments: int | None,
+            seeds: Sequence[list[tuple]] = ()) -> list[Solution]:
     """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
-    rounded LP; the MILP over the candidates the LP left fractional (the others fixed); then
-    a local search from it: each ``SEGMENT`` of candidates in production order is
-    re-solved as a MILP with every other candidate fixed, and kept when the model's step
-    falls, for one pass (at most ``segments`` re-solves). Every MILP is bounded by
-    ``NODE_LIMIT`` nodes (deterministic work) and ``SAFETY_LIMIT`` seconds (a net that an
-    ordinary solve never reaches)."""
+    rounded LP; the MILP over the candidates the LP left fractional (the others fixed);
+    each of ``seeds`` (other planners' plans as the model's choices, ``_choice_of``) the
+    model finds feasible (warm starts); then a local search from the best of these by the
+    model's step: each ``SEGMENT`` of candidates in production order is re-solved as a MILP
+    with every other candidate fixed, and kept when the model's step falls, for one pass
+    (at most ``segments`` re-solves). Every MILP is bounded by ``NODE_LIMIT`` nodes
+    (deterministic work) and ``SAFETY_LIMIT`` seconds (a net that an ordinary solve never
+    reaches)."""
     out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
     sol = model.solve(integral=True, fixed=fixed, time_limit=SAFETY_LIMIT, node_limit=NODE_LIMIT)
-    incumbent = sol if sol.choice else None
-    if incumbent is not None:
-        out.append(incumbent)
-    if incumbent is None or not math.isfinite(incumbent.objective):
+    incumbent = sol if sol.choice and math.isfinite(sol.objective) else None
+    if sol.choice:
+        out.append(sol)
+    for seed in seeds:
+        pins: dict[int, float] = {}
+        for k, pick in enumerate(seed):
+            pins.update(model.fix(k, pick))
+        warm = model.solve(integral=True, fixed=pins, time_limit=SAFETY_LIMIT,
+                           node_limit=NODE_LIMIT)
+        if warm.choice and math.isfinite(warm.objective):
+            out.append(warm)
+            if incumbent is None or warm.objective < incumbent.objective:
+                incumbent = warm
+    if incumbent is None:
         return out
     cands = model.p.candidates
     order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
@@ -237,7 +255,7 @@ def _search(model: Model, start: Solution, segments: int | None) -> list[Solutio
     starts = list(range(0, len(order), SEGMENT))
     for lo in starts if segments is None else starts[:segments]:
         free = set(order[lo:lo + SEGMENT])
-        pins: dict[int, float] = {}
+        pins = {}
         for k, pick in enumerate(incumbent.choice):
             if k not in free:
                 pins.update(model.fix(k, pick))
@@ -247,6 +265,45 @@ def _search(model: Model, start: Solution, segments: int | None) -> list[Solutio
             incumbent, improved = step, True
     if improved:
         out.append(incumbent)
+    return out
+
+
+def _seed_plans(graph: Graph, budget: int, cost: CostModel) -> list[Plan]:
+    """Warm starts for the search on large graphs: outcore-checkpoint's and the greedy
+    planner's plans (those that fit; both take well under a second on the planner table's
+    graphs, unlike PoocH's search)."""
+    from outcore.policies.auto import plan_auto, plan_checkpoint
+
+    plans = []
+    for make in (plan_checkpoint, plan_auto):
+        try:
+            plans.append(make(graph, budget, cost)[0])
+        except InfeasibleBudgetError:
+            continue
+    return plans
+
+
+def _choice_of(problem: Problem, plan: Plan) -> list[tuple]:
+    """``plan``'s decisions as the primal model's choices: a recompute the model can price
+    is a recompute, else (a deeper chain) an offload prefetched just in time, which frees
+    the same bytes; an offload's prefetch and release go to the nearest option at or
+    after (prefetch) / at or before (release) the plan's own."""
+    stage_of = {oid: s for s, oid in enumerate(problem.op_order)}
+    out: list[tuple] = []
+    for c in problem.candidates:
+        decision = plan.decision(c.tensor)
+        if decision is Decision.RECOMPUTE and c.recompute is not None:
+            out.append(("recompute",))
+        elif decision is Decision.KEEP:
+            out.append(("keep",))
+        else:
+            want = stage_of.get(plan.prefetch_at.get(c.tensor, -1), c.first_backward)
+            q = next((o for o in c.options if o >= want), c.first_backward)
+            if decision is Decision.RECOMPUTE:
+                q = c.first_backward
+            rel = stage_of.get(plan.release_at.get(c.tensor, -1), c.last_forward + 1)
+            rho = max(r for r in (c.last_forward + 1, *c.release) if r <= rel)
+            out.append(("offload", q, rho))
     return out
 
 
@@ -284,11 +341,14 @@ def _to_plan(graph: Graph, problem: Problem, choice: list[tuple], how: str) -> P
             q = pick[1]
             plan.decisions[t] = Decision.OFFLOAD
             plan.prefetch_at[t] = problem.op_order[q]
+            rho = pick[2] if len(pick) > 2 else c.last_forward + 1
+            if rho > c.last_forward + 1:
+                plan.release_at[t] = problem.op_order[rho]
             plan.reasons[t] = (f"offload {c.nbytes} B: {c.d2h * 1e3:.3f} ms out, "
                                f"{c.h2d * 1e3:.3f} ms back, prefetched before "
                                f"{graph.ops[problem.op_order[q]].name} (stage {q}, needed at "
-                               f"{c.first_backward}); frees it over stages {c.last_forward + 1}.."
-                               f"{q - 1} [{how}]")
+                               f"{c.first_backward}); frees it over stages {rho}..{q - 1} "
+                               f"[{how}]")
         elif pick[0] == "recompute":
             plan.decisions[t] = Decision.RECOMPUTE
             for u in c.chain:  # re-made first (forward intermediates backward never reads)

@@ -34,6 +34,14 @@ EVERY_STAGE_LIMIT = 4000
 BOUND_OPTIONS = 12
 
 
+#: Release points of an offload (``Candidate.release``): when the candidates' forward tails
+#: hold at most this many stages in all, every forward stage after ``last_forward + 1``;
+#: beyond, the heavy forward stages at these positions after it (primal; the bound model's
+#: intervals end at ``BOUND_RELEASE_PICKS`` and at the last forward stage).
+RELEASE_EVERY_LIMIT = 300
+RELEASE_PICKS = (0, 1, 2, 4, 7)
+BOUND_RELEASE_PICKS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+
 #: How many levels of freed inputs the bound model follows behind a recompute (deeper
 #: re-makes are free there: a relaxation).
 CHAIN_DEPTH = 4
@@ -72,6 +80,12 @@ class Candidate:
     resident then); the plan marks them RECOMPUTE too, and ``recompute`` includes their
     producers' times. ``dead_inputs`` lists, for the bound model, every such freed input:
     ``DeadInput``, with the freed inputs re-making it needs in turn.
+    ``release`` are the later forward stages before whose Compute an offload may be waited
+    for and freed instead of ``last_forward + 1`` (``Plan.release_at``; increasing, all
+    before the first backward stage); ``bound_release`` those of the bound model, where
+    option ``j`` stands for every stage in ``(bound_release[j-1], bound_release[j]]``
+    (``bound_release[-1]`` read as ``last_forward + 1``) and the last is the last forward
+    stage, so that every release point lowering accepts is covered.
     """
 
     tensor: int
@@ -89,6 +103,8 @@ class Candidate:
     dead_inputs: tuple[DeadInput, ...] = ()
     chain: tuple[int, ...] = ()
     bound_leaves: tuple[int, ...] = ()  # the producer's own inputs whose gap contains b
+    release: tuple[int, ...] = ()
+    bound_release: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,8 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
     movable_set = set(movable)
     rebuildable = forward_intermediates(graph) - movable_set  # backward never reads them
     every_stage = sum(b - f for _, _, f, b in raw) <= EVERY_STAGE_LIMIT
+    heavy_fwd = [s for s in range(first_bwd) if graph.ops[order[s]].category in HEAVY]
+    every_release = sum(max(0, first_bwd - f - 2) for _, _, f, _ in raw) <= RELEASE_EVERY_LIMIT
     cands = []
     for tid, p, f, b in raw:
         producer = graph.producer_op(tid)
@@ -173,6 +191,9 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
             bound_leaves=_direct_leaves(graph, producer.id, b, gaps),
             recompute_floor=op_time[stage_of[producer.id]] / per_producer[producer.id],
             options=_options(heavy, f, b, options),
+            release=_release(heavy_fwd, f, first_bwd, every_release, RELEASE_PICKS, False),
+            bound_release=_release(heavy_fwd, f, first_bwd, every_release,
+                                   BOUND_RELEASE_PICKS, True),
             bound_options=tuple(range(f + 1, b + 1)) if every_stage
             else _options(heavy, f, b, BOUND_OPTIONS),
             dead_inputs=_dead_inputs(graph, producer.id, b, spans, movable_set,
@@ -300,3 +321,20 @@ def _options(heavy: list[int], f: int, b: int, count: int) -> tuple[int, ...]:
     lo = bisect.bisect_right(heavy, f)
     early = heavy[max(lo, hi - (count - 1)):hi]
     return (*early, b)
+
+
+def _release(heavy_fwd: list[int], f: int, first_bwd: int, every: bool,
+             picks: tuple[int, ...], cover: bool) -> tuple[int, ...]:
+    """Release stages for a candidate whose last forward use is ``f`` (see ``Candidate``):
+    every forward stage in ``(f + 1, first_bwd)`` when ``every``, else the heavy forward
+    stages there at positions ``picks``; ``cover`` adds the last forward stage (the bound
+    model's intervals must reach it)."""
+    import bisect
+
+    if every:
+        return tuple(range(f + 2, first_bwd))
+    after = heavy_fwd[bisect.bisect_right(heavy_fwd, f + 1):]
+    chosen = [after[i] for i in picks if i < len(after)]
+    if cover and first_bwd - 1 > f + 1 and (not chosen or chosen[-1] < first_bwd - 1):
+        chosen.append(first_bwd - 1)
+    return tuple(chosen)

@@ -15,9 +15,10 @@ The rule (``choose_weights``), a portfolio over one family of placements:
   *through the same lowering*, so the activation planner sees the real peak, parameters'
   prefetches included, against ``budget - state of the device-held parameters``;
 * among the candidates that fit, the one with the smallest estimated step time wins: the
-  simulated schedule (copies overlapped with compute) plus the optimizer step, host-held
-  parameters at ``host_adam_rate`` and device-held ones at ``device_adam_rate`` (parameters
-  per second).
+  simulated schedule (copies overlapped with compute) plus the optimizer step, priced by
+  ``outcore.weights.step_cost.step_seconds`` from the hardware profile (host-held
+  parameters at the host's measured or catalogued AdamW rate, device-held ones on the
+  device).
 
 What this is not: a joint optimum. The placements are prefixes of one ranking (a
 parameter's position in the layer order, hence how well its copy hides, is not weighed);
@@ -41,12 +42,9 @@ from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Plan
 from outcore.plan.schedule import Schedule
 from outcore.plan.weights import WeightPlacement, gradients, parameters
+from outcore.weights.step_cost import step_seconds
 
 FRACTIONS = (0.0, 0.125, 0.25, 0.5, 0.75, 1.0)
-#: Parameters per second of AdamW, when not measured: a GPU and one CPU socket (fused
-#: kernels, fp32). ``outcore.weights.optimizer.measure_host_adam`` measures this CPU.
-DEVICE_ADAM_RATE = 2.0e10
-HOST_ADAM_RATE = 5.0e8
 
 Planner = Callable[[Graph, int, Any, Callable[[Graph, Plan], Schedule]], tuple[Plan, Schedule]]
 
@@ -107,10 +105,11 @@ def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
 def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int], *,
                    planners: Mapping[str, Planner] | None = None,
                    simulate: Callable[[Graph, Schedule], float] | None = None,
-                   host_adam_rate: float = HOST_ADAM_RATE,
-                   device_adam_rate: float = DEVICE_ADAM_RATE) -> WeightChoice:
+                   profile: Any = None) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
-    ``InfeasibleBudgetError`` naming the lowest need when none does."""
+    ``InfeasibleBudgetError`` naming the lowest need when none does. ``profile``: the
+    hardware profile pricing the optimizer step (default: ``cost``'s)."""
+    profile = cost if profile is None else profile
     if planners is None:
         planners = default_planners()
     params = parameters(graph)
@@ -129,8 +128,9 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                                     frozenset(grads[n] for n in held if n in grads))
         device_state = state_bytes_of(names[k:], state_bytes)
         cand = Candidate(held_bytes=sum(freed[:k]), params=k, device_state=device_state)
-        cand.optimizer_seconds = (sum(numel[n] for n in held) / host_adam_rate
-                                  + sum(numel[n] for n in names[k:]) / device_adam_rate)
+        cand.optimizer_seconds = sum(step_seconds(
+            {"host": [numel[n] for n in held], "device": [numel[n] for n in names[k:]]},
+            profile))
         tried.append(cand)
         room = budget - device_state
         if room <= 0:

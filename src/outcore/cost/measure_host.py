@@ -77,7 +77,8 @@ def measure_adam_rate(numel: int = 1 << 21, repeats: int = 4) -> tuple[float, st
         p = torch.zeros(numel, requires_grad=True)
         p.grad = torch.full_like(p, 1e-3)
         try:
-            opt = torch.optim.AdamW([p], lr=1e-3, **{impl: True})
+            opt = torch.optim.AdamW([p], lr=1e-3, fused=(impl == "fused") or None,
+                                    foreach=(impl == "foreach") or None)
             rates[impl] = numel / _best(opt.step, repeats=repeats)
         except (RuntimeError, TypeError):  # an implementation this torch lacks on CPU
             continue

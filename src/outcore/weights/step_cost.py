@@ -1,8 +1,9 @@
 """What the optimizer step costs, on the device and on the host (plain Python, no torch).
 
-One function prices it for the planner and the simulator: ``step_seconds(params_by_placement,
-profile) -> (device_s, host_s)``. Its rates come from the hardware profile
-(``outcore.cost.profiles``):
+One function prices it for the planner: ``step_seconds(params_by_placement, profile) ->
+(device_s, host_s)``; ``host_steps(graph, schedule, profile)`` lays the same prices out per
+parameter for the simulator's host timeline (``outcore.sim.host_steps``). Its rates come
+from the hardware profile (``outcore.cost.profiles``):
 
 * on the host, ``profile.host_adam_rate`` parameters per second (torch's CPU AdamW, fused or
   foreach: measured for "this-cpu" by ``outcore.cost.measure_host``; for the catalogue GPUs
@@ -26,6 +27,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from outcore.errors import ProfileError
+from outcore.graph.ir import Graph
+from outcore.plan.schedule import Schedule
+from outcore.plan.weights import gradients, parameters
+from outcore.sim.host_steps import HostSteps
 
 #: bytes an fp32 AdamW update moves per parameter: p, grad, m, v read; p, m, v written
 ADAM_BYTES = 28
@@ -81,10 +86,7 @@ def host_bandwidth(profile: Any) -> float:
 def _count(value: int | Iterable[int]) -> int:
     if isinstance(value, bool):
         raise ProfileError(f"a parameter count must be an integer, got {value!r}")
-    if isinstance(value, int):
-        total = value
-    else:
-        total = sum(int(v) for v in value)
+    total = value if isinstance(value, int) else sum(int(v) for v in value)
     if total < 0:
         raise ProfileError(f"a parameter count must be >= 0, got {total}")
     return total
@@ -116,3 +118,44 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
         raise ProfileError("the optimizer step's time is not finite; check the profile's "
                            "bandwidths and host_adam_mparams")
     return device_s, host_s
+
+
+def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool = False,
+               master_cast_bytes: int = 0) -> HostSteps:
+    """The optimizer step of ``schedule``'s placement, for ``simulate(..., optimizer=)``.
+
+    A parameter whose gradient the schedule sends to host memory (``host_outputs``) is
+    stepped on the host, as soon as that gradient lands; if the parameter is held in host
+    memory (``host_static``) its step also waits for its last prefetch of the step (it
+    updates the copy that prefetch reads), else the device keeps the weight and the updated
+    weight is copied back h2d (ZeRO-Offload). Every other parameter is stepped on the
+    device after the pass. ``barrier``: clipping or a GradScaler, which need every gradient
+    before any step (plus the global norm over the host gradients at host DRAM bandwidth).
+    """
+    sent = set(schedule.host_outputs)
+    held = set(schedule.host_static)
+    params = parameters(graph)
+    host: dict[int, float] = {}
+    wait_for: dict[int, int] = {}
+    h2d: dict[int, int] = {}
+    device = 0
+    norm_bytes = 0
+    for name, g in gradients(graph).items():
+        p = params.get(name)
+        if p is None:
+            continue
+        numel = math.prod(graph.tensors[p].shape)
+        if g in sent or p in held:
+            host[g] = step_seconds({"host": numel}, profile,
+                                   master_cast_bytes=master_cast_bytes)[1]
+            norm_bytes += graph.tensors[graph.tensors[g].storage].nbytes
+            if p in held:
+                wait_for[g] = p
+            else:
+                h2d[g] = graph.tensors[p].nbytes
+        else:
+            device += numel
+    barrier_s = norm_bytes / host_bandwidth(profile) if barrier and norm_bytes else 0.0
+    return HostSteps(host=host, wait_for=wait_for, h2d=h2d,
+                     device_seconds=step_seconds({"device": device}, profile)[0],
+                     barrier=barrier, barrier_seconds=barrier_s)

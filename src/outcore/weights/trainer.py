@@ -124,7 +124,8 @@ class WeightTrainer:
         ``scale(loss).backward; unscale_; clip; scaler.step; scaler.update``); the LR
         scheduler stays the user's (``sched.step()`` after it)."""
         scale = _scale(scaler)
-        barrier = self.clip_grad_norm is not None or scale != 1.0
+        scaled = scaler is not None and scaler.is_enabled()
+        barrier = self.clip_grad_norm is not None or scaled  # they need every gradient
         self.stepper.start(overlap=not barrier)
         try:
             result = self.executor.run(batch_of(args, self.loss_fn), apply=False,
@@ -140,7 +141,7 @@ class WeightTrainer:
         else:
             self.executor.apply_grads(rest, result.buffers)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        if scaler is not None and scaler.is_enabled():
+        if scaled:
             if self.clip_grad_norm is not None:
                 scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)

@@ -117,3 +117,18 @@ def test_the_cpu_timeline_rules():
     assert min(s for s, _ in barrier.steps.values()) == 4.25 and barrier.host_end == 7.25
     with pytest.raises(ProfileError):
         HostSteps(host={1: -1.0})
+
+
+def test_ranks_on_one_host_share_its_cpu():
+    from outcore.cost.interconnects import HOSTS, default_host
+
+    dgx1 = HOSTS["dgx1-v100"]
+    v100 = get_profile("v100-pcie")
+    assert dgx1.host_side(v100, 1).host_adam_rate == dgx1.host_adam_rate
+    assert dgx1.host_side(v100, 8).host_adam_rate == pytest.approx(dgx1.host_adam_rate / 8)
+    assert dgx1.host_side(v100, 16).host_adam_rate == pytest.approx(dgx1.host_adam_rate / 8)
+    a100 = get_profile("a100-40gb")  # a host without its own figures: the GPU profile's
+    assert default_host("a100-40gb").host_side(a100, 2).host_memory_bandwidth == \
+        pytest.approx(a100.host_memory_bandwidth / 2)
+    with pytest.raises(ProfileError, match="host_adam_rate"):
+        dataclasses.replace(dgx1, host_adam_rate=0.0)

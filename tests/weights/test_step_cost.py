@@ -132,3 +132,8 @@ def test_ranks_on_one_host_share_its_cpu():
         pytest.approx(a100.host_memory_bandwidth / 2)
     with pytest.raises(ProfileError, match="host_adam_rate"):
         dataclasses.replace(dgx1, host_adam_rate=0.0)
+
+
+def test_no_profile_is_refused_with_the_way_out():
+    with pytest.raises(ProfileError, match="get_profile"):
+        step_seconds({"host": 1}, None)

@@ -45,7 +45,12 @@ PLACEMENTS = ("device", "host")
 def _profile(profile: Any) -> Any:
     """A HardwareProfile, or the ``.profile`` of a cost model that has one."""
     inner = getattr(profile, "profile", None)
-    return inner if inner is not None else profile
+    found = inner if inner is not None else profile
+    if found is None:
+        raise ProfileError("no hardware profile to price the optimizer step: pass a "
+                           "HardwareProfile (e.g. get_profile('a100-40gb')) or a cost model "
+                           "that carries one")
+    return found
 
 
 def host_adam_rate(profile: Any) -> float:

@@ -12,7 +12,10 @@
    attention, one for every other compute category, the memory efficiency and the launch
    overhead, minimising the time-weighted squared log error (``fit_efficiency``); the link
    is the *concurrent* fit (offloads and prefetches overlap in a step).
-4. The profile file, in gpus.json's format (``load_profiles`` reads it; ``cuda_speed.py
+4. The host side: this machine's DRAM bandwidth and torch's CPU AdamW rate (the faster of
+   fused and foreach; ``outcore.cost.measure_host``), the profile's ``host_memory_bandwidth``
+   and ``host_adam_rate`` (what the optimizer step of host-held parameters costs).
+5. The profile file, in gpus.json's format (``load_profiles`` reads it; ``cuda_speed.py
    --profile FILE`` uses it), with the raw measurements beside it:
    ``benchmarks/profiles/<gpu>.json`` by default.
 
@@ -260,13 +263,21 @@ def calibrate(args: argparse.Namespace) -> None:
         measured.append((graph, seconds))
         del model, batch, work
     fitted, rms = fit_efficiency(get_profile(args.base), measured)
+    from outcore.cost.measure_host import measure_adam_rate, measure_this_cpu
+
+    host_bw = measure_this_cpu().host_memory_bandwidth
+    adam, impl = measure_adam_rate()
+    print(f"host: DRAM {host_bw / 1e9:.1f} GB/s, CPU AdamW ({impl}) {adam / 1e6:.0f} Mparam/s")
     fitted = replace(
         fitted, name=name, aliases=(), description=f"{gpu}, measured by cuda_calibrate.py",
         h2d_bandwidth=link["h2d concurrent"].bandwidth,
         d2h_bandwidth=link["d2h concurrent"].bandwidth,
+        host_memory_bandwidth=host_bw, host_adam_rate=adam,
         sources=((f"benchmarks/cuda_calibrate.py on {gpu}, torch {torch.__version__}: "
                  f"efficiencies and launch overhead fitted to per-op times (RMS log error "
-                 f"{rms:.3f}); link: concurrent pinned copies"),))
+                 f"{rms:.3f}); link: concurrent pinned copies"),
+                 (f"host side measured on this machine's CPU: DRAM copy bandwidth, torch "
+                 f"CPU AdamW {impl}=True")))
     doc = profile_document(fitted, {"gpu": gpu, "torch": torch.__version__,
                                     "link_samples": [asdict(s) for s in samples],
                                     "link_fit": {k: asdict(v) for k, v in link.items()},

@@ -13,12 +13,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from weights_helpers import make_gpt, token_loss
 
+from outcore.cost.profiles import get_profile
 from outcore.errors import InfeasibleBudgetError
 from outcore.weights import compile as compile_weights
 from outcore.weights.choose import choose_weights
 from outcore.weights.optimizer import state_bytes
 
 FAST = 2e9
+A100 = get_profile("a100-40gb")
 
 
 def batches(n, seed=5, vocab=64, shape=(2, 16)):
@@ -96,10 +98,11 @@ def test_roomy_budget_moves_nothing_and_a_tiny_one_is_refused(gpt):
     model, _, graph = gpt
     opt = torch.optim.AdamW(model.parameters())
     state = state_bytes(opt, model)
-    roomy = choose_weights(graph, 1 << 30, None, state, planners=_liveness_only())
+    roomy = choose_weights(graph, 1 << 30, None, state, planners=_liveness_only(),
+                           profile=A100)
     assert not roomy.placement
     with pytest.raises(InfeasibleBudgetError):
-        choose_weights(graph, 1024, None, state, planners=_liveness_only())
+        choose_weights(graph, 1024, None, state, planners=_liveness_only(), profile=A100)
 
 
 def test_state_bytes_follow_the_optimizer(gpt):
@@ -133,7 +136,8 @@ def test_every_candidate_is_explained(gpt):
     model, _, graph = gpt
     state = state_bytes(torch.optim.AdamW(model.parameters()), model)
     budget = 2 * sum(p.numel() * 4 for p in model.parameters())  # liveness needs room
-    choice = choose_weights(graph, budget, None, state, planners=_liveness_only())
+    choice = choose_weights(graph, budget, None, state, planners=_liveness_only(),
+                            profile=A100)
     lines = choice.explain(graph)
     assert len(choice.tried) >= 2
     assert any("no plan" in ln for ln in lines[:len(choice.tried)])

@@ -11,6 +11,11 @@ seconds). Two kinds of entry:
   ``link_bandwidth`` each way (a PCIe switch's x16 uplink to the CPU), GPUs joined by the
   ``interconnect`` inside the host and by ``network`` (per host, each way) between hosts.
 
+The host CPU is shared too: ``host_adam_rate`` / ``host_memory_bandwidth`` (optional; the
+host's CPU AdamW parameters/s and DRAM bytes/s, with their source in the description) are
+the whole machine's; ``host_side`` gives one of ``n_gpus`` lock-step ranks its share (the
+ranks on one host step their host-held parameters at the same time).
+
 The shared-link rule (``copy_bandwidth``): ``k`` ranks behind one uplink that copy at once
 get ``min(own, link / k)`` each. Data-parallel ranks run the same schedule in lock step, so
 their copies do coincide; that is the rule the planner and the simulator use for every rank
@@ -60,8 +65,15 @@ class HostProfile:
     interconnect: str
     network: str
     description: str = ""
+    host_memory_bandwidth: float | None = None
+    host_adam_rate: float | None = None
 
     def __post_init__(self) -> None:
+        for key in ("host_memory_bandwidth", "host_adam_rate"):
+            value = getattr(self, key)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ProfileError(f"host profile {self.name!r}: {key} must be > 0, "
+                                   f"got {value!r}")
         for key in ("gpus_per_host", "gpus_per_link"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -81,6 +93,17 @@ class HostProfile:
     def copy_bandwidth(self, own: float, n_gpus: int) -> float:
         """Bytes/s one rank's copy engine gets when all ``n_gpus`` ranks copy at once."""
         return min(own, self.link_bandwidth / self.sharing(n_gpus))
+
+    def host_side(self, profile: HardwareProfile, n_gpus: int) -> HardwareProfile:
+        """``profile`` with the host CPU's AdamW rate and DRAM bandwidth one of ``n_gpus``
+        lock-step ranks gets (this host's figures, else the GPU profile's, divided by the
+        ranks on one host)."""
+        ranks = min(max(1, n_gpus), self.gpus_per_host)
+        rate = self.host_adam_rate or profile.host_adam_rate
+        bandwidth = self.host_memory_bandwidth or profile.host_memory_bandwidth
+        return dataclasses.replace(
+            profile, host_adam_rate=None if rate is None else rate / ranks,
+            host_memory_bandwidth=None if bandwidth is None else bandwidth / ranks)
 
     def hosts(self, n_gpus: int) -> int:
         """Machines ``n_gpus`` ranks span (each host filled before the next)."""
@@ -115,15 +138,22 @@ HOSTS: dict[str, HostProfile] = {h.name: h for h in (
     HostProfile("k40m-x2", "k40c", 2, 2, 10 * _GB, "pcie3-root", "infiniband-edr",
                 "moDNN's machine (§V): two Tesla K40m on one PCIe 3.0 bus; the bus carries "
                 "about 10 GB/s each way in all, so two GPUs copying at once get 5 GB/s each "
-                "instead of their own 8"),
+                "instead of their own 8. CPU: assumed one Haswell Xeon E5 v3, 4 channels "
+                "DDR4-2133 = 68.3 GB/s; AdamW rate derived (50% of it over 28 B/parameter)",
+                68.3 * _GB, 1.22e9),
     HostProfile("v100-pcie-x8", "v100-pcie", 8, 4, 12 * _GB, "pcie3", "infiniband-edr",
                 "8 V100 PCIe in a dual-socket server, one PCIe switch per socket with 4 "
                 "GPUs behind its x16 uplink (12 GB/s each way); all-reduce over PCIe; one "
-                "EDR port per host"),
+                "EDR port per host. CPUs: assumed 2 x Xeon Gold 6148, 6 channels DDR4-2666 "
+                "each = 256 GB/s; AdamW rate derived (50% of it over 28 B/parameter)",
+                256 * _GB, 4.57e9),
     HostProfile("dgx1-v100", "v100-pcie", 8, 2, 12 * _GB, "nvlink2", "infiniband-edr-x4",
                 "DGX-1 (V100 SXM2): NVLink 2.0 cube-mesh between GPUs; 4 PCIe switches, 2 "
                 "GPUs per x16 uplink to the CPUs; 4 EDR ports. Compute priced with the "
-                "v100-pcie profile (SXM2's peak is about 12% higher)"),
+                "v100-pcie profile (SXM2's peak is about 12% higher). CPUs: 2 x Xeon "
+                "E5-2698 v4 with DDR4-2133 (DGX-1 datasheet), 4 channels each = 136.5 GB/s; "
+                "AdamW rate derived (50% of it over 28 B/parameter)",
+                136.5 * _GB, 2.44e9),
 )}
 
 

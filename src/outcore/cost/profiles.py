@@ -9,6 +9,12 @@ uses readable units (``"12GiB"``, TFLOP/s, GB/s, microseconds); ``from_dict``/``
 convert. Invariants (checked on construction, ``ProfileError`` naming the field otherwise):
 memory > 0; every bandwidth and peak > 0 and finite; peaks are given for known dtypes only
 and at least for ``float32``; ``copy_engines`` >= 1; ``launch_overhead`` >= 0.
+
+The host the device sits in is described by two optional fields, used to price work that
+runs on the CPU (the optimizer step of parameters held in host memory,
+``outcore.weights.step_cost``): ``host_memory_bandwidth`` (bytes/s of the host's DRAM) and
+``host_adam_rate`` (parameters per second of PyTorch's CPU AdamW step on that host). Every
+catalogue entry gives both with its source; "this-cpu" measures both.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ THIS_CPU = "this-cpu"
 _JSON_KEYS = frozenset({
     "name", "aliases", "description", "memory", "peak_tflops", "memory_bandwidth_gbs", "link",
     "link_peak_gbs", "h2d_gbs", "d2h_gbs", "copy_engines", "launch_overhead_us", "sources",
-    "efficiency", "shared_memory",
+    "efficiency", "shared_memory", "host_memory_bandwidth_gbs", "host_adam_mparams",
 })
 _REQUIRED = ("name", "memory", "peak_tflops", "memory_bandwidth_gbs", "h2d_gbs", "d2h_gbs",
              "copy_engines", "launch_overhead_us")
@@ -99,6 +105,10 @@ class HardwareProfile:
     #: the device's memory and the host's are one memory (this CPU): an offload moves bytes
     #: within the same RAM and frees nothing, so planners for this profile never offload
     shared_memory: bool = False
+    #: the host's DRAM bandwidth, bytes/s (None: not given)
+    host_memory_bandwidth: float | None = None
+    #: parameters per second of torch's CPU AdamW step on the host (None: not given)
+    host_adam_rate: float | None = None
 
     def __post_init__(self) -> None:
         n = self.name or "<unnamed>"
@@ -109,8 +119,9 @@ class HardwareProfile:
         for key in ("memory_bandwidth", "h2d_bandwidth", "d2h_bandwidth"):
             _positive(n, key, getattr(self, key))
         _positive(n, "launch_overhead", self.launch_overhead, allow_zero=True)
-        if self.link_peak_bandwidth is not None:
-            _positive(n, "link_peak_bandwidth", self.link_peak_bandwidth)
+        for key in ("link_peak_bandwidth", "host_memory_bandwidth", "host_adam_rate"):
+            if getattr(self, key) is not None:
+                _positive(n, key, getattr(self, key))
         engines = self.copy_engines
         if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
             raise _fail(n, "copy_engines", f"must be an integer >= 1, got {engines!r}")
@@ -165,6 +176,8 @@ class HardwareProfile:
         if not isinstance(peaks, Mapping):
             raise _fail(name, "peak_tflops", "must map dtype names to TFLOP/s")
         link_peak = doc.get("link_peak_gbs")
+        host_bw = doc.get("host_memory_bandwidth_gbs")
+        host_adam = doc.get("host_adam_mparams")
         return cls(
             name=name,
             memory=memory,
@@ -184,6 +197,10 @@ class HardwareProfile:
             aliases=tuple(doc.get("aliases", ())),
             efficiency=dict(doc.get("efficiency", {})),
             shared_memory=doc.get("shared_memory", False) is True,
+            host_memory_bandwidth=None if host_bw is None
+            else _positive(name, "host_memory_bandwidth_gbs", host_bw) * 1e9,
+            host_adam_rate=None if host_adam is None
+            else _positive(name, "host_adam_mparams", host_adam) * 1e6,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,6 +226,10 @@ class HardwareProfile:
             doc["efficiency"] = dict(self.efficiency)
         if self.shared_memory:
             doc["shared_memory"] = True
+        if self.host_memory_bandwidth is not None:
+            doc["host_memory_bandwidth_gbs"] = self.host_memory_bandwidth / 1e9
+        if self.host_adam_rate is not None:
+            doc["host_adam_mparams"] = self.host_adam_rate / 1e6
         return doc
 
 

@@ -8,10 +8,17 @@ offload was waited for (``host_tensor``). Devices that support this have the two
 ``hold_on_host(tid, tensor)`` and ``host_tensor(tid)``: the plain CPU and the CPU-emulated
 accelerator. On CUDA the captured step's parameters are device tensors; holding them in
 pinned host memory is not implemented yet, and ``check_host_weights`` says so.
+
+``LandingDevice`` wraps such a device and reports every copy the step has waited for
+(``landed(direction, tid)``, called on the step's thread right after ``wait_offload`` or
+``wait_prefetch`` returned; ``("h2d-start", tid)`` before a prefetch starts): what the
+overlapped optimizer step (``outcore.weights.host_step``) starts host work from. It adds
+no instruction and moves no byte; everything else is the wrapped device's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,3 +45,29 @@ def host_tensor(device: Any, tid: int) -> torch.Tensor:
     out = device.host_tensor(tid)
     assert isinstance(out, torch.Tensor)
     return out
+
+
+class LandingDevice:
+    """``device``, calling ``landed("d2h"|"h2d", tid)`` after each completed Wait."""
+
+    def __init__(self, device: Any, landed: Callable[[str, int], None]) -> None:
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "landed", landed)
+
+    def wait_offload(self, tid: int) -> None:
+        self.device.wait_offload(tid)
+        self.landed("d2h", tid)
+
+    def wait_prefetch(self, tid: int) -> None:
+        self.device.wait_prefetch(tid)
+        self.landed("h2d", tid)
+
+    def start_prefetch(self, tid: int, name: str) -> Any:
+        self.landed("h2d-start", tid)
+        return self.device.start_prefetch(tid, name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.device, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # e.g. the executor's tracker
+        setattr(self.device, name, value)

@@ -32,10 +32,13 @@ class SimResult:
 
     Aggregates (times, bytes) cover the whole step, i.e. ``sub_batches`` passes of the
     schedule; the per-instruction timeline and memory curves describe one pass. Invariant:
-    ``step_time == compute_time + host_time + exposed_transfer_time`` (the compute stream is
-    computing, spending host time on a non-kernel instruction (``HostCosts``; zero on a GPU
-    profile) or stalled on a copy; a copy still running after the last instruction counts
-    as exposed).
+    ``step_time == compute_time + host_time + exposed_transfer_time + optimizer_time`` (the
+    compute stream is computing, spending host time on a non-kernel instruction
+    (``HostCosts``; zero on a GPU profile) or stalled on a copy; a copy still running after
+    the last instruction counts as exposed; ``optimizer_time`` is what the optimizer step
+    adds after the pass, when simulated with ``optimizer=``: zero otherwise).
+    ``host_step_time``: seconds the CPU spent on host optimizer steps (overlapped or not);
+    ``optimizer``: their timeline (``outcore.sim.host_steps.StepTimeline``), or None.
 
     Per-instruction lists (index = instruction index):
         issue: when the compute stream reached the instruction (s from the pass start).
@@ -75,6 +78,9 @@ class SimResult:
     placement: Any = field(default=None, repr=False)
     cost_model: str = ""
     host_time: float = 0.0
+    optimizer_time: float = 0.0
+    host_step_time: float = 0.0
+    optimizer: Any = field(default=None, repr=False)
 
     @property
     def steps(self) -> list[int]:
@@ -99,6 +105,8 @@ class SimResult:
         }
         if self.host_time:
             parts["host"] = self.host_time
+        if self.optimizer_time:
+            parts["optimizer"] = self.optimizer_time
         return parts
 
     def summary(self) -> str:
@@ -121,5 +129,5 @@ class SimResult:
         keys = ("step_time", "pass_time", "sub_batches", "compute_time", "exposed_transfer_time",
                 "stall_time", "overlapped_transfer_time", "d2h_busy_time", "h2d_busy_time",
                 "bytes_d2h", "bytes_h2d", "peak_bytes", "average_bytes", "host_peak_bytes",
-                "static_bytes", "host_time", "cost_model")
+                "static_bytes", "host_time", "optimizer_time", "host_step_time", "cost_model")
         return {k: getattr(self, k) for k in keys}

@@ -14,7 +14,12 @@ Timing rules (one pass of the schedule, times in seconds from its start):
   host copy of ``t`` has landed. Each engine is FIFO and takes
   ``cost_model.transfer_time(nbytes, dir)`` per copy. With one copy engine
   (``cost_model.copy_engines == 1``) both directions share it;
-* the pass ends when the compute stream and every copy are done.
+* the pass ends when the compute stream and every copy are done;
+* with ``optimizer=HostSteps(...)`` (``outcore.sim.host_steps``), the optimizer step follows:
+  each host-stepped parameter's step on the CPU as soon as its gradient's d2h copy has
+  landed (overlapped with the rest of backward), the device-held parameters' step on the
+  compute stream after the pass, updated weights the device keeps copied back h2d; the
+  step ends when all of that has (``SimResult.optimizer_time`` is what it adds).
 
 Residency, memory and the schedule's soundness come from the one replay of the schedule
 (``outcore.plan.residency.Replay``: the memory rule the executor's tracker measures, with
@@ -40,6 +45,7 @@ from outcore.graph.ir import Graph, Op
 from outcore.plan.memory import MemoryTrace, trace_of
 from outcore.plan.residency import NONE, TRANSIENT, Replay, Step
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
+from outcore.sim.host_steps import HostSteps, StepTimeline, timeline
 from outcore.sim.intervals import overlap, total, union
 from outcore.sim.result import COMPUTE, D2H, H2D, Lifetime, SimResult
 
@@ -74,6 +80,7 @@ class _Timing:
         self.now = 0.0
         self.stall = 0.0
         self.landed: dict[int, float] = {}  # storage -> end of its latest waited offload
+        self.copy_end: dict[tuple[str, int], float] = {}  # (direction, tensor) -> latest end
         self.in_flight: dict[tuple[str, int], _Copy] = {}  # (direction, storage) -> copy
         self.op_times: list[float | None] = [None] * len(ops)
         self.bytes = {D2H: 0, H2D: 0}
@@ -138,6 +145,7 @@ class _Timing:
         self.engine_free[engine] = begin + duration
         self.bytes[direction] += nbytes
         self.start[i], self.end[i], self.stream[i] = begin, begin + duration, direction
+        self.copy_end[direction, storage] = begin + duration
         return _Copy(i, direction, begin, begin + duration)
 
     def _op_time(self, op: Op) -> float:
@@ -162,7 +170,8 @@ def _resolve_ops(graph: Graph, schedule: Schedule) -> list[Op]:
 
 
 def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
-             placement: Placement | Any | None = None, verify: bool = True) -> SimResult:
+             placement: Placement | Any | None = None, verify: bool = True,
+             optimizer: HostSteps | None = None) -> SimResult:
     """Simulate ``schedule`` on ``graph`` under ``cost_model``.
 
     Args:
@@ -174,6 +183,8 @@ def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
             lifetimes)`` (or ``placement.place(...)``); its result is ``SimResult.placement``.
         verify: kept for callers; the schedule is always checked, by the same single replay
             that the simulation times (``False`` saves nothing and skips nothing).
+        optimizer: the optimizer step after the last pass (``HostSteps``; module doc);
+            ``SimResult.optimizer_time`` and ``step_time`` include it.
 
     Raises:
         ScheduleError: the schedule breaks a rule (index = the instruction).
@@ -192,6 +203,8 @@ def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
     if broken is not None:
         raise broken.error()
     result = _assemble(timing, trace, lifetimes, schedule.sub_batches, repr(cost_model))
+    if optimizer is not None:
+        _add_optimizer(graph, timing, result, optimizer)
     if placement is not None:
         place = getattr(placement, "place", placement)
         result.placement = place(graph, schedule, lifetimes)
@@ -266,6 +279,23 @@ def _assemble(replay: _Timing, trace: MemoryTrace, lifetimes: list[Lifetime], su
         lifetimes=lifetimes,
         cost_model=model_name,
     )
+
+
+def _add_optimizer(graph: Graph, timing: _Timing, result: SimResult, work: HostSteps) -> None:
+    """Time ``work`` after the last pass and add what it exposes to ``result``."""
+    landed = {g: timing.copy_end[D2H, graph.tensors[g].storage] for g in work.host
+              if (D2H, graph.tensors[g].storage) in timing.copy_end}
+    prefetched = {t: end for (d, t), end in timing.copy_end.items() if d == H2D}
+    h2d_engine = timing.engines[H2D]
+    line: StepTimeline = timeline(
+        work, compute_end=timing.now, pass_end=result.pass_time, landed=landed,
+        prefetched=prefetched, h2d_free=timing.engine_free[h2d_engine],
+        h2d_time=lambda n: timing.model.transfer_time(n, H2D))
+    result.optimizer_time = line.end - result.pass_time
+    result.step_time += result.optimizer_time
+    result.host_step_time = line.host_busy
+    result.bytes_h2d += line.h2d_bytes
+    result.optimizer = line
 
 
 def _kind(ins: Any) -> str:

@@ -3,7 +3,10 @@
 ``outcore.weights.compile(model, loss_fn, batch, optimizer=..., budget=...)`` plans which
 parameters live in host memory (``choose.choose_weights``) together with the activations,
 and returns a ``WeightTrainer`` whose ``step`` runs the planned step (``outcore.plan.weights``
-puts the held parameters' prefetches and the gradients' offloads in the one Schedule).
+puts the held parameters' prefetches and the gradients' offloads in the one Schedule) and
+whose ``train_step`` adds the optimizer step, host-held parameters stepped on the CPU while
+backward goes on (``host_step``). ``step_cost`` prices that step from the hardware profile;
+``mixed.MasterWeights`` holds fp32 masters of a bf16/fp16 model.
 """
 
 from __future__ import annotations

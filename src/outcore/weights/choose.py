@@ -19,8 +19,10 @@ The rule (``choose_weights``):
   (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
   best step found is not planned (it cannot win);
 * among those that fit, the smallest estimated step wins: the simulated schedule (copies
-  overlapped with compute) plus the optimizer step (by default
-  ``outcore.weights.spec.optimizer_seconds`` at ``host_adam_rate``/``device_adam_rate``);
+  overlapped with compute) plus the optimizer step (``outcore.weights.spec.
+  optimizer_seconds``, at the rates ``outcore.weights.step_cost`` reads from the hardware
+  profile: the host's measured or catalogued AdamW rate, the device's memory bandwidth;
+  ``host_adam_rate``/``device_adam_rate`` override them);
 * ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
   ``WeightChoice.gap`` is the chosen step's distance to it.
 
@@ -38,7 +40,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from outcore.errors import InfeasibleBudgetError, InvalidArgumentError, ScheduleError
+from outcore.errors import (
+    InfeasibleBudgetError,
+    InvalidArgumentError,
+    ProfileError,
+    ScheduleError,
+)
 from outcore.graph.ir import Graph
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
@@ -147,6 +154,24 @@ class WeightChoice:
         return lines
 
 
+def _rates(profile: Any, host: float | None, device: float | None) -> tuple[float, float]:
+    """(host, device) optimizer parameters per second: given, else the profile's
+    (``outcore.weights.step_cost``), else (no profile, or one without host figures)
+    ``outcore.weights.spec``'s constants."""
+    from outcore.weights import step_cost
+
+    def read(rate: Callable[[Any], float], fallback: float) -> float:
+        if profile is None or getattr(profile, "profile", profile) is None:
+            return fallback
+        try:
+            return rate(profile)
+        except ProfileError:  # a measured cost model without host figures
+            return fallback
+
+    return (read(step_cost.host_adam_rate, HOST_ADAM_RATE) if host is None else host,
+            read(step_cost.device_adam_rate, DEVICE_ADAM_RATE) if device is None else device)
+
+
 def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
     """Parameter names, largest device bytes freed by holding them first (ties: later
     parameters first, whose backward use comes first)."""
@@ -158,14 +183,18 @@ def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
 def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int], *,
                    planners: Mapping[str, Planner] | None = None,
                    simulate: Callable[[Graph, Schedule], float] | None = None,
-                   host_adam_rate: float = HOST_ADAM_RATE,
-                   device_adam_rate: float = DEVICE_ADAM_RATE, mode: str = "auto",
-                   given: Iterable[str] | None = None) -> WeightChoice:
+                   host_adam_rate: float | None = None,
+                   device_adam_rate: float | None = None, mode: str = "auto",
+                   given: Iterable[str] | None = None, profile: Any = None) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
-    exactly the placement holding these parameter names (``mode`` is then ignored)."""
+    exactly the placement holding these parameter names (``mode`` is then ignored).
+    ``profile``: the hardware profile pricing the optimizer step (default: ``cost``'s; with
+    neither, the rates default to ``outcore.weights.spec``'s constants)."""
     if mode not in MODES:
         raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
+    host_adam_rate, device_adam_rate = _rates(cost if profile is None else profile,
+                                              host_adam_rate, device_adam_rate)
 
     def step_cost(host: float, device: float) -> float:
         return optimizer_seconds(int(host), int(device), host_rate=host_adam_rate,

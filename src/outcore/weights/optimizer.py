@@ -6,37 +6,49 @@ outcore does not wrap the user's optimizer: ``torch.optim`` semantics (``step``,
 gradient and optimizer state on the host, so the user's optimizer steps it on the host
 with torch's CPU kernels (foreach/fused where torch picks them); the planner only needs the
 bytes the state occupies (``state_bytes``) to count the device-held part against the budget.
+What a step costs where it runs is ``step_seconds`` (``outcore.weights.step_cost``, re-exported
+here; plain Python, so the planner can price it without torch).
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 from torch import nn
 
 from outcore.errors import OutcoreError
+from outcore.weights.mixed import MasterWeights
+from outcore.weights.step_cost import step_seconds
+
+__all__ = ["measure_host_adam", "state_bytes", "step_seconds"]
 
 #: state tensors per parameter, each the parameter's size and dtype, besides a scalar step
 _MOMENTS = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adagrad": 1,
             "RMSprop": 1}
 
 
-def state_bytes(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, int]:
+def state_bytes(optimizer: torch.optim.Optimizer, model: nn.Module,
+                master: MasterWeights | None = None) -> dict[str, int]:
     """Parameter name (as ``named_parameters`` spells it) -> bytes of its optimizer state
     once the optimizer has stepped. Known optimizers are sized from their options; any
     other is sized from its current state, which must then exist (take one step first).
-    Raises OutcoreError naming what to do otherwise."""
+    With ``master`` (mixed precision: the optimizer is built on the fp32 masters) a
+    parameter's state is its master's plus the master itself. Raises OutcoreError naming
+    what to do otherwise."""
     names = {id(p): n for n, p in model.named_parameters()}
     kind = type(optimizer).__name__
     sizes: dict[str, int] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            name = names.get(id(p))
-            if name is None:
+            if master is not None:
+                name = master.name_of(p)
+                sizes[name] = _one(optimizer, kind, group, p) + p.numel() * p.element_size()
+                continue
+            known = names.get(id(p))
+            if known is None:
                 raise OutcoreError("the optimizer holds a parameter that is not the model's; "
-                                   "give outcore the optimizer built on model.parameters()")
-            sizes[name] = _one(optimizer, kind, group, p)
+                                   "give outcore the optimizer built on model.parameters() "
+                                   "(or on MasterWeights(model).parameters() with master=)")
+            sizes[known] = _one(optimizer, kind, group, p)
     return sizes
 
 
@@ -57,15 +69,9 @@ def _one(optimizer: torch.optim.Optimizer, kind: str, group: dict, p: torch.Tens
 
 
 def measure_host_adam(numel: int = 1 << 22, repeats: int = 3) -> float:
-    """Parameters per second of torch's CPU AdamW on this machine (one tensor of ``numel``
-    fp32 parameters, the fastest of ``repeats`` steps after a warm-up)."""
-    p = torch.zeros(numel, requires_grad=True)
-    p.grad = torch.full_like(p, 1e-3)
-    opt = torch.optim.AdamW([p], lr=1e-3)
-    opt.step()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        opt.step()
-        best = min(best, time.perf_counter() - start)
-    return numel / best
+    """Parameters per second of torch's CPU AdamW on this machine: the faster of
+    ``fused=True`` and ``foreach=True`` (``outcore.cost.measure_host.measure_adam_rate``,
+    what the "this-cpu" profile's ``host_adam_rate`` holds)."""
+    from outcore.cost.measure_host import measure_adam_rate
+
+    return measure_adam_rate(numel, repeats)[0]

@@ -15,6 +15,16 @@ optimizer as with eager PyTorch (clipping, schedulers, ``zero_grad``, ``state_di
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step(); sched.step(); opt.zero_grad()
 
+``trainer.train_step(x, y)`` does the whole training step instead (what ``loss.backward();
+clip_grad_norm_(...); optimizer.step(); optimizer.zero_grad()`` does eagerly), with the
+optimizer step where the plan put it: each parameter held in host memory is stepped on the
+CPU as soon as its gradient has landed there, overlapped with the rest of backward
+(``outcore.weights.host_step``); the others after the planned step. Clipping
+(``clip_grad_norm=``) and a GradScaler need every gradient first: with either, every step
+runs after backward (the simulator's ``host_steps(..., barrier=True)`` prices that).
+Mixed precision: ``master=MasterWeights(model)`` for a bf16/fp16 model, the optimizer built
+on the fp32 masters (``outcore.weights.mixed``).
+
 Budget rule: ``predicted_peak`` of the step (what the emulated device measures, to the
 byte) plus the optimizer state of the device-held parameters is at most ``budget``; the
 emulated device's capacity is ``budget`` less that state. Only ``device="cpu-emulated"``
@@ -31,8 +41,12 @@ from torch import nn
 
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
+from outcore.errors import OutcoreError
+from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
-from outcore.weights.choose import HOST_ADAM_RATE, WeightChoice, choose_weights
+from outcore.weights.choose import WeightChoice, choose_weights
+from outcore.weights.host_step import HostStepper
+from outcore.weights.mixed import MasterWeights
 from outcore.weights.optimizer import state_bytes
 
 
@@ -42,8 +56,8 @@ class WeightTrainer:
     def __init__(self, model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                  optimizer: torch.optim.Optimizer, budget: int, device: str = "cpu-emulated",
                  gpu: str | None = None, slowdown: float = 1.0,
-                 bandwidth: float | None = None,
-                 host_adam_rate: float = HOST_ADAM_RATE) -> None:
+                 bandwidth: float | None = None, master: MasterWeights | None = None,
+                 clip_grad_norm: float | None = None, profile: Any = None) -> None:
         from outcore.planned import cost_model_for
         from outcore.runtime.devices import make_device
         from outcore.runtime.executor import Executor
@@ -52,11 +66,13 @@ class WeightTrainer:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        self.master = master
+        self.clip_grad_norm = clip_grad_norm
         self.graph = capture(model, loss_fn, example_batch)
         cost = cost_model_for(gpu, self.graph, device)
-        self.state = state_bytes(optimizer, model)
+        self.state = state_bytes(optimizer, model, master)
         self.choice: WeightChoice = choose_weights(
-            self.graph, budget, cost, self.state, host_adam_rate=host_adam_rate,
+            self.graph, budget, cost, self.state, profile=profile,
             simulate=lambda g, s: simulate(g, s, cost).step_time)
         emulated: dict[str, Any] = {}
         if device == "cpu-emulated":
@@ -64,7 +80,12 @@ class WeightTrainer:
             emulated.update({"bandwidth": bandwidth} if bandwidth is not None else {"gpu": gpu})
         self.device = make_device(device, capacity=budget - self.choice.device_state,
                                   **emulated)
-        self.executor = Executor(self.graph, self.choice.schedule, self.device)
+        params = dict(model.named_parameters())
+        self.stepper = HostStepper(self.graph, self.choice.schedule, params, optimizer, master)
+        landing = LandingDevice(self.device, self.stepper.landed)
+        self.stepper.device = self.device
+        self.executor = Executor(self.graph, self.choice.schedule, landing,
+                                 grad_hook=self.stepper)
         self.measured_peak = 0
 
     @property
@@ -83,17 +104,61 @@ class WeightTrainer:
         return self.choice.explain(self.graph)
 
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
-        """One step on ``(x, y)``; gradients accumulate into ``.grad``. With ``scaler`` (a
-        ``torch.amp.GradScaler``) they come out scaled, for ``scaler.step(optimizer)``."""
-        batch = batch_of(args, self.loss_fn)
-        scale = 1.0
-        if scaler is not None and scaler.is_enabled():
-            scale = float(scaler.scale(torch.ones(())))
-        result = self.executor.run(batch, loss_scale=scale)
+        """Forward and backward on ``(x, y)``; gradients accumulate into ``.grad`` (the
+        user steps the optimizer). With ``scaler`` (a ``torch.amp.GradScaler``) they come
+        out scaled, for ``scaler.step(optimizer)``. Not with ``master=`` (use
+        ``train_step``)."""
+        if self.master is not None:
+            raise OutcoreError("with master weights the gradients go to the masters: use "
+                               "trainer.train_step(x, y), which steps them")
+        self.stepper.start(overlap=False)
+        result = self.executor.run(batch_of(args, self.loss_fn),
+                                   loss_scale=_scale(scaler))
         self.measured_peak = result.peak_bytes
         return result.loss
 
+    def train_step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
+        """One whole training step on ``(x, y)`` (module doc): forward, backward, clipping
+        (``clip_grad_norm``), the optimizer step where planned, gradients cleared. Equal to
+        the eager loop ``backward; clip_grad_norm_; step; zero_grad`` (with ``scaler``:
+        ``scale(loss).backward; unscale_; clip; scaler.step; scaler.update``); the LR
+        scheduler stays the user's (``sched.step()`` after it)."""
+        scale = _scale(scaler)
+        scaled = scaler is not None and scaler.is_enabled()
+        barrier = self.clip_grad_norm is not None or scaled  # they need every gradient
+        self.stepper.start(overlap=not barrier)
+        try:
+            result = self.executor.run(batch_of(args, self.loss_fn), apply=False,
+                                       loss_scale=scale)
+        finally:
+            stepped = self.stepper.join()
+        self.measured_peak = result.peak_bytes
+        rest = {n: g for n, g in result.grads.items() if n not in stepped}
+        if self.master is not None:
+            for name, g in rest.items():
+                self.master.set_grad(name, g)
+            self.executor.apply_grads({}, result.buffers)
+        else:
+            self.executor.apply_grads(rest, result.buffers)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if scaled:
+            if self.clip_grad_norm is not None:
+                scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            if self.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.master is not None:
+            for name in rest:
+                self.master.publish(name)
+        return result.loss
+
     def close(self) -> None:
+        self.stepper.close()
         close = getattr(self.device, "close", None)
         if callable(close):
             close()
@@ -105,15 +170,24 @@ class WeightTrainer:
         self.close()
 
 
+def _scale(scaler: Any) -> float:
+    if scaler is not None and scaler.is_enabled():
+        return float(scaler.scale(torch.ones(())))
+    return 1.0
+
+
 def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             optimizer: torch.optim.Optimizer, budget: int | str, device: str = "cpu-emulated",
             gpu: str | None = None, slowdown: float = 1.0, bandwidth: float | None = None,
-            host_adam_rate: float = HOST_ADAM_RATE) -> WeightTrainer:
+            master: MasterWeights | None = None, clip_grad_norm: float | None = None,
+            profile: Any = None) -> WeightTrainer:
     """A ``WeightTrainer`` for ``model`` within ``budget`` (bytes or "2GB"); see the module
     doc. ``slowdown`` slows the emulated copy engine (races); ``bandwidth``: its link
-    bytes/s instead of ``gpu``'s ratio; ``host_adam_rate``: this CPU's
-    AdamW parameters per second (``outcore.weights.optimizer.measure_host_adam``)."""
+    bytes/s instead of ``gpu``'s ratio; ``master``: fp32 master weights of a low-precision
+    model (the optimizer is built on them); ``clip_grad_norm``: the max norm
+    ``train_step`` clips to; ``profile``: the hardware profile pricing the optimizer step
+    (default: the cost model's, whose host fields are measured for "this-cpu")."""
     return WeightTrainer(model, loss_fn, example_batch, optimizer=optimizer,
                          budget=parse_bytes(budget), device=device, gpu=gpu,
-                         slowdown=slowdown, bandwidth=bandwidth,
-                         host_adam_rate=host_adam_rate)
+                         slowdown=slowdown, bandwidth=bandwidth, master=master,
+                         clip_grad_norm=clip_grad_norm, profile=profile)

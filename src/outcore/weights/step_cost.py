@@ -1,0 +1,166 @@
+"""What the optimizer step costs, on the device and on the host (plain Python, no torch).
+
+One function prices it for the planner: ``step_seconds(params_by_placement, profile) ->
+(device_s, host_s)``; ``host_steps(graph, schedule, profile)`` lays the same prices out per
+parameter for the simulator's host timeline (``outcore.sim.host_steps``). Its rates come
+from the hardware profile (``outcore.cost.profiles``):
+
+* on the host, ``profile.host_adam_rate`` parameters per second (torch's CPU AdamW, fused or
+  foreach: measured for "this-cpu" by ``outcore.cost.measure_host``; for the catalogue GPUs
+  derived from their host's DRAM bandwidth, with the source in ``gpus.json``). A profile
+  that gives only ``host_memory_bandwidth`` is priced at ``HOST_EFFICIENCY`` of it over
+  ``ADAM_BYTES`` per parameter; one that gives neither is refused (ProfileError naming the
+  fields), never priced by a silent constant;
+* on the device, ``DEVICE_EFFICIENCY`` of the device's DRAM bandwidth over ``ADAM_BYTES``:
+  a fused AdamW kernel is memory-bound (it reads the parameter, its gradient and the two
+  moments and writes the parameter and the moments: 7 fp32 streams, 28 bytes).
+
+Mixed precision (bf16 weights on the device, fp32 master and state on the host) adds the
+cast of the master to the device copy: ``master_cast_bytes`` more per parameter on the
+host, priced at the host's DRAM bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from outcore.errors import ProfileError
+from outcore.graph.ir import Graph
+from outcore.plan.schedule import Schedule
+from outcore.plan.weights import gradients, parameters
+from outcore.sim.host_steps import HostSteps
+
+#: bytes an fp32 AdamW update moves per parameter: p, grad, m, v read; p, m, v written
+ADAM_BYTES = 28
+#: fraction of the device's DRAM bandwidth a fused AdamW kernel reaches (assumption)
+DEVICE_EFFICIENCY = 0.8
+#: fraction of the host's DRAM bandwidth the CPU step reaches when only that is known
+#: (assumption; the catalogue's ``host_adam_mparams`` use the same)
+HOST_EFFICIENCY = 0.5
+PLACEMENTS = ("device", "host")
+
+
+def _profile(profile: Any) -> Any:
+    """A HardwareProfile, or the ``.profile`` of a cost model that has one."""
+    inner = getattr(profile, "profile", None)
+    found = inner if inner is not None else profile
+    if found is None:
+        raise ProfileError("no hardware profile to price the optimizer step: pass a "
+                           "HardwareProfile (e.g. get_profile('a100-40gb')) or a cost model "
+                           "that carries one")
+    return found
+
+
+def host_adam_rate(profile: Any) -> float:
+    """Parameters per second of the optimizer step on ``profile``'s host (module doc)."""
+    p = _profile(profile)
+    rate = getattr(p, "host_adam_rate", None)
+    if rate:
+        return float(rate)
+    bandwidth = getattr(p, "host_memory_bandwidth", None)
+    if bandwidth:
+        return HOST_EFFICIENCY * float(bandwidth) / ADAM_BYTES
+    raise ProfileError(
+        f"hardware profile {getattr(p, 'name', p)!r} gives neither host_adam_mparams nor "
+        "host_memory_bandwidth_gbs, so the optimizer step on the host cannot be priced; add "
+        "them to the profile (measure this machine with `outcore profile`)")
+
+
+def device_adam_rate(profile: Any) -> float:
+    """Parameters per second of a fused AdamW kernel on ``profile``'s device."""
+    p = _profile(profile)
+    bandwidth = getattr(p, "memory_bandwidth", None)
+    if not bandwidth:
+        raise ProfileError(f"hardware profile {getattr(p, 'name', p)!r} has no "
+                           "memory_bandwidth to price the optimizer step on the device")
+    return DEVICE_EFFICIENCY * float(bandwidth) / ADAM_BYTES
+
+
+def host_bandwidth(profile: Any) -> float:
+    """The host's DRAM bytes/s (``host_adam_rate * ADAM_BYTES / HOST_EFFICIENCY`` when
+    the profile gives only the rate)."""
+    p = _profile(profile)
+    bandwidth = getattr(p, "host_memory_bandwidth", None)
+    if bandwidth:
+        return float(bandwidth)
+    return host_adam_rate(p) * ADAM_BYTES / HOST_EFFICIENCY
+
+
+def _count(value: int | Iterable[int]) -> int:
+    if isinstance(value, bool):
+        raise ProfileError(f"a parameter count must be an integer, got {value!r}")
+    total = value if isinstance(value, int) else sum(int(v) for v in value)
+    if total < 0:
+        raise ProfileError(f"a parameter count must be >= 0, got {total}")
+    return total
+
+
+def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile: Any, *,
+                 master_cast_bytes: int = 0) -> tuple[float, float]:
+    """(device seconds, host seconds) of one optimizer step.
+
+    ``params_by_placement`` maps "device" and/or "host" to a number of parameters (or an
+    iterable of per-tensor element counts) whose step runs there; ``profile`` is a
+    ``HardwareProfile`` or a cost model carrying one. ``master_cast_bytes``: bytes written
+    per host-stepped parameter to refresh its low-precision device copy (2 for bf16 weights
+    with fp32 masters; 0 when the weight is the master). Raises ProfileError for an
+    unknown placement or a profile that cannot price the host (``host_adam_rate``).
+    """
+    unknown = sorted(set(params_by_placement) - set(PLACEMENTS))
+    if unknown:
+        raise ProfileError(f"unknown optimizer placement {unknown[0]!r}; use {PLACEMENTS}")
+    device = _count(params_by_placement.get("device", 0))
+    host = _count(params_by_placement.get("host", 0))
+    device_s = device / device_adam_rate(profile) if device else 0.0
+    host_s = 0.0
+    if host:
+        host_s = host / host_adam_rate(profile)
+        if master_cast_bytes:
+            host_s += host * (4 + master_cast_bytes) / host_bandwidth(profile)
+    if not (math.isfinite(device_s) and math.isfinite(host_s)):
+        raise ProfileError("the optimizer step's time is not finite; check the profile's "
+                           "bandwidths and host_adam_mparams")
+    return device_s, host_s
+
+
+def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool = False,
+               master_cast_bytes: int = 0) -> HostSteps:
+    """The optimizer step of ``schedule``'s placement, for ``simulate(..., optimizer=)``.
+
+    A parameter whose gradient the schedule sends to host memory (``host_outputs``) is
+    stepped on the host, as soon as that gradient lands; if the parameter is held in host
+    memory (``host_static``) its step also waits for its last prefetch of the step (it
+    updates the copy that prefetch reads), else the device keeps the weight and the updated
+    weight is copied back h2d (ZeRO-Offload). Every other parameter is stepped on the
+    device after the pass. ``barrier``: clipping or a GradScaler, which need every gradient
+    before any step (plus the global norm over the host gradients at host DRAM bandwidth).
+    """
+    sent = set(schedule.host_outputs)
+    held = set(schedule.host_static)
+    params = parameters(graph)
+    host: dict[int, float] = {}
+    wait_for: dict[int, int] = {}
+    h2d: dict[int, int] = {}
+    device = 0
+    norm_bytes = 0
+    for name, g in gradients(graph).items():
+        p = params.get(name)
+        if p is None:
+            continue
+        numel = math.prod(graph.tensors[p].shape)
+        if g in sent or p in held:
+            host[g] = step_seconds({"host": numel}, profile,
+                                   master_cast_bytes=master_cast_bytes)[1]
+            norm_bytes += graph.tensors[graph.tensors[g].storage].nbytes
+            if p in held:
+                wait_for[g] = p
+            else:
+                h2d[g] = graph.tensors[p].nbytes
+        else:
+            device += numel
+    barrier_s = norm_bytes / host_bandwidth(profile) if barrier and norm_bytes else 0.0
+    return HostSteps(host=host, wait_for=wait_for, h2d=h2d,
+                     device_seconds=step_seconds({"device": device}, profile)[0],
+                     barrier=barrier, barrier_seconds=barrier_s)

@@ -8,7 +8,8 @@ column buffers, a norm's or a loss's scratch, attention's intermediate products.
 alone under ``torch.no_grad()`` on inputs laid out like its arguments (as
 ``outcore.cost.measure_ops`` times ops alone). Views and ops that allocate nothing measure 0.
 
-``measure_temporaries`` writes them to ``op.temporaries``; the memory rule
+``measure_temporaries`` writes them to ``op.temporaries`` (and the size of a saved RNG
+state on the device, ``rng_state_bytes``, to ``graph.meta[RNG_STATE_BYTES]``); the memory rule
 (``outcore.plan.residency``) holds them during every Compute of the op, on top of its
 inputs and outputs and as an operator variant's workspace is held, so every planner, the
 simulator and ``outcore.plan``'s budget check count them. A measured profile carries them
@@ -27,6 +28,7 @@ import torch
 from outcore.cost.measure_ops import _arguments
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph
+from outcore.plan.residency import RNG_STATE_BYTES
 from outcore.runtime.devices.allocator_peak import allocation_events
 
 #: ``graph.meta`` key of the measured temporaries (a list, one int per op).
@@ -172,6 +174,7 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
         else:
             result = _profiled(run, len(graph.ops))
     set_temporaries(graph, result)
+    graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result
 
 
@@ -185,11 +188,15 @@ def set_temporaries(graph: Graph, temporaries: list[int]) -> None:
     graph.meta[TEMPORARIES] = [int(t) for t in temporaries]
 
 
-def rng_state_bytes() -> int:
-    """Bytes of one saved CPU RNG state (``torch.get_rng_state()``, the Mersenne Twister's
-    5,056 bytes): the executor keeps one per recomputed random op from its forward to the
-    step's end, to replay it in the recompute (``outcore.runtime.executor``)."""
-    return int(torch.get_rng_state().numel())
+def rng_state_bytes(device: str = "cpu") -> int:
+    """Bytes one saved RNG state takes in the allocator of ``device`` (the executor saves one
+    per recomputed random op at its first run and replays it in the recompute,
+    ``outcore.runtime.executor``): on ``"cpu"``, ``torch.get_rng_state()``'s ByteTensor (the
+    Mersenne Twister's 5,056 bytes); on ``"cuda"`` 0, since both the CPU's and the GPU's
+    saved states are host tensors (``torch.cuda.get_rng_state()`` returns a CPU tensor), so
+    the device's allocator holds none of them. The memory rule reads it from
+    ``graph.meta[RNG_STATE_BYTES]`` (``outcore.plan.residency``)."""
+    return int(torch.get_rng_state().numel()) if device == "cpu" else 0
 
 
 def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
@@ -197,16 +204,15 @@ def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
     CPU device beyond what was allocated before it (parameters, the batch): the memory
     rule's most device plus host bytes at once (every op's ``temporaries`` on top of its
     Compute, its variant's workspace; host copies share the CPU's allocator), less the
-    static bytes, plus the saved RNG state of every random op the schedule recomputes
-    (counted over the whole step) and the backward's seed (the loss tangent the executor
-    makes for each step)."""
+    static bytes, plus the backward's seed (the loss tangent the executor makes for each
+    step). The saved RNG states of recomputed random ops are in the rule (held from the
+    op's first run to its last recompute) once ``measure_temporaries`` has set their size
+    on the graph."""
     from outcore.graph.ir import TensorKind
     from outcore.plan.memory import memory_curve
 
     trace = memory_curve(graph, schedule)
     most = max((d + h for d, h in zip(trace.device, trace.host, strict=True)),
                default=trace.static)
-    recomputed = {ins.op for ins in schedule.instructions if getattr(ins, "recompute", False)}
-    randoms = sum(1 for op in graph.ops if op.random and op.id in recomputed)
     seeds = sum(t.nbytes for t in graph.tensors if t.kind is TensorKind.TANGENT)
-    return most - trace.static + randoms * rng_state_bytes() + seeds
+    return most - trace.static + seeds

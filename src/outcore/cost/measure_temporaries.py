@@ -55,11 +55,77 @@ def _run_alone(nodes: list[Any], seed: int, scope: Callable[[str], Any] | None =
             cast(Callable[..., Any], node.target)(*args, **kwargs)
 
 
-def _in_step(graph: Graph, batch: Any,
-             scope: Callable[[str], Any] | None = None) -> Callable[[], None]:
+class RealOutputs:
+    """What a step's kernels really return beyond the graph's declared outputs (the graph's
+    sizes come from fake tensors), seen per op in one run of the step:
+
+    * ``dropped[op]``: bytes of fresh storages the kernel returns in a slot the graph does
+      not bind (convolution backward returns grad_weight even when its output mask says
+      False): they live from the kernel's return to the end of its instruction, so the
+      memory rule charges them with the op's temporaries;
+    * ``storage[tid]``: the real bytes of a base output's storage where they exceed the
+      declared ``nbytes`` (``_embedding_bag``'s offset2bag is allocated one element long
+      and shrunk, its storage kept): the graph's ``nbytes`` is its storage's bytes, so it
+      is raised to them.
+
+    Storages shared with the op's inputs (in-place and aliasing outputs) are not counted."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.dropped = [0] * len(graph.ops)
+        self.storage: dict[int, int] = {}
+        source = graph.source
+        self.nodes = list(getattr(source, "op_nodes", []))
+        self.slots = getattr(getattr(source, "nodes", None), "op_outputs", {})
+
+    def see(self, oid: int, args: Any, kwargs: Any, result: Any) -> None:
+        """Compare what op ``oid``'s kernel returned on ``args``/``kwargs`` to its outputs."""
+        op = self.graph.ops[oid]
+        slots = self.slots.get(self.nodes[oid])
+        if slots is None:
+            slots = list(op.outputs[:1])
+        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+        real = list(result) if isinstance(result, (tuple, list)) else [result]
+        dropped = 0
+        for idx, value in enumerate(real):
+            if not isinstance(value, torch.Tensor):
+                continue
+            storage = value.untyped_storage()
+            nbytes, ptr = storage.nbytes(), storage.data_ptr()
+            if not nbytes or ptr in inputs:
+                continue
+            inputs.add(ptr)  # a storage returned twice counts once
+            slot = slots[idx] if idx < len(slots) else None
+            if slot is None:
+                dropped += nbytes
+                continue
+            declared = self.graph.tensors[slot]
+            if not declared.is_view and nbytes > declared.nbytes:
+                self.storage[slot] = max(nbytes, self.storage.get(slot, 0))
+        self.dropped[oid] = max(self.dropped[oid], dropped)
+
+    def apply(self) -> None:
+        """Raise the graph's storage sizes to the real ones (``storage``)."""
+        for tid, nbytes in self.storage.items():
+            self.graph.tensors[tid].nbytes = nbytes
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _in_step(graph: Graph, batch: Any, scope: Callable[[str], Any] | None = None,
+             outputs: RealOutputs | None = None) -> Callable[[], None]:
     """A run of the step's in-core schedule by the executor (its generated code: the
     layouts, constants and kernels of a real step) on ``batch``, each op's kernel inside
-    its own ``scope`` (default: a profiler ``record_function``); nothing is applied."""
+    its own ``scope`` (default: a profiler ``record_function``), its results shown to
+    ``outputs`` when given; nothing is applied."""
     from torch.profiler import record_function
 
     from outcore.plan.lower import lower
@@ -74,7 +140,10 @@ def _in_step(graph: Graph, batch: Any,
 
         def run(*args: Any, **kwargs: Any) -> Any:
             with mark(f"outcore_op_{oid}"):
-                return kernel(*args, **kwargs)
+                result = kernel(*args, **kwargs)
+            if outputs is not None:
+                outputs.see(oid, args, kwargs, result)
+            return result
 
         return run
 
@@ -105,6 +174,12 @@ def _profiled(run: Callable[[], None], ops: int) -> list[int]:
             continue
         stack.extend(node.children)
     return result
+
+
+def _no_scope(name: str) -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 class _CudaPeaks:
@@ -142,8 +217,12 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
     ``batch`` the ops run in the step, on its real values, as the executor runs the
     in-core schedule (the kernels a step picks for its layouts); without, each alone on
-    fresh inputs. ``device="cuda"`` measures with CUDA's
-    allocator counters instead of the CPU profiler (the batch and model on the GPU).
+    fresh inputs. ``device="cuda"`` measures with CUDA's allocator counters instead of the
+    CPU profiler (the batch and model on the GPU); ``device="cpu-emulated"`` (whose peak is
+    the tracker's tensor count, which sees no kernel scratch) measures only what the step's
+    kernels really return beyond the declared outputs (``RealOutputs``, which every in-step
+    measurement applies too: dropped returns join the temporaries, larger storages raise
+    the graph's ``nbytes``).
     ``rng_state``: the CPU generator's state the capture started from; each run of the step
     starts from it, so values the capture specialised on (a draw in Python, such as
     LayerDrop's) come out the same. The caller's generator is left as it was either way."""
@@ -153,8 +232,12 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
                            "outcore.capture (not one loaded from JSON)")
     in_step = batch is not None and not getattr(graph.source, "fake", True)
     cuda = _CudaPeaks(len(graph.ops)) if device == "cuda" else None
-
-    step = _in_step(graph, batch, cuda) if in_step else None
+    outputs = RealOutputs(graph) if in_step else None
+    tracked = device == "cpu-emulated"  # the tracker: tensors only, no kernel scratch
+    if tracked and outputs is None:
+        raise ProfileError("device='cpu-emulated' measures the real outputs in the step: "
+                           "pass the batch of a graph captured with real tensors")
+    step = _in_step(graph, batch, _no_scope if tracked else cuda, outputs) if in_step else None
 
     def run() -> None:
         if rng_state is not None:
@@ -167,12 +250,17 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):  # random ops draw as eager's
         run()  # warm up: lazy initialisations are not temporaries
-        if cuda is not None:
+        if tracked:
+            result = [0] * len(graph.ops)
+        elif cuda is not None:
             cuda.result = [0] * len(graph.ops)
             run()
             result = cuda.result
         else:
             result = _profiled(run, len(graph.ops))
+    if outputs is not None:  # returned storages the graph drops die with the instruction
+        result = [t + d for t, d in zip(result, outputs.dropped, strict=True)]
+        outputs.apply()
     set_temporaries(graph, result)
     graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result

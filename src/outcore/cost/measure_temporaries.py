@@ -184,8 +184,26 @@ def _no_scope(name: str) -> Any:
 
 class _CudaPeaks:
     """``record_function`` stand-in on CUDA: per op, ``torch.cuda.max_memory_allocated``
-    during the op minus ``memory_allocated`` after it (the caching allocator's own counters,
-    which see cuDNN's and cuBLAS's workspaces). Not exercised on a machine without a GPU."""
+    during the op minus ``memory_allocated`` after it, on the current device (the caching
+    allocator's own counters, which see cuDNN's and cuBLAS's workspaces), the same
+    definition as the CPU's ``_transient``.
+
+    * ``reset_peak_memory_stats`` at the op's start makes the peak the bytes allocated
+      then; the op's inputs are in both the peak and ``held``, so they cancel. ``held`` is
+      at least that start: a block of an earlier op freed during the window lowers what
+      is left, not the temporaries (as ``_transient`` on the CPU).
+    * The counters are host-side: the allocator updates them when a kernel's host code
+      allocates or frees, not when the GPU runs it, so no synchronisation is needed for
+      them; the ``synchronize`` calls are kept so that a pending kernel of an earlier op
+      can never be counted in a later one's window by an allocator backend that defers.
+    * They count allocator blocks, not requests: at least 512 B each, rounded up to a
+      multiple of 512 B, and a cached block that is not split is counted whole. So a
+      temporary here is an upper bound on what the kernel asked for (safe for the rule).
+    * A cuBLAS workspace made at an op's first call stays allocated (it is not freed at
+      the op's end); the warm-up run makes it, so it is not counted as a temporary.
+
+    Never run on a GPU here; ``tests/devices/test_cuda_peaks_path.py`` drives it with
+    counters faked on the CPU."""
 
     def __init__(self, ops: int) -> None:
         self.result = [0] * ops
@@ -199,9 +217,10 @@ class _CudaPeaks:
         def scope() -> Any:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
             yield
             torch.cuda.synchronize()
-            held = torch.cuda.memory_allocated()
+            held = max(torch.cuda.memory_allocated(), start)  # frees of older blocks: no gain
             if op >= 0:
                 extra = max(0, torch.cuda.max_memory_allocated() - held)
                 self.result[op] = max(self.result[op], extra)
@@ -234,9 +253,9 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     cuda = _CudaPeaks(len(graph.ops)) if device == "cuda" else None
     outputs = RealOutputs(graph) if in_step else None
     tracked = device == "cpu-emulated"  # the tracker: tensors only, no kernel scratch
-    if tracked and outputs is None:
-        raise ProfileError("device='cpu-emulated' measures the real outputs in the step: "
-                           "pass the batch of a graph captured with real tensors")
+    if (tracked or cuda is not None) and outputs is None:  # alone: inputs made on the CPU
+        raise ProfileError(f"device={device!r} measures in the step: pass the batch of a "
+                           "graph captured with real tensors on that device")
     step = _in_step(graph, batch, _no_scope if tracked else cuda, outputs) if in_step else None
 
     def run() -> None:

@@ -149,8 +149,15 @@ def _in_step(graph: Graph, batch: Any, scope: Callable[[str], Any] | None = None
 
     probe.replace_ops({oid: marked(oid) for oid in range(len(graph.ops))})
 
+    from torch.utils._pytree import tree_map
+
+    # leaves of the same values: a batch tensor that autograd computed (which the executor
+    # refuses, with a message about the step) measures as the leaf it is detached to
+    leaves = tree_map(lambda t: t.detach().requires_grad_(t.requires_grad)
+                      if isinstance(t, torch.Tensor) else t, batch)
+
     def step() -> None:
-        probe.run(batch, apply=False, measure=False)
+        probe.run(leaves, apply=False, measure=False)
 
     return step
 

@@ -353,8 +353,9 @@ class Trainer:
         allocator (``outcore.cost.measure_temporaries``) onto the graph, so the plan budgets
         them; each measuring run starts from ``rng_state``, the generator's state the capture
         started from (values it specialised on come out the same). The emulated device
-        counts tensors only (its capacity is enforced on that count), so there they stay 0."""
-        if self.device_kind not in ("cpu", "cuda") or getattr(graph.source, "fake", True):
+        counts tensors only (its capacity is enforced on that count): there only what the
+        kernels really return beyond the graph's outputs is measured."""
+        if getattr(graph.source, "fake", True):
             return
         from outcore.cost.measure_temporaries import measure_temporaries
 

@@ -131,26 +131,9 @@ def _step(model: nn.Module, data, policy: str, budget: int) -> tuple[torch.Tenso
     raise AssertionError(f"{policy} named no budget it could reach (last {in_core})")
 
 
-#: Not a variant: with framework kernels only, pooch and outcore-auto measure 52 B more than
-#: they predict on this network (30232 vs 30180), and superneurons / vdnn-dyn run out of
-#: memory allocating the ``slice_scatter`` that circular padding lowers to.
-_CIRCULAR = ("circular padding's slice_scatter: the runtime allocates more than the memory "
-             "model charges (measured != predicted with framework kernels only, pooch too)")
-
-
-def _policy_cases() -> list:
-    cases = []
-    for name in NETWORKS:
-        for policy in POLICIES:
-            marks = ([pytest.mark.xfail(reason=_CIRCULAR, strict=True,
-                                        raises=outcore.errors.DeviceOutOfMemory)]
-                     if name == "2d circular" and policy != "modnn" else [])
-            cases.append(pytest.param(name, policy, marks=marks))
-    return cases
-
-
 @pytest.mark.filterwarnings("ignore::outcore.errors.SubBatchWarning")
-@pytest.mark.parametrize(("name", "policy"), _policy_cases())
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", NETWORKS)
 def test_policy_at_sixty_percent_runs_as_planned(name, policy):
     config = CONFIGS[name]
     model, data = network(config), batch(config)
@@ -170,12 +153,6 @@ def test_policy_at_sixty_percent_runs_as_planned(name, policy):
         assert rel_error(p.grad, want) <= tolerance, (p.shape, rel_error(p.grad, want))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the framework's CPU convolution_backward allocates and returns grad_weight even when "
-    "output_mask says False, if the bias gradient is wanted (every dimensionality and groups): "
-    "the memory model charges nothing for it, so a frozen-weight, trainable-bias convolution "
-    "measures the weight's bytes above the predicted peak; fix in capture/runtime (charge it "
-    "as the framework kernel's workspace, or call the kernel without the bias and sum it)"))
 def test_frozen_weight_trainable_bias_conv_runs_at_its_predicted_peak():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv1d(4, 8, 3, padding=1), nn.ReLU(),

@@ -8,7 +8,8 @@ column buffers, a norm's or a loss's scratch, attention's intermediate products.
 alone under ``torch.no_grad()`` on inputs laid out like its arguments (as
 ``outcore.cost.measure_ops`` times ops alone). Views and ops that allocate nothing measure 0.
 
-``measure_temporaries`` writes them to ``op.temporaries``; the memory rule
+``measure_temporaries`` writes them to ``op.temporaries`` (and the size of a saved RNG
+state on the device, ``rng_state_bytes``, to ``graph.meta[RNG_STATE_BYTES]``); the memory rule
 (``outcore.plan.residency``) holds them during every Compute of the op, on top of its
 inputs and outputs and as an operator variant's workspace is held, so every planner, the
 simulator and ``outcore.plan``'s budget check count them. A measured profile carries them
@@ -27,6 +28,7 @@ import torch
 from outcore.cost.measure_ops import _arguments
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph
+from outcore.plan.residency import RNG_STATE_BYTES
 from outcore.runtime.devices.allocator_peak import allocation_events
 
 #: ``graph.meta`` key of the measured temporaries (a list, one int per op).
@@ -53,11 +55,77 @@ def _run_alone(nodes: list[Any], seed: int, scope: Callable[[str], Any] | None =
             cast(Callable[..., Any], node.target)(*args, **kwargs)
 
 
-def _in_step(graph: Graph, batch: Any,
-             scope: Callable[[str], Any] | None = None) -> Callable[[], None]:
+class RealOutputs:
+    """What a step's kernels really return beyond the graph's declared outputs (the graph's
+    sizes come from fake tensors), seen per op in one run of the step:
+
+    * ``dropped[op]``: bytes of fresh storages the kernel returns in a slot the graph does
+      not bind (convolution backward returns grad_weight even when its output mask says
+      False): they live from the kernel's return to the end of its instruction, so the
+      memory rule charges them with the op's temporaries;
+    * ``storage[tid]``: the real bytes of a base output's storage where they exceed the
+      declared ``nbytes`` (``_embedding_bag``'s offset2bag is allocated one element long
+      and shrunk, its storage kept): the graph's ``nbytes`` is its storage's bytes, so it
+      is raised to them.
+
+    Storages shared with the op's inputs (in-place and aliasing outputs) are not counted."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.dropped = [0] * len(graph.ops)
+        self.storage: dict[int, int] = {}
+        source = graph.source
+        self.nodes = list(getattr(source, "op_nodes", []))
+        self.slots = getattr(getattr(source, "nodes", None), "op_outputs", {})
+
+    def see(self, oid: int, args: Any, kwargs: Any, result: Any) -> None:
+        """Compare what op ``oid``'s kernel returned on ``args``/``kwargs`` to its outputs."""
+        op = self.graph.ops[oid]
+        slots = self.slots.get(self.nodes[oid])
+        if slots is None:
+            slots = list(op.outputs[:1])
+        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+        real = list(result) if isinstance(result, (tuple, list)) else [result]
+        dropped = 0
+        for idx, value in enumerate(real):
+            if not isinstance(value, torch.Tensor):
+                continue
+            storage = value.untyped_storage()
+            nbytes, ptr = storage.nbytes(), storage.data_ptr()
+            if not nbytes or ptr in inputs:
+                continue
+            inputs.add(ptr)  # a storage returned twice counts once
+            slot = slots[idx] if idx < len(slots) else None
+            if slot is None:
+                dropped += nbytes
+                continue
+            declared = self.graph.tensors[slot]
+            if not declared.is_view and nbytes > declared.nbytes:
+                self.storage[slot] = max(nbytes, self.storage.get(slot, 0))
+        self.dropped[oid] = max(self.dropped[oid], dropped)
+
+    def apply(self) -> None:
+        """Raise the graph's storage sizes to the real ones (``storage``)."""
+        for tid, nbytes in self.storage.items():
+            self.graph.tensors[tid].nbytes = nbytes
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _in_step(graph: Graph, batch: Any, scope: Callable[[str], Any] | None = None,
+             outputs: RealOutputs | None = None) -> Callable[[], None]:
     """A run of the step's in-core schedule by the executor (its generated code: the
     layouts, constants and kernels of a real step) on ``batch``, each op's kernel inside
-    its own ``scope`` (default: a profiler ``record_function``); nothing is applied."""
+    its own ``scope`` (default: a profiler ``record_function``), its results shown to
+    ``outputs`` when given; nothing is applied."""
     from torch.profiler import record_function
 
     from outcore.plan.lower import lower
@@ -72,14 +140,24 @@ def _in_step(graph: Graph, batch: Any,
 
         def run(*args: Any, **kwargs: Any) -> Any:
             with mark(f"outcore_op_{oid}"):
-                return kernel(*args, **kwargs)
+                result = kernel(*args, **kwargs)
+            if outputs is not None:
+                outputs.see(oid, args, kwargs, result)
+            return result
 
         return run
 
     probe.replace_ops({oid: marked(oid) for oid in range(len(graph.ops))})
 
+    from torch.utils._pytree import tree_map
+
+    # leaves of the same values: a batch tensor that autograd computed (which the executor
+    # refuses, with a message about the step) measures as the leaf it is detached to
+    leaves = tree_map(lambda t: t.detach().requires_grad_(t.requires_grad)
+                      if isinstance(t, torch.Tensor) else t, batch)
+
     def step() -> None:
-        probe.run(batch, apply=False, measure=False)
+        probe.run(leaves, apply=False, measure=False)
 
     return step
 
@@ -105,10 +183,34 @@ def _profiled(run: Callable[[], None], ops: int) -> list[int]:
     return result
 
 
+def _no_scope(name: str) -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 class _CudaPeaks:
     """``record_function`` stand-in on CUDA: per op, ``torch.cuda.max_memory_allocated``
-    during the op minus ``memory_allocated`` after it (the caching allocator's own counters,
-    which see cuDNN's and cuBLAS's workspaces). Not exercised on a machine without a GPU."""
+    during the op minus ``memory_allocated`` after it, on the current device (the caching
+    allocator's own counters, which see cuDNN's and cuBLAS's workspaces), the same
+    definition as the CPU's ``_transient``.
+
+    * ``reset_peak_memory_stats`` at the op's start makes the peak the bytes allocated
+      then; the op's inputs are in both the peak and ``held``, so they cancel. ``held`` is
+      at least that start: a block of an earlier op freed during the window lowers what
+      is left, not the temporaries (as ``_transient`` on the CPU).
+    * The counters are host-side: the allocator updates them when a kernel's host code
+      allocates or frees, not when the GPU runs it, so no synchronisation is needed for
+      them; the ``synchronize`` calls are kept so that a pending kernel of an earlier op
+      can never be counted in a later one's window by an allocator backend that defers.
+    * They count allocator blocks, not requests: at least 512 B each, rounded up to a
+      multiple of 512 B, and a cached block that is not split is counted whole. So a
+      temporary here is an upper bound on what the kernel asked for (safe for the rule).
+    * A cuBLAS workspace made at an op's first call stays allocated (it is not freed at
+      the op's end); the warm-up run makes it, so it is not counted as a temporary.
+
+    Never run on a GPU here; ``tests/devices/test_cuda_peaks_path.py`` drives it with
+    counters faked on the CPU."""
 
     def __init__(self, ops: int) -> None:
         self.result = [0] * ops
@@ -122,9 +224,10 @@ class _CudaPeaks:
         def scope() -> Any:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
             yield
             torch.cuda.synchronize()
-            held = torch.cuda.memory_allocated()
+            held = max(torch.cuda.memory_allocated(), start)  # frees of older blocks: no gain
             if op >= 0:
                 extra = max(0, torch.cuda.max_memory_allocated() - held)
                 self.result[op] = max(self.result[op], extra)
@@ -140,8 +243,12 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     ``graph.meta[TEMPORARIES]``. The graph must come from ``outcore.capture``. With
     ``batch`` the ops run in the step, on its real values, as the executor runs the
     in-core schedule (the kernels a step picks for its layouts); without, each alone on
-    fresh inputs. ``device="cuda"`` measures with CUDA's
-    allocator counters instead of the CPU profiler (the batch and model on the GPU).
+    fresh inputs. ``device="cuda"`` measures with CUDA's allocator counters instead of the
+    CPU profiler (the batch and model on the GPU); ``device="cpu-emulated"`` (whose peak is
+    the tracker's tensor count, which sees no kernel scratch) measures only what the step's
+    kernels really return beyond the declared outputs (``RealOutputs``, which every in-step
+    measurement applies too: dropped returns join the temporaries, larger storages raise
+    the graph's ``nbytes``).
     ``rng_state``: the CPU generator's state the capture started from; each run of the step
     starts from it, so values the capture specialised on (a draw in Python, such as
     LayerDrop's) come out the same. The caller's generator is left as it was either way."""
@@ -151,8 +258,12 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
                            "outcore.capture (not one loaded from JSON)")
     in_step = batch is not None and not getattr(graph.source, "fake", True)
     cuda = _CudaPeaks(len(graph.ops)) if device == "cuda" else None
-
-    step = _in_step(graph, batch, cuda) if in_step else None
+    outputs = RealOutputs(graph) if in_step else None
+    tracked = device == "cpu-emulated"  # the tracker: tensors only, no kernel scratch
+    if (tracked or cuda is not None) and outputs is None:  # alone: inputs made on the CPU
+        raise ProfileError(f"device={device!r} measures in the step: pass the batch of a "
+                           "graph captured with real tensors on that device")
+    step = _in_step(graph, batch, _no_scope if tracked else cuda, outputs) if in_step else None
 
     def run() -> None:
         if rng_state is not None:
@@ -165,13 +276,19 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):  # random ops draw as eager's
         run()  # warm up: lazy initialisations are not temporaries
-        if cuda is not None:
+        if tracked:
+            result = [0] * len(graph.ops)
+        elif cuda is not None:
             cuda.result = [0] * len(graph.ops)
             run()
             result = cuda.result
         else:
             result = _profiled(run, len(graph.ops))
+    if outputs is not None:  # returned storages the graph drops die with the instruction
+        result = [t + d for t, d in zip(result, outputs.dropped, strict=True)]
+        outputs.apply()
     set_temporaries(graph, result)
+    graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result
 
 
@@ -185,11 +302,15 @@ def set_temporaries(graph: Graph, temporaries: list[int]) -> None:
     graph.meta[TEMPORARIES] = [int(t) for t in temporaries]
 
 
-def rng_state_bytes() -> int:
-    """Bytes of one saved CPU RNG state (``torch.get_rng_state()``, the Mersenne Twister's
-    5,056 bytes): the executor keeps one per recomputed random op from its forward to the
-    step's end, to replay it in the recompute (``outcore.runtime.executor``)."""
-    return int(torch.get_rng_state().numel())
+def rng_state_bytes(device: str = "cpu") -> int:
+    """Bytes one saved RNG state takes in the allocator of ``device`` (the executor saves one
+    per recomputed random op at its first run and replays it in the recompute,
+    ``outcore.runtime.executor``): on ``"cpu"``, ``torch.get_rng_state()``'s ByteTensor (the
+    Mersenne Twister's 5,056 bytes); on ``"cuda"`` 0, since both the CPU's and the GPU's
+    saved states are host tensors (``torch.cuda.get_rng_state()`` returns a CPU tensor), so
+    the device's allocator holds none of them. The memory rule reads it from
+    ``graph.meta[RNG_STATE_BYTES]`` (``outcore.plan.residency``)."""
+    return int(torch.get_rng_state().numel()) if device == "cpu" else 0
 
 
 def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
@@ -197,16 +318,15 @@ def allocator_peak_bound(graph: Graph, schedule: Any) -> int:
     CPU device beyond what was allocated before it (parameters, the batch): the memory
     rule's most device plus host bytes at once (every op's ``temporaries`` on top of its
     Compute, its variant's workspace; host copies share the CPU's allocator), less the
-    static bytes, plus the saved RNG state of every random op the schedule recomputes
-    (counted over the whole step) and the backward's seed (the loss tangent the executor
-    makes for each step)."""
+    static bytes, plus the backward's seed (the loss tangent the executor makes for each
+    step). The saved RNG states of recomputed random ops are in the rule (held from the
+    op's first run to its last recompute) once ``measure_temporaries`` has set their size
+    on the graph."""
     from outcore.graph.ir import TensorKind
     from outcore.plan.memory import memory_curve
 
     trace = memory_curve(graph, schedule)
     most = max((d + h for d, h in zip(trace.device, trace.host, strict=True)),
                default=trace.static)
-    recomputed = {ins.op for ins in schedule.instructions if getattr(ins, "recompute", False)}
-    randoms = sum(1 for op in graph.ops if op.random and op.id in recomputed)
     seeds = sum(t.nbytes for t in graph.tensors if t.kind is TensorKind.TANGENT)
-    return most - trace.static + randoms * rng_state_bytes() + seeds
+    return most - trace.static + seeds

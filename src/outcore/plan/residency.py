@@ -20,7 +20,13 @@ The memory rule (written here only):
   instruction only (made, then dropped at once), and so does the workspace of the op's
   variant (``workspace(op_id)``; by default read from ``schedule.variants``) and the op's
   kernel temporaries (``op.temporaries``, measured by the allocator; left out only with
-  ``no_workspace``, which counts tensors alone). A base output
+  ``no_workspace``, which counts tensors alone). A random op that the schedule recomputes
+  saves the generator's state at its first Compute and replays it at each recompute: the
+  state (``graph.meta[RNG_STATE_BYTES]`` bytes, set by the measurement for a device whose
+  allocator holds it; 0, i.e. nothing, when absent) is held from that first Compute through
+  its last recompute, and each recompute also holds a copy of the current state during the
+  instruction (the executor's ``replay_rng``). Both are transient bytes of the steps they
+  span (not storages; left out under ``no_workspace`` too). A base output
   that is not resident while a view of its storage is (recomputed after its base was freed
   and a view kept) rejoins that storage, and the kernel's fresh output exists during the
   instruction only (a TRANSIENT allocation naming a tensor of ``made_resident``: a rebase);
@@ -59,8 +65,12 @@ from outcore.plan import rules
 from outcore.plan.rules import Violation
 from outcore.plan.schedule import Compute, Free, Offload, Prefetch, Schedule, Wait
 
-#: ``Allocation.storage`` of a transient (a recompute's duplicate or an op's workspace).
+#: ``Allocation.storage`` of a transient (a recompute's duplicate, an op's workspace, or the
+#: saved RNG states held for recomputes).
 TRANSIENT = -1
+#: ``graph.meta`` key: bytes of one saved generator state in the device allocator that runs
+#: the step (``outcore.cost.measure_temporaries`` sets it; 0 or absent: not counted).
+RNG_STATE_BYTES = "rng_state_bytes"
 #: "no tensor / no storage": ``Allocation.tensor`` of a workspace, ``Step.released`` and
 #: ``Step.dropped`` when the instruction releases / drops nothing.
 NONE = -1
@@ -74,7 +84,8 @@ class Allocation(NamedTuple):
     ``storage >= 0``: that storage becomes resident (``tensor`` is the tensor that made it
     so; ``nbytes`` its storage's bytes, possibly 0). ``storage == TRANSIENT``: bytes that live
     during the instruction only: ``tensor`` is the recompute's duplicated output, or ``NONE``
-    for the op's workspace; ``nbytes > 0`` (empty transients are not listed).
+    for the op's workspace (and kernel temporaries) or for the saved RNG states held at this
+    instruction (module doc); ``nbytes > 0`` (empty transients are not listed).
     """
 
     storage: int
@@ -147,6 +158,11 @@ class Replay:
         #: per op: the kernel temporaries a Compute holds (none under ``no_workspace``)
         self.temporaries = ([0] * len(graph.ops) if workspace is no_workspace
                             else [op.temporaries for op in graph.ops])
+        #: bytes of one saved RNG state, and per recomputed random op the index of its last
+        #: recompute (module doc); the states held now sum to ``rng_held``
+        self.rng_bytes = 0 if workspace is no_workspace else rng_state_bytes(graph)
+        self.rng_last = last_random_recomputes(graph, schedule) if self.rng_bytes else {}
+        self.rng_held = 0
         n = len(graph.tensors)
         self.storage_of = [t.storage for t in graph.tensors]
         self.storage_bytes = [graph.tensors[s].nbytes for s in self.storage_of]
@@ -230,6 +246,10 @@ class Replay:
               allocations: tuple[Allocation, ...] = _NO_ALLOCATIONS, released: int = NONE,
               entered: tuple[int, ...] = _NO_TENSORS, dropped: int = NONE,
               transient: int = 0) -> Step:
+        if self.rng_held:  # saved RNG states, held across this instruction
+            allocations = (*allocations, _tuple_new(Allocation, (TRANSIENT, self.rng_held,
+                                                                 NONE)))
+            transient += self.rng_held
         return _tuple_new(Step, (i, allocations, released, entered, dropped,
                                  self.live + transient, transient, self.host,
                                  self.n_resident, broken))
@@ -271,8 +291,24 @@ class Replay:
         if extra:
             made.append(Allocation(TRANSIENT, extra, NONE))
             transient += extra
+        if self.rng_last:
+            transient += self._rng(i, ins, made)
         return _tuple_new(Step, (i, tuple(made), NONE, tuple(new), NONE, self.live + transient,
                                  transient, self.host, self.n_resident, broken))
+
+    def _rng(self, i: int, ins: Compute, made: list[Allocation]) -> int:
+        """The saved RNG states held during Compute ``i`` (module doc), appended to ``made``;
+        their bytes. The state of a recomputed random op is saved at its first Compute and
+        dropped after its last recompute, which also holds a copy of the current state."""
+        last = self.rng_last.get(ins.op)
+        if last is not None and not ins.recompute and i < last:
+            self.rng_held += self.rng_bytes  # saved before the kernel runs
+        held = self.rng_held + (self.rng_bytes if last is not None and ins.recompute else 0)
+        if last == i:
+            self.rng_held -= self.rng_bytes
+        if held:
+            made.append(_tuple_new(Allocation, (TRANSIENT, held, NONE)))
+        return held
 
     def _absent_input(self, i: int, op: str, recompute: bool, tid: int) -> Violation:
         name = self.graph.tensors[tid].name
@@ -387,6 +423,24 @@ class Replay:
             elif not self.usable(tid):
                 return Violation(None, tid, rules.absent_at_end(tensors[tid].name))
         return None
+
+
+def rng_state_bytes(graph: Graph) -> int:
+    """Bytes of one saved RNG state in the allocator that runs ``graph``'s step
+    (``graph.meta[RNG_STATE_BYTES]``; 0 when the measurement did not set it)."""
+    return int(graph.meta.get(RNG_STATE_BYTES, 0) or 0)
+
+
+def last_random_recomputes(graph: Graph, schedule: Schedule) -> dict[int, int]:
+    """Random op -> the index of its last recompute in ``schedule``, for every random op the
+    schedule recomputes (each saves its RNG state at its first run; module doc)."""
+    last: dict[int, int] = {}
+    ops = graph.ops
+    for i, ins in enumerate(schedule.instructions):
+        if isinstance(ins, Compute) and ins.recompute and 0 <= ins.op < len(ops) \
+                and ops[ins.op].random:
+            last[ins.op] = i
+    return last
 
 
 def residency_steps(graph: Graph, schedule: Schedule,

@@ -22,6 +22,7 @@ globals (``f{op}``, ``k{op}_{i}``), never through ``repr``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,9 @@ class Emitter:
         #: random ops the schedule recomputes: only these save their RNG state (None: every
         #: random op saves it)
         self.replayed: set[int] | None = None
+        #: random op -> recomputes of it still to emit: the last one drops the saved state
+        #: (as the memory rule releases it; empty: kept to the step's end)
+        self.replays_left: dict[int, int] = {}
         #: tensor id -> the stride capture recorded, for each base a layout-sensitive op reads
         self.strides: dict[int, tuple[int, ...]] = {}
         bases = layout_bases(graph, step.op_nodes)
@@ -120,7 +124,10 @@ class Emitter:
         args += [f"{k}={self.arg(v, oid, counter)}" for k, v in node.kwargs.items()]
         call = f"{fname}({', '.join(args)})"
         if op.random and recompute:
-            call = f"rt.replay_rng({oid}, lambda: {call})"
+            left = self.replays_left.get(oid, 0) - 1
+            self.replays_left[oid] = left
+            last = ", last=True" if left == 0 else ""
+            call = f"rt.replay_rng({oid}, lambda: {call}{last})"
         elif op.random and (self.replayed is None or oid in self.replayed):  # for a recompute
             call = f"rt.save_rng({oid}, lambda: {call})"
         self.lines.append(f"rt.begin({oid}, {op.name!r})")
@@ -191,6 +198,8 @@ def generate(graph: Graph, schedule: Schedule,
                          "outcore.capture")
     em = Emitter(graph, step, impls or {})
     em.replayed = recomputed_ops(schedule)
+    em.replays_left = dict(Counter(ins.op for ins in schedule.instructions
+                                   if isinstance(ins, Compute) and ins.recompute))
     steps = residency_steps(graph, schedule, no_workspace)  # checked by the executor's verify
     first = next(steps)
     em.track(first)

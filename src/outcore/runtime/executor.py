@@ -149,10 +149,14 @@ class Runtime:
             self.rng[oid] = rng_state()
         return fn()
 
-    def replay_rng(self, oid: int, fn: Callable[[], Any]) -> Any:
+    def replay_rng(self, oid: int, fn: Callable[[], Any], last: bool = False) -> Any:
+        """Run ``fn`` (a recompute of random op ``oid``) from the state saved at its first
+        run, then restore the current state; ``last``: its last recompute, so the saved
+        state is dropped (the memory rule holds it until then, ``outcore.plan.residency``)."""
         with untracked():
             current = rng_state()
-            set_rng_state(self.rng[oid])
+            saved = self.rng.pop(oid) if last else self.rng[oid]  # freed on return
+            set_rng_state(saved)
         try:
             return fn()
         finally:

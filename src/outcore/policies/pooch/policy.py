@@ -67,8 +67,14 @@ def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
                       config.features)
     step1, step2 = config.step1_evaluations, config.step2_evaluations
     target = float(budget)
-    for _ in range(config.retries + 1):
-        result = classify(profile, target, step1_evaluations=step1, step2_evaluations=step2)
+    for attempt in range(config.retries + 1):
+        try:
+            result = classify(profile, target, step1_evaluations=step1,
+                              step2_evaluations=step2)
+        except InfeasibleBudgetError:
+            if attempt == 0:  # the user's own budget is out of reach
+                raise
+            break  # a lowered target is: the last schedule's peak is what PoocH reaches
         ev = result.evaluation
         schedule = build_schedule(graph, profile.order, ev.classes, ev.free_at, ev.issue_at,
                                   ev.need_at, policy="pooch")
@@ -81,7 +87,7 @@ def plan_pooch(graph: Graph, ctx: PolicyContext) -> PoochResult:
     raise InfeasibleBudgetError(
         "pooch", budget, peak,
         f"The classification's schedule peaks at {format_bytes(peak)} after "
-        f"{config.retries} re-searches against a lowered budget. Raise the budget or raise "
+        f"{attempt} re-search(es) against a lowered budget. Raise the budget or raise "
         "options['retries'].")
 
 

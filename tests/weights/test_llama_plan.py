@@ -50,12 +50,19 @@ def test_a_budget_below_every_placement_is_refused_with_the_lowest_figure(llama7
     assert "Ways out" in str(info.value)
 
 
-def test_cli_plan_answers_with_tokens_per_second_and_host_memory(capsys):
-    code = main(["--json", "--no-cache", "plan", "--model", "llama-1b", "--small",
-                 "--batch", "2", "--budget", "200KB", "--gpu", "a100-40gb",
-                 "--optimizer", "adamw"])
-    doc = json.loads(capsys.readouterr().out)
+#: A small Llama whose weights need the host at this budget, for the CLI tests.
+SMALL_LLAMA = ["--model", "llama-1b", "--small", "--batch", "2", "--budget", "200KB",
+               "--gpu", "a100-40gb", "--optimizer", "adamw"]
+
+
+def _cli_json(command: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    code = main(["--json", "--no-cache", command, *SMALL_LLAMA])
     assert code == EXIT_OK
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_plan_answers_with_tokens_per_second_and_host_memory(capsys):
+    doc = _cli_json("plan", capsys)
     w = doc["weights"]
     assert w["held"] and w["host_bytes"] == w["host_copies"] + w["host_state"]
     assert w["pinned_ratio"] <= 1.05
@@ -65,15 +72,10 @@ def test_cli_plan_answers_with_tokens_per_second_and_host_memory(capsys):
 
 
 def test_cli_explain_says_what_moved(capsys):
-    code = main(["--json", "--no-cache", "explain", "--model", "llama-1b", "--small",
-                 "--batch", "2", "--budget", "200KB", "--gpu", "a100-40gb",
-                 "--optimizer", "adamw"])
-    doc = json.loads(capsys.readouterr().out)
-    assert code == EXIT_OK
+    doc = _cli_json("explain", capsys)
     assert [r["parameter"] for r in doc["parameters"]] == doc["weights"]["held"]
     assert all("frees" in r["why"] for r in doc["parameters"])
-    code = main(["--no-cache", "explain", "--model", "llama-1b", "--small", "--batch", "2",
-                 "--budget", "200KB", "--gpu", "a100-40gb", "--optimizer", "adamw"])
+    code = main(["--no-cache", "explain", *SMALL_LLAMA])
     out = capsys.readouterr().out
     assert code == EXIT_OK and "parameters held in host memory" in out
 

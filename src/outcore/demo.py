@@ -138,14 +138,29 @@ def main(argv: list[str] | None = None) -> int:
             auto = planned
     console.print(table)
     if simulated:
-        best = min(simulated, key=lambda k: (simulated[k], k != "outcore-auto"))
-        console.print(f"Fastest simulated plan that fits: [bold]{best}[/bold] "
-                      f"({simulated[best] * 1e3:.1f} ms on {args.gpu}); outcore-auto "
-                      + (f"{simulated['outcore-auto'] * 1e3:.1f} ms." if "outcore-auto"
-                         in simulated else "did not fit."))
+        console.print(_fastest(simulated, args.gpu))
     if auto is not None:
         _write_outputs(auto, Path(args.out), console)
     return 0
+
+
+#: Simulated steps within this share of each other are a tie (float sums of equal plans).
+TIE = 1e-3
+
+
+def _fastest(simulated: dict[str, float], gpu: str) -> str:
+    """The line naming the fastest simulated plan that fits, outcore-auto first on a tie."""
+    best = min(simulated.values())
+    tied = sorted(k for k, v in simulated.items() if v <= best * (1 + TIE))
+    lead = "outcore-auto" if "outcore-auto" in tied else tied[0]
+    others = [k for k in tied if k != lead]
+    line = f"Fastest simulated plan that fits: [bold]{lead}[/bold] ({best * 1e3:.1f} ms on {gpu})"
+    if others:
+        line += f", tied within {TIE:.1%} with {', '.join(others)}"
+    if "outcore-auto" not in tied:
+        auto = simulated.get("outcore-auto")
+        line += "; outcore-auto " + (f"{auto * 1e3:.1f} ms" if auto else "did not fit")
+    return line + "."
 
 
 def _write_outputs(planned, out: Path, console: Console) -> None:

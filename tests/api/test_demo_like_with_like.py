@@ -48,3 +48,13 @@ def test_a_plan_without_variants_is_returned_as_is(graph):
 def test_a_plan_that_no_longer_fits_on_framework_kernels_is_refused(vdnn):
     planned, _ = vdnn
     assert framework_kernels(planned, 1, cost_model_for("v100-pcie")) is None
+
+
+def test_the_fastest_line_puts_outcore_auto_first_on_a_tie():
+    from outcore.demo import _fastest
+
+    line = _fastest({"pooch": 0.0414, "outcore-auto": 0.04140001, "vdnn-all": 0.0478},
+                    "v100-pcie")
+    assert "[bold]outcore-auto[/bold] (41.4 ms" in line and "tied within 0.1% with pooch" in line
+    slower = _fastest({"pooch": 0.0400, "outcore-auto": 0.0414}, "v100-pcie")
+    assert "[bold]pooch[/bold]" in slower and "outcore-auto 41.4 ms" in slower

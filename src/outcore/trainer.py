@@ -88,10 +88,12 @@ class TrainerStats:
     ``measured_peak``: on ``device="cpu"`` (one sub-batch) what the CPU allocator held at
     most during the step (``outcore.runtime.devices.allocator_peak``: kernel temporaries and
     host copies included, which share its RAM) plus the bytes held before it (parameters,
-    buffers, batch); it is measured on the first step of each plan, with the profiler, and
-    kept for its later steps (a planned step allocates the same every time). Elsewhere it
-    is ``tensor_peak``: the step's tensors counted at the dispatcher (``MemoryTracker``;
-    the emulated device enforces its capacity on that count).
+    buffers, batch); on ``device="cuda"`` the same from the caching allocator's
+    ``torch.cuda.max_memory_allocated`` over the step (``cuda_allocator_peak``: block sizes,
+    so at least 512 B a tensor). Both are measured on the first step of each plan and kept
+    for its later steps (a planned step allocates the same every time). On
+    ``"cpu-emulated"`` it is ``tensor_peak``: the step's tensors counted at the dispatcher
+    (``MemoryTracker``; the emulated device enforces its capacity on that count).
     """
 
     predicted_peak: int = 0
@@ -219,12 +221,17 @@ class Trainer:
     def _measured_run(self, entry: _Entry, batch: Any, scale: float) -> Any:
         """``_run``; on the first step of a plan on ``device="cpu"`` (one sub-batch), under
         the allocator's measurement (``TrainerStats.measured_peak``)."""
-        if (self.device_kind != "cpu" or entry.allocator_peak is not None
+        if (self.device_kind not in ("cpu", "cuda") or entry.allocator_peak is not None
                 or entry.planned.plan.sub_batches > 1):
             return self._run(entry, batch, scale)
-        from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+        from outcore.runtime.devices.allocator_peak import (
+            allocator_peak,
+            cuda_allocator_peak,
+            held_before,
+        )
 
-        measured = allocator_peak(lambda: self._run(entry, batch, scale))
+        measure = cuda_allocator_peak if self.device_kind == "cuda" else allocator_peak
+        measured = measure(lambda: self._run(entry, batch, scale))
         entry.allocator_peak = held_before(entry.planned.graph) + measured.peak
         return measured.result
 

@@ -93,3 +93,23 @@ def test_measure_temporaries_on_cuda_runs_its_path_in_the_step(monkeypatch):
                 if op.target == "aten.convolution_backward.default"]
     assert sorted(conv_bwd) == [0, 8 * 8 * 3 * 4]  # the frozen layer's: its dropped weight
     assert graph.meta[RNG_STATE_BYTES] == 0  # saved states are host tensors on CUDA
+
+
+def test_cuda_allocator_peak_is_the_steps_peak_from_its_start(monkeypatch):
+    """``cuda_allocator_peak`` (the Trainer's measure on ``device="cuda"``): the window is
+    the step, counted from what was allocated when it started."""
+    from outcore.runtime.devices.allocator_peak import cuda_allocator_peak
+
+    counters = Counters()
+    counters.install(monkeypatch)
+    counters.alloc(5000)  # parameters and the batch, allocated before the step
+
+    def step() -> str:
+        counters.alloc(700)
+        counters.alloc(300)
+        counters.free(700)
+        return "loss"
+
+    measured = cuda_allocator_peak(step)
+    assert (measured.peak, measured.held_at_end, measured.result) == (1000, 300, "loss")
+    assert counters.calls == ["sync", "reset", "sync"]

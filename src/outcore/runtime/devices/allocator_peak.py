@@ -19,8 +19,9 @@ Frees of blocks allocated before the step (the previous step's gradients, say) a
 counted: they would lower the curve below its starting point and hide what the step itself
 needs. Free such tensors before calling, as a training loop's ``zero_grad`` does.
 
-CPU allocations only (CUDA has ``torch.cuda.max_memory_allocated``). Invariant: ``peak >=
-held_at_end >= 0``; the numbers are exact allocator bytes, not estimates.
+CPU allocations only (on CUDA, ``cuda_allocator_peak`` reads the caching allocator's
+counters). Invariant: ``peak >= held_at_end >= 0``; the numbers are exact allocator bytes,
+not estimates.
 """
 
 from __future__ import annotations
@@ -95,6 +96,27 @@ def allocator_peak(step: Callable[[], Any],
     excluded = sum(events[i][2] for i in skip if events[i][2] > 0)
     return AllocatorPeak(peak=peak, held_at_end=live, excluded=excluded,
                          allocations=sum(1 for e in events if e[2] > 0), result=result)
+
+
+def cuda_allocator_peak(step: Callable[[], Any]) -> AllocatorPeak:
+    """Run ``step`` once and measure what the CUDA caching allocator held over it: the
+    largest ``torch.cuda.max_memory_allocated`` during the step less ``memory_allocated``
+    at its start (``peak``; the same "from the start of the step" as ``allocator_peak``),
+    and what is still allocated at its end beyond the start (``held_at_end``).
+
+    The device is synchronised before and after, so the window holds exactly the step's
+    work. The counters are the allocator's block sizes (requests rounded up to 512 B, a
+    cached block that is not split counted whole): they are at least the tensor bytes the
+    memory rule counts. ``excluded`` and ``allocations`` are 0 (the caching allocator
+    keeps no per-allocation log here)."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = step()
+    torch.cuda.synchronize()
+    peak = max(0, torch.cuda.max_memory_allocated() - start)
+    end = max(0, torch.cuda.memory_allocated() - start)
+    return AllocatorPeak(peak=peak, held_at_end=end, excluded=0, allocations=0, result=result)
 
 
 def held_before(graph: Any) -> int:

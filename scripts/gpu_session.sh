@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call of the workplace's device tool, prepared (docs/cuda.md): time-boxed stages run in
+# order, each stage's whole log kept under $OUT/logs and packed into $OUT/gpu.tgz (the tool
+# brings back at most 8 files), the tail of each printed.
+#
+#   bash scripts/gpu_session.sh env suite:240 speed:150 calibrate:80
+#
+# A stage is NAME[:SECONDS]; SECONDS bounds it (timeout, then SIGKILL 5 s later). Stages:
+#   env        nvidia-smi, torch and CUDA versions, outcore imported from src/
+#   suite      the CUDA suite, scripts/test_cuda.sh (xdist over 8 workers); PYTEST_ARGS adds
+#   speed      benchmarks/cuda_speed.py; SPEED_ARGS (default: GPT-2 at 50%, three policies)
+#   calibrate  benchmarks/cuda_calibrate.py, profile written under $OUT/profiles
+#   hostmem    benchmarks/host_memory.py --cuda --small
+#   py:FILE    PYTHONPATH=src python3 FILE (a prepared check)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT/logs" "$OUT/profiles"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src"
+PY=python3
+
+run_stage() {
+  local spec=$1 name kind a b limit log start rc file=""
+  IFS=: read -r kind a b <<<"$spec"
+  name=$kind limit=${a:-300}
+  if [ "$kind" = py ]; then file=$a name="py-$(basename "$a" .py)" limit=${b:-300}; fi
+  log="$OUT/logs/$name.log"
+  start=$(date +%s)
+  echo "=== $name (limit ${limit}s) at $(date +%T)"
+  case $spec in
+    env*) timeout -k 5 "$limit" bash -c 'nvidia-smi; python3 -c "import torch, sys;
+print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0),
+torch.backends.cudnn.version()); import outcore; print(\"outcore\", outcore.__version__)"' \
+      >"$log" 2>&1 ;;
+    suite*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n 8 -rfE --tb=short \
+      ${PYTEST_ARGS:-} >"$log" 2>&1 ;;
+    speed*) timeout -k 5 "$limit" $PY benchmarks/cuda_speed.py \
+      ${SPEED_ARGS:---models gpt2 --budgets 0.5 --policies outcore-auto offload-all recompute-cheap --skip-compile --steps 5 --warmup 2} \
+      --json "$OUT/logs/speed.json" >"$log" 2>&1 ;;
+    calibrate*) timeout -k 5 "$limit" $PY benchmarks/cuda_calibrate.py --out "$OUT/profiles" \
+      ${CALIBRATE_ARGS:-} >"$log" 2>&1 ;;
+    hostmem*) timeout -k 5 "$limit" $PY benchmarks/host_memory.py --cuda --small >"$log" 2>&1 ;;
+    py:*) timeout -k 5 "$limit" $PY "$file" >"$log" 2>&1 ;;
+    *) echo "unknown stage $spec" >"$log"; false ;;
+  esac
+  rc=$?
+  echo "=== $name rc=$rc in $(( $(date +%s) - start ))s"
+  tail -n "${TAIL:-25}" "$log"
+}
+
+for spec in "$@"; do
+  run_stage "$spec"
+done
+tar -czf "$OUT/gpu.tgz" -C "$OUT" logs profiles 2>/dev/null
+echo "=== packed $(du -h "$OUT/gpu.tgz" | cut -f1) into gpu.tgz"

@@ -335,11 +335,18 @@ class Trainer:
             loss_form(sub, graph)  # a loss that cannot be split exactly: size unavailable
             return sub
 
-        planned = plan(graph, self.budget, policy=self.policy,
-                       gpu=self.gpu or default_gpu(graph, self.device_kind),
-                       recapture=recapture, simulate=False,
-                       allow_sub_batches=self.allow_sub_batches, cache=self.cache,
-                       host_budget=self.host_budget, **self.options)
+        def plan_for(budget: int | None) -> PlannedStep:
+            return plan(graph, budget, policy=self.policy,
+                        gpu=self.gpu or default_gpu(graph, self.device_kind),
+                        recapture=recapture, simulate=False,
+                        allow_sub_batches=self.allow_sub_batches, cache=self.cache,
+                        host_budget=self.host_budget, **self.options)
+
+        planned = plan_for(self.budget)
+        if self.device_kind == "cuda" and self.budget is not None:
+            from outcore.plan.allocator_rounding import within_allocator_rounding
+
+            planned = within_allocator_rounding(planned, self.budget, plan_for)
         _refuse_split_input_grads(planned.plan.sub_batches, batch)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded

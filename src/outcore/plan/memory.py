@@ -60,6 +60,19 @@ def trace_of(steps: Iterable[Step]) -> MemoryTrace:
     return MemoryTrace(device, host, live, static)
 
 
+def rounded_peak_bound(trace: MemoryTrace, granularity: int) -> int:
+    """The most an allocator that rounds every allocation up to a multiple of
+    ``granularity`` bytes can hold at once for ``trace``'s schedule: each instruction's
+    device bytes plus ``granularity - 1`` for every tensor live after it (a live storage is
+    at most that much larger than its bytes; views share a storage, so counting tensors
+    over-counts, never under). CUDA's caching allocator rounds to 512 B."""
+    if granularity <= 1:
+        return trace.peak
+    pad = granularity - 1
+    return max((d + pad * n for d, n in zip(trace.device, trace.live_tensors, strict=True)),
+               default=trace.static)
+
+
 def predicted_peak(graph: Graph, schedule: Schedule,
                    workspace: Callable[[int], int] | None = None) -> int:
     """Peak device bytes of ``schedule`` under the rule above."""

@@ -216,7 +216,7 @@ def _to_pinned_host(device: Any, graph: Any, schedule: Any, model: nn.Module,
     for the step's offloads; the segment (None: nothing held)."""
     from outcore.plan.schedule import Offload
     from outcore.plan.weights import gradients, parameters
-    from outcore.runtime.devices.cuda import pin_exact
+    from outcore.runtime.devices.cuda import pin_pages
     from outcore.runtime.host_weights import pin_parameters
 
     by_id = {tid: name for name, tid in parameters(graph).items()}
@@ -229,7 +229,7 @@ def _to_pinned_host(device: Any, graph: Any, schedule: Any, model: nn.Module,
                            "but keeps the parameter on the GPU; on CUDA a sent gradient's "
                            "parameter must be held in host memory too")
     named = dict(model.named_parameters())
-    segment = pin_parameters([named[n] for n in sorted(held)], pin_exact, optimizer)
+    segment = pin_parameters([named[n] for n in sorted(held)], pin_pages, optimizer)
     device.reserve_host([graph.storage_bytes(i.tensor) for i in schedule.instructions
                          if isinstance(i, Offload)])
     return segment

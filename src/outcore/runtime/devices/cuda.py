@@ -41,6 +41,7 @@ prefetch is reported as ``DeviceOutOfMemory`` naming the tensor.
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Self
@@ -101,6 +102,27 @@ def pin_exact(nbytes: int) -> torch.Tensor:
     if status != 0:
         raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
                            f"CUDA error {status}; lower host_budget= or free host memory")
+    return buffer
+
+
+def pin_pages(nbytes: int) -> torch.Tensor:
+    """Like ``pin_exact``, but the registered pages lie wholly inside this allocation (it
+    is over-allocated by two pages and the returned view starts on a page boundary), so a
+    later ``cudaHostRegister`` of a neighbouring allocation can never find them already
+    registered. For segments that live long, beside the pool (held parameters)."""
+    cudart = torch.cuda.cudart()
+    register = getattr(cudart, "cudaHostRegister", None)
+    if register is None:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    raw = torch.empty(nbytes + 2 * page, dtype=torch.uint8)
+    start = -raw.data_ptr() % page
+    buffer = raw[start:start + nbytes]
+    status = int(register(buffer.data_ptr(), align_up(nbytes, page), _HOST_REGISTER_PORTABLE))
+    if status != 0:
+        raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
+                           f"CUDA error {status}; lower the budget's host share or free "
+                           "host memory")
     return buffer
 
 

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from outcore.weights import compile as compile_weights
 from outcore.zoo.transformer import build_transformer
 
-VOCAB, SEQ, BATCH = 256, 32, 4
+VOCAB, SEQ, BATCH = 512, 16, 2
 LR = 3e-3
 #: GPU clock cycles each copy stream spins before each copy (~5 ms): far longer than this
 #: model's kernels, so every Wait and every host step reaches its copy before it lands.
@@ -48,7 +48,7 @@ def token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def gpt() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
-    model = build_transformer(vocab=VOCAB, seq_len=SEQ, n_layer=2, n_head=2, d_model=64,
+    model = build_transformer(vocab=VOCAB, seq_len=SEQ, n_layer=2, n_head=2, d_model=128,
                               dropout=0.0, tie_weights=False, attention="math").cuda()
     return model, batches(1, seed=1)[0]
 

@@ -120,3 +120,9 @@ def test_view_bytes_rebuilds_a_layout_inside_a_larger_buffer():
     flat.copy_(byte_view(grad.untyped_storage()))
     out = view_bytes(flat, layout)
     assert torch.equal(out, grad) and out.stride() == grad.stride()
+    assert out.data_ptr() == flat.data_ptr() + 4 * grad.storage_offset()
+    # what the executor and the host stepper do: offsets count from the slot, not the buffer
+    again = out.as_strided(grad.size(), grad.stride(), grad.storage_offset())
+    assert torch.equal(again, grad)
+    out.add_(1)  # a view of the buffer's bytes, not a copy
+    assert torch.equal(view_bytes(flat, layout), grad + 1)

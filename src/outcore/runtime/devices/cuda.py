@@ -413,16 +413,12 @@ class CudaDevice:
 
 def view_bytes(flat: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
     """A tensor with ``layout`` over the bytes of ``flat`` (a flat uint8 tensor, possibly a
-    range of a larger storage, e.g. a host slot): ``layout.offset`` counts from
-    ``flat``'s first byte, in elements of ``layout.dtype``."""
-    item = layout.dtype.itemsize
+    range of a larger storage, e.g. a host slot). The tensor gets a storage of its own over
+    exactly those bytes (an ``UntypedStorage`` slice shares the memory and keeps the whole
+    alive), so ``as_strided`` offsets on it count from ``flat``'s first byte, as on a
+    device whose host copies have storages of their own."""
     base = int(flat.storage_offset())
-    if base % item:
-        raise OutcoreError(f"host bytes at offset {base} are not aligned for {layout.dtype}")
-    with _disable_current_modes():
-        empty = torch.empty(0, dtype=layout.dtype, device=flat.device)
-        return empty.set_(flat.untyped_storage(), base // item + layout.offset, layout.size,
-                          layout.stride)
+    return layout.view(flat.untyped_storage()[base:base + flat.numel()])
 
 
 def _release_pool(pool: HostPool, device: torch.device) -> None:

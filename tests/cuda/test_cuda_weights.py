@@ -241,3 +241,35 @@ def test_a_host_step_that_does_not_wait_for_its_copies_is_caught() -> None:
     _, fast_params, _ = overlapped_run(0, 2)
     _, broken_params, _ = overlapped_run(SLOW, 2, broken=True)
     assert not all(torch.equal(p, q) for p, q in zip(fast_params, broken_params, strict=True))
+
+
+def test_bf16_with_fp32_host_masters_twenty_steps_are_bit_equal_to_eager() -> None:
+    """bf16 weights on the GPU, fp32 masters and AdamW state on the host (``MasterWeights``):
+    both sides run the same CUDA kernels for the step and the same CPU kernels for AdamW,
+    so 20 steps with StepLR and clipping are ``torch.equal`` to the eager scheme
+    (``outcore.weights.mixed.eager_step`` on CUDA)."""
+    from outcore.weights.mixed import MasterWeights
+    from outcore.weights.mixed import eager_step as mixed_step
+
+    model, example = gpt()
+    model = model.to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    master, ref_master = MasterWeights(model), MasterWeights(ref)
+    opt, ref_opt = adamw(master.parameters()), adamw(ref_master.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 5, 0.5)
+    budget = 2 * weight_bytes(model)  # bf16 weight + grad + fp32 master + moments = 4x this
+    with compile_weights(model, token_loss, example, optimizer=opt, budget=budget,
+                         device="cuda", master=master, clip_grad_norm=0.5) as trainer:
+        assert trainer.held()
+        for i, (x, y) in enumerate(batches(20)):
+            loss = trainer.train_step(x, y)
+            sched.step()
+            ref_loss = token_loss(ref(x), y)
+            mixed_step(ref, ref_master, ref_opt, ref_loss, clip=0.5)
+            ref_sched.step()
+            assert trainer.measured_peak == trainer.predicted_peak, f"step {i}"
+            assert torch.equal(loss, ref_loss.detach()), f"step {i}"
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.detach().cuda(), q.detach()), name
+        assert torch.equal(master.masters[name], ref_master.masters[name]), name

@@ -110,6 +110,7 @@ class CapturedStep:
         buffers = dict(self.step_module.named_buffers(remove_duplicate=False))
         leaves = self.batch_tensors(batch)
         values: dict[int, torch.Tensor] = {}
+        tangents: list[int] = []
         for tid, target in self.nodes.constants.items():
             values[tid] = _attr(self.gm, target)
         for tid, desc in self.nodes.placeholders.items():
@@ -121,12 +122,17 @@ class CapturedStep:
             elif cls == "PlainAOTInput":
                 values[tid] = leaves[desc.idx]
             elif cls == "TangentAOTInput":
-                loss = graph.tensors[graph.by_name("tangents_1").id]
-                values[tid] = torch.full(loss.shape, loss_scale, dtype=getattr(torch, loss.dtype))
+                tangents.append(tid)
             else:
                 raise CaptureError(f"the joint graph has an input outcore cannot bind: "
                                    f"{graph.tensors[tid].name} ({desc!r}); report it with the "
                                    "model, or run the step eagerly")
+        if tangents:  # on the device the step computes on: the loss's, its inputs'
+            loss = graph.tensors[graph.by_name("tangents_1").id]
+            device = _step_device(params.values(), leaves)
+            for tid in tangents:
+                values[tid] = torch.full(loss.shape, loss_scale, device=device,
+                                         dtype=getattr(torch, loss.dtype))
         return values
 
     def parameter(self, name: str) -> nn.Parameter:
@@ -135,6 +141,18 @@ class CapturedStep:
 
     def buffer(self, name: str) -> torch.Tensor:
         return dict(self.step_module.named_buffers(remove_duplicate=False))[name]
+
+
+def _step_device(params: Any, leaves: Any) -> torch.device:
+    """The device a step computes on: the first accelerator (not CPU, not meta) among its
+    parameters and batch tensors, else the CPU. Parameters held in host memory
+    (``outcore.weights``) are CPU tensors of a CUDA step, hence "first accelerator", not
+    "first parameter". The loss seed is made there: a seed on another device than the loss
+    fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
+    for value in [*params, *leaves]:
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
+            return value.device
+    return torch.device("cpu")
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:

@@ -117,7 +117,9 @@ def pin_pages(nbytes: int) -> torch.Tensor:
     page = os.sysconf("SC_PAGE_SIZE")
     raw = torch.empty(nbytes + 2 * page, dtype=torch.uint8)
     start = -raw.data_ptr() % page
-    buffer = raw[start:start + nbytes]
+    # a storage of its own starting on the page (a slice shares raw's memory and keeps it
+    # alive), so is_pinned(), which asks about a tensor's storage, sees registered pages
+    buffer = torch.empty(0, dtype=torch.uint8).set_(raw.untyped_storage()[start:start + nbytes])
     status = int(register(buffer.data_ptr(), align_up(nbytes, page), _HOST_REGISTER_PORTABLE))
     if status != 0:
         raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "

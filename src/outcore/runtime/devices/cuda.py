@@ -231,6 +231,7 @@ class CudaDevice:
             raise ScheduleError(f"wait for the offload of tensor {tid}, but none was started; "
                                 "an Offload must come before its Wait")
         self._wait("d2h", entry.offload.end)
+        entry.waited = True
 
     def release(self, tid: int, t: torch.Tensor, last_alias: bool) -> None:
         """Nothing to do: ``record_stream`` already keeps an in-flight source alive."""

@@ -9,10 +9,15 @@ What is compared, and how exactly:
 * 20 training steps: the held parameters step with torch's CPU AdamW kernels, eager steps
   them with its CUDA kernels. Element-wise fp32 ops round the same on both, but the CUDA
   compiler fuses multiply-adds (one rounding where the CPU has two) and clipping sums the
-  norm in another order, so a step can differ in the last bit; Adam's update is scale-free
-  (m / sqrt(v)), so differences stay of the order of lr x a few ulps per step. Tolerance:
-  ``rtol=1e-4, atol=1e-5`` on parameters (lr 3e-3), ``rtol=1e-4`` on losses. Within one
-  device (no slowdown vs slowed copies) the results are ``torch.equal``.
+  norm in another order, so a step can differ in the last bit. From the next step on the
+  gradients differ by as much, relatively, and where a gradient is near zero (terms that
+  cancel) Adam's scale-free update m / (sqrt(v) + eps) turns that into a visible part of
+  lr. Tolerance: ``atol=1e-4, rtol=1e-4`` on parameters (lr 3e-3: 3% of one step's
+  largest move; a missed or stale update moves a parameter by about lr), ``rtol=1e-4`` on
+  losses. Seen on an H200 (torch 2.11): max |param diff| 9.9e-6 after 20 clipped steps,
+  2.1e-5 after 4 unclipped ones; max |loss diff| 4.8e-7. Within one device (copies slowed
+  or not) the results are ``torch.equal``, and so are the first step's gradients, and
+  20 bf16 steps with fp32 host masters (the same CPU AdamW on both sides).
 * Memory: the tracked peak equals the predicted one every step. What the caching allocator
   reports over a whole ``train_step`` (``max_memory_allocated`` less what is allocated
   outside the plan: cuBLAS workspaces) stays within the budget plus what docs/cuda.md says
@@ -38,7 +43,7 @@ LR = 3e-3
 #: GPU clock cycles each copy stream spins before each copy (~5 ms): far longer than this
 #: model's kernels, so every Wait and every host step reaches its copy before it lands.
 SLOW = 8_000_000
-PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
+PARAM_TOL = {"rtol": 1e-4, "atol": 1e-4}
 LOSS_RTOL = 1e-4
 
 
@@ -232,8 +237,11 @@ def test_slowed_copies_change_nothing_in_overlapped_host_steps(steps: int) -> No
     for i, (x, y) in enumerate(batches(steps, seed=3)):
         torch.testing.assert_close(fast[i], eager_step(model, opt, x, y, None),
                                    rtol=LOSS_RTOL, atol=0.0)
+    worst = 0.0
     for p, q in zip(fast_params, model.parameters(), strict=True):
         torch.testing.assert_close(p, q.detach(), **PARAM_TOL)
+        worst = max(worst, float((p - q.detach()).abs().max()))
+    print(f"\nweights-cuda overlapped: {steps} steps, max |param diff| vs eager {worst:.3g}")
 
 
 def test_a_host_step_that_does_not_wait_for_its_copies_is_caught() -> None:

@@ -126,3 +126,23 @@ def test_view_bytes_rebuilds_a_layout_inside_a_larger_buffer():
     assert torch.equal(again, grad)
     out.add_(1)  # a view of the buffer's bytes, not a copy
     assert torch.equal(view_bytes(flat, layout), grad + 1)
+
+
+def test_cuda_only_options_and_a_sent_gradient_of_a_device_parameter_are_refused(gpt):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from outcore.errors import OutcoreError
+    from outcore.plan.weights import gradients
+    from outcore.weights.trainer import _to_pinned_host
+
+    model, example, graph = gpt
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(OutcoreError, match="device_options apply to device='cuda'"):
+        compile_weights(model, token_loss, example, optimizer=opt, budget=10**9,
+                        device_options={"poison": True})
+    stray = SimpleNamespace(host_static=[], host_outputs=[gradients(graph)["tok.weight"]],
+                            instructions=[])
+    with pytest.raises(OutcoreError, match=r"'tok\.weight' to host memory but keeps"):
+        _to_pinned_host(None, graph, stray, model, opt)

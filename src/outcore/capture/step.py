@@ -144,11 +144,13 @@ class CapturedStep:
 
 
 def _step_device(params: Any, leaves: Any) -> torch.device:
-    """The device a step computes on: its first parameter's (the module's), else its first
-    batch tensor's, else the CPU. The loss seed is made there: a seed on another device
-    than the loss fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
+    """The device a step computes on: the first accelerator (not CPU, not meta) among its
+    parameters and batch tensors, else the CPU. Parameters held in host memory
+    (``outcore.weights``) are CPU tensors of a CUDA step, hence "first accelerator", not
+    "first parameter". The loss seed is made there: a seed on another device than the loss
+    fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
     for value in [*params, *leaves]:
-        if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
             return value.device
     return torch.device("cpu")
 

@@ -9,6 +9,12 @@ there on one worker thread, as soon as both have happened:
 * the Wait(h2d) of its last prefetch of the step returned: the step updates the host copy
   in place, which that prefetch reads.
 
+On a device whose Waits do not block the host (CUDA: a Wait only orders the compute
+stream), "returned" is not "landed": the stepper also takes, at each of those Waits, the
+copy's end event (``host_weights.copy_event``) and the worker synchronizes on all of them
+before it reads the gradient or writes the parameter (the d2h copy of the gradient has
+landed; the h2d copies reading the held parameter have finished).
+
 Host steps run one at a time, in landing order, while the step's thread goes on with the
 rest of backward. ``join()`` waits for them (the step's caller joins before anything else
 touches the optimizer or the parameters, so the next step's prefetches read updated
@@ -43,7 +49,7 @@ from outcore.graph.ir import Graph
 from outcore.plan.schedule import Prefetch, Schedule, Wait
 from outcore.plan.weights import gradients, parameters
 from outcore.runtime.devices.base import untracked
-from outcore.runtime.host_weights import host_tensor
+from outcore.runtime.host_weights import copy_event, host_tensor
 from outcore.weights.mixed import MasterWeights
 
 
@@ -93,6 +99,8 @@ class HostStepper:
         self._left: dict[str, int] = {}
         self._layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
         self._futures: list[Future[str]] = []
+        #: parameter name -> end events of the copies its host step waits for (CUDA)
+        self._after: dict[str, list[Any]] = defaultdict(list)
 
     # -- the step's side (its thread) ----------------------------------------------------------
     def start(self, overlap: bool) -> None:
@@ -104,6 +112,7 @@ class HostStepper:
             self._check_cleared()
         self._left = dict(self._need)
         self._layouts.clear()
+        self._after.clear()
 
     def begin(self) -> None:  # GradHook
         pass
@@ -128,6 +137,9 @@ class HostStepper:
         if not self.overlap:
             return
         for name in self._listeners.get((kind, tid), ()):
+            event = copy_event(self.device, kind, tid)
+            if event is not None:
+                self._after[name].append(event)
             self._left[name] -= 1
             if self._left[name] == 0:
                 self._submit(name)
@@ -138,7 +150,8 @@ class HostStepper:
         with untracked():  # a view of the host copy: no device bytes
             grad = host_tensor(self.device, self.graph.tensors[g].storage).as_strided(
                 size, stride, offset)
-        self._futures.append(self._pool.submit(self._step_one, name, grad))
+        after = self._after.pop(name, [])
+        self._futures.append(self._pool.submit(self._step_one, name, grad, after))
 
     def join(self, *, reraise: bool = True) -> set[str]:
         """Wait for the host steps started this step; the names stepped. Re-raises the
@@ -161,7 +174,9 @@ class HostStepper:
         self._pool.shutdown(wait=True)
 
     # -- the worker's side ---------------------------------------------------------------------
-    def _step_one(self, name: str, grad: torch.Tensor) -> str:
+    def _step_one(self, name: str, grad: torch.Tensor, after: list[Any]) -> str:
+        for event in after:  # the copies have landed (a no-op list where Waits block)
+            event.synchronize()
         if self.record:
             self._log("step-start", name)
         if self.master is not None:

@@ -45,9 +45,10 @@ class MasterWeights:
         return name
 
     def set_grad(self, name: str, grad: torch.Tensor | None) -> None:
-        """Widen the model's gradient of ``name`` into its master's ``.grad``."""
+        """Widen the model's gradient of ``name`` into its master's ``.grad`` (copied to
+        the master's device: a GPU gradient comes to the host)."""
         master = self.masters[name]
-        master.grad = None if grad is None else grad.detach().to(master.dtype)
+        master.grad = None if grad is None else grad.detach().to(master.device, master.dtype)
 
     @torch.no_grad()
     def publish(self, name: str) -> None:

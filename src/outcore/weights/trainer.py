@@ -27,9 +27,18 @@ on the fp32 masters (``outcore.weights.mixed``).
 
 Budget rule: ``predicted_peak`` of the step (what the emulated device measures, to the
 byte) plus the optimizer state of the device-held parameters is at most ``budget``; the
-emulated device's capacity is ``budget`` less that state. Only ``device="cpu-emulated"``
-(and "cpu") run host-held weights today: on CUDA the parameters would have to move to
-pinned host memory, which is not implemented (``check_host_weights`` refuses it).
+device's capacity is ``budget`` less that state.
+
+On ``device="cuda"`` (model on the GPU when compiled) the held parameters move into one
+pinned host segment (``host_weights.pin_parameters``; ``param.data`` is replaced, so they
+are CPU tensors from then on, their optimizer state too) and the pinned pool is reserved
+for the step's offloads (the sent gradients) before the first step. The optimizer then
+holds parameters on both devices: torch steps the held ones with its CPU kernels (on the
+stepper's thread, after their copies' events), the others with its CUDA kernels after the
+planned step; the results equal eager CUDA PyTorch's up to the rounding of CPU against
+CUDA kernels (tests/cuda/test_cuda_weights.py states the tolerance). Gradients read back
+from host memory are copied out of the pool's slots by ``step`` (they outlive the step
+there); ``train_step`` consumes them within the step.
 """
 
 from __future__ import annotations
@@ -57,9 +66,9 @@ class WeightTrainer:
                  optimizer: torch.optim.Optimizer, budget: int, device: str = "cpu-emulated",
                  gpu: str | None = None, slowdown: float = 1.0,
                  bandwidth: float | None = None, master: MasterWeights | None = None,
-                 clip_grad_norm: float | None = None, profile: Any = None) -> None:
+                 clip_grad_norm: float | None = None, profile: Any = None,
+                 device_options: dict[str, Any] | None = None) -> None:
         from outcore.planned import cost_model_for
-        from outcore.runtime.devices import make_device
         from outcore.runtime.executor import Executor
         from outcore.sim.simulator import simulate
 
@@ -74,12 +83,14 @@ class WeightTrainer:
         self.choice: WeightChoice = choose_weights(
             self.graph, budget, cost, self.state, profile=profile,
             simulate=lambda g, s: simulate(g, s, cost).step_time)
-        emulated: dict[str, Any] = {}
-        if device == "cpu-emulated":
-            emulated = {"slowdown": slowdown}
-            emulated.update({"bandwidth": bandwidth} if bandwidth is not None else {"gpu": gpu})
-        self.device = make_device(device, capacity=budget - self.choice.device_state,
-                                  **emulated)
+        self.device = _make_device(device, budget - self.choice.device_state, gpu=gpu,
+                                   slowdown=slowdown, bandwidth=bandwidth,
+                                   options=device_options)
+        self.on_cuda = device == "cuda"
+        self.pinned: torch.Tensor | None = None
+        if self.on_cuda:
+            self.pinned = _to_pinned_host(self.device, self.graph, self.choice.schedule,
+                                          model, optimizer)
         params = dict(model.named_parameters())
         self.stepper = HostStepper(self.graph, self.choice.schedule, params, optimizer, master)
         landing = LandingDevice(self.device, self.stepper.landed)
@@ -112,8 +123,12 @@ class WeightTrainer:
             raise OutcoreError("with master weights the gradients go to the masters: use "
                                "trainer.train_step(x, y), which steps them")
         self.stepper.start(overlap=False)
-        result = self.executor.run(batch_of(args, self.loss_fn),
-                                   loss_scale=_scale(scaler))
+        batch = batch_of(args, self.loss_fn)
+        result = self.executor.run(batch, loss_scale=_scale(scaler), apply=not self.on_cuda)
+        if self.on_cuda:  # out of the pool's slots, which the next step's offloads reuse
+            result.grads = {n: g.clone() if g.device.type == "cpu" else g
+                            for n, g in result.grads.items()}
+            self.executor.apply(result, inputs=self.executor.step.batch_tensors(batch))
         self.measured_peak = result.peak_bytes
         return result.loss
 
@@ -158,16 +173,66 @@ class WeightTrainer:
         return result.loss
 
     def close(self) -> None:
+        """Join the host steps, close the device and unpin the held parameters' segment
+        (they keep its memory, pageable from then on)."""
         self.stepper.close()
         close = getattr(self.device, "close", None)
         if callable(close):
             close()
+        if self.pinned is not None:
+            from outcore.runtime.devices.cuda import unpin_exact
+
+            unpin_exact(self.pinned)
+            self.pinned = None
 
     def __enter__(self) -> WeightTrainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _make_device(device: str, capacity: int, *, gpu: str | None, slowdown: float,
+                 bandwidth: float | None, options: dict[str, Any] | None) -> Any:
+    """The device the steps run on; ``options``: CudaDevice keyword arguments (cuda only)."""
+    from outcore.runtime.devices import make_device
+
+    if device == "cuda":
+        from outcore.runtime.devices.cuda import CudaDevice
+
+        return CudaDevice(capacity, **(options or {}))
+    if options:
+        raise OutcoreError(f"device_options apply to device='cuda', not {device!r}")
+    emulated: dict[str, Any] = {}
+    if device == "cpu-emulated":
+        emulated = {"slowdown": slowdown}
+        emulated.update({"bandwidth": bandwidth} if bandwidth is not None else {"gpu": gpu})
+    return make_device(device, capacity=capacity, **emulated)
+
+
+def _to_pinned_host(device: Any, graph: Any, schedule: Any, model: nn.Module,
+                    optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """CUDA: move the held parameters into one pinned segment and reserve the pinned pool
+    for the step's offloads; the segment (None: nothing held)."""
+    from outcore.plan.schedule import Offload
+    from outcore.plan.weights import gradients, parameters
+    from outcore.runtime.devices.cuda import pin_pages
+    from outcore.runtime.host_weights import pin_parameters
+
+    by_id = {tid: name for name, tid in parameters(graph).items()}
+    held = {by_id[tid] for tid in schedule.host_static}
+    grads = gradients(graph)
+    stray = sorted(n for n, g in grads.items() if g in set(schedule.host_outputs)
+                   and n not in held)
+    if stray:
+        raise OutcoreError(f"the schedule sends the gradient of {stray[0]!r} to host memory "
+                           "but keeps the parameter on the GPU; on CUDA a sent gradient's "
+                           "parameter must be held in host memory too")
+    named = dict(model.named_parameters())
+    segment = pin_parameters([named[n] for n in sorted(held)], pin_pages, optimizer)
+    device.reserve_host([graph.storage_bytes(i.tensor) for i in schedule.instructions
+                         if isinstance(i, Offload)])
+    return segment
 
 
 def _scale(scaler: Any) -> float:
@@ -180,14 +245,18 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             optimizer: torch.optim.Optimizer, budget: int | str, device: str = "cpu-emulated",
             gpu: str | None = None, slowdown: float = 1.0, bandwidth: float | None = None,
             master: MasterWeights | None = None, clip_grad_norm: float | None = None,
-            profile: Any = None) -> WeightTrainer:
+            profile: Any = None, device_options: dict[str, Any] | None = None
+            ) -> WeightTrainer:
     """A ``WeightTrainer`` for ``model`` within ``budget`` (bytes or "2GB"); see the module
     doc. ``slowdown`` slows the emulated copy engine (races); ``bandwidth``: its link
     bytes/s instead of ``gpu``'s ratio; ``master``: fp32 master weights of a low-precision
     model (the optimizer is built on them); ``clip_grad_norm``: the max norm
     ``train_step`` clips to; ``profile``: the hardware profile pricing the optimizer step
-    (default: the cost model's, whose host fields are measured for "this-cpu")."""
+    (default: the cost model's, whose host fields are measured for "this-cpu");
+    ``device_options``: keyword arguments of ``CudaDevice`` with ``device="cuda"``
+    (``copy_delay_cycles``, ``poison``, ``timing``, ``host_limit``)."""
     return WeightTrainer(model, loss_fn, example_batch, optimizer=optimizer,
                          budget=parse_bytes(budget), device=device, gpu=gpu,
                          slowdown=slowdown, bandwidth=bandwidth, master=master,
-                         clip_grad_norm=clip_grad_norm, profile=profile)
+                         clip_grad_norm=clip_grad_norm, profile=profile,
+                         device_options=device_options)

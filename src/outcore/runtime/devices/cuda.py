@@ -26,6 +26,12 @@ Discipline, so that no memory is reused while a copy still reads or writes it:
   is reused only after the events of every copy touching it completed (``SlotReuse``).
 * Host-side work (segments, slot views, the copy calls) runs outside the caller's dispatch
   modes, so the executor's ``MemoryTracker`` counts only device storages.
+* Weights held in host memory (``hold_on_host``): the parameter itself, a contiguous
+  tensor in pinned memory (``outcore.runtime.host_weights.pin_parameters``), is the host
+  copy its prefetches read; a gradient sent to host memory is an ordinary offload, read
+  back with ``host_tensor``. Waits never block the host, so host code that reads a host
+  copy or writes a held parameter first synchronizes on ``copy_event`` (the overlapped
+  optimizer step, ``outcore.weights.host_step``) or on ``synchronize``.
 
 Memory accounting: the tracker counts storages as on any device, with ``capacity`` checked
 against ``torch.cuda.mem_get_info`` at construction; a real CUDA out-of-memory during a
@@ -35,6 +41,7 @@ prefetch is reported as ``DeviceOutOfMemory`` naming the tensor.
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Self
@@ -67,12 +74,18 @@ _HOST_REGISTER_PORTABLE = 1
 
 @dataclass(eq=False)
 class _Host:
-    """A host copy in the pinned pool and the events of every copy that touched it."""
+    """A host copy and the events of every copy that touched it: a slot of the pinned pool
+    (an offload), or, ``slot`` None, a parameter held in host memory (``hold_on_host``),
+    whose bytes are its own. ``source`` is the flat uint8 tensor over the copy's bytes;
+    ``waited``: its Wait(d2h) was issued (or it is held), so it may be read once
+    ``offload.end`` completed."""
 
     layout: TensorLayout
-    slot: HostSlot
+    slot: HostSlot | None
     offload: CopyRecord
+    source: torch.Tensor
     readers: list[Event] = field(default_factory=list)
+    waited: bool = False
 
 
 def pin_exact(nbytes: int) -> torch.Tensor:
@@ -89,6 +102,29 @@ def pin_exact(nbytes: int) -> torch.Tensor:
     if status != 0:
         raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
                            f"CUDA error {status}; lower host_budget= or free host memory")
+    return buffer
+
+
+def pin_pages(nbytes: int) -> torch.Tensor:
+    """Like ``pin_exact``, but the registered pages lie wholly inside this allocation (it
+    is over-allocated by two pages and the returned view starts on a page boundary), so a
+    later ``cudaHostRegister`` of a neighbouring allocation can never find them already
+    registered. For segments that live long, beside the pool (held parameters)."""
+    cudart = torch.cuda.cudart()
+    register = getattr(cudart, "cudaHostRegister", None)
+    if register is None:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    raw = torch.empty(nbytes + 2 * page, dtype=torch.uint8)
+    start = -raw.data_ptr() % page
+    # a storage of its own starting on the page (a slice shares raw's memory and keeps it
+    # alive), so is_pinned(), which asks about a tensor's storage, sees registered pages
+    buffer = torch.empty(0, dtype=torch.uint8).set_(raw.untyped_storage()[start:start + nbytes])
+    status = int(register(buffer.data_ptr(), align_up(nbytes, page), _HOST_REGISTER_PORTABLE))
+    if status != 0:
+        raise OutcoreError(f"cudaHostRegister of {nbytes} bytes of host memory failed with "
+                           f"CUDA error {status}; lower the budget's host share or free "
+                           "host memory")
     return buffer
 
 
@@ -186,7 +222,7 @@ class CudaDevice:
         old = self._host.pop(tid, None)
         if old is not None:
             self._retire(old)
-        self._host[tid] = _Host(layout, slot, copy)
+        self._host[tid] = _Host(layout, slot, copy, slot.view)
 
     def wait_offload(self, tid: int) -> None:
         """Order the compute stream after the D2H copy of ``tid`` (no host blocking)."""
@@ -195,6 +231,7 @@ class CudaDevice:
             raise ScheduleError(f"wait for the offload of tensor {tid}, but none was started; "
                                 "an Offload must come before its Wait")
         self._wait("d2h", entry.offload.end)
+        entry.waited = True
 
     def release(self, tid: int, t: torch.Tensor, last_alias: bool) -> None:
         """Nothing to do: ``record_stream`` already keeps an in-flight source alive."""
@@ -222,7 +259,7 @@ class CudaDevice:
                 _poison(dst, layout.dtype)
             stream = self._streams["h2d"]
             copy = self._launch("h2d", layout.nbytes, stream,
-                                [self._mark(), entry.offload.end], dst=dst, src=entry.slot.view)
+                                [self._mark(), entry.offload.end], dst=dst, src=entry.source)
             dst.record_stream(stream)
         entry.readers.append(copy.end)
         self._prefetches[tid] = copy
@@ -235,6 +272,59 @@ class CudaDevice:
             raise ScheduleError(f"wait for the prefetch of tensor {tid}, but none was started; "
                                 "a Prefetch must come before its Wait")
         self._wait("h2d", copy.end)
+
+    # -- weights held in host memory (outcore.plan.weights) ---------------------------------
+    def hold_on_host(self, tid: int, t: torch.Tensor, name: str = "") -> None:
+        """Make ``t`` (a parameter held in host memory: a contiguous CPU tensor, pinned by
+        ``outcore.runtime.host_weights.pin_parameters``) the completed host copy of
+        ``tid``: no bytes move; each later prefetch copies its own bytes (a view's span,
+        not its whole storage) into a device storage of exactly that size.
+
+        Ordering: the host writes ``t`` (the optimizer step) only after every prefetch
+        reading it completed (``copy_event("h2d", tid)`` or ``synchronize``), and
+        prefetches are queued after those writes returned."""
+        self._check_open()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise OutcoreError(
+                f"parameter {name or tid} is held in host memory by the schedule but is a "
+                f"{'non-contiguous ' if t.device.type == 'cpu' else ''}{t.device} tensor; "
+                "move it into pinned host memory first "
+                "(outcore.runtime.host_weights.pin_parameters; outcore.weights.compile does)")
+        with _disable_current_modes():
+            source = t.detach().reshape(-1).view(torch.uint8)
+            layout = TensorLayout(t.dtype, tuple(t.size()), tuple(t.stride()), 0,
+                                  source.numel())
+            mark = self._mark()
+        old = self._host.pop(tid, None)
+        if old is not None:
+            self._retire(old)
+        self._host[tid] = _Host(layout, None, CopyRecord("d2h", 0, mark, mark), source,
+                                waited=True)
+
+    def host_tensor(self, tid: int) -> torch.Tensor:
+        """The host copy of ``tid`` with its layout (a view of pinned memory, no copy). Its
+        Wait(d2h) must have been issued (ScheduleError otherwise); that Wait does not block
+        the host, so read the bytes only after ``copy_event("d2h", tid)`` completed (or
+        after ``synchronize``)."""
+        entry = self._host.get(tid)
+        if entry is None or not entry.waited:
+            raise ScheduleError(f"tensor {tid} has no completed host copy to read; Wait(d2h) "
+                                "for its Offload first")
+        return view_bytes(entry.source, entry.layout)
+
+    def copy_event(self, direction: Direction, tid: int) -> Event:
+        """The end event of the latest copy of ``tid`` in ``direction`` (its offload, or
+        its latest prefetch): host code that reads a host copy, or writes one a prefetch
+        reads, synchronizes on it first."""
+        if direction == "d2h":
+            entry = self._host.get(tid)
+            if entry is None:
+                raise ScheduleError(f"tensor {tid} has no host copy")
+            return entry.offload.end
+        copy = self._prefetches.get(tid)
+        if copy is None:
+            raise ScheduleError(f"tensor {tid} has no prefetch")
+        return copy.end
 
     # -- housekeeping ------------------------------------------------------------------------
     def drop_host(self, tid: int) -> None:
@@ -320,7 +410,18 @@ class CudaDevice:
         return copy
 
     def _retire(self, entry: _Host) -> None:
-        self._slots.give_back(entry.slot, [entry.offload.end, *entry.readers])
+        if entry.slot is not None:  # a held parameter's bytes are the parameter's own
+            self._slots.give_back(entry.slot, [entry.offload.end, *entry.readers])
+
+
+def view_bytes(flat: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+    """A tensor with ``layout`` over the bytes of ``flat`` (a flat uint8 tensor, possibly a
+    range of a larger storage, e.g. a host slot). The tensor gets a storage of its own over
+    exactly those bytes (an ``UntypedStorage`` slice shares the memory and keeps the whole
+    alive), so ``as_strided`` offsets on it count from ``flat``'s first byte, as on a
+    device whose host copies have storages of their own."""
+    base = int(flat.storage_offset())
+    return layout.view(flat.untyped_storage()[base:base + flat.numel()])
 
 
 def _release_pool(pool: HostPool, device: torch.device) -> None:

@@ -103,7 +103,8 @@ class InductorBackend:
 
 
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
-                     gpu: str | None = None, **options: Any) -> InductorBackend:
+                     gpu: str | None = None, host_budget: int | str | None = 0,
+                     **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -111,9 +112,11 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             inputs included, as ``outcore.plan``'s; None = unbounded (outcore keeps what
             makes the step fastest).
         policy: a name from ``outcore.policies()``; "auto" = outcore-auto (recompute chains
-            of any depth). The plan is recompute only: ``host_budget`` is 0.
+            of any depth).
         gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
-        options: policy-specific options and ``outcore.plan`` keywords.
+        host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
+            that still uses host memory is refused (``OffloadNotCompiledError``).
+        options: policy-specific options (see each policy's docstring).
 
     Returns:
         An ``InductorBackend``: pass it as ``torch.compile(model, backend=...,
@@ -130,4 +133,5 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
 
     limit = check_budget(budget)
     check_policy(policy, options)
-    return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu), **options))
+    return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
+                                              host_budget=host_budget, **options))

@@ -32,6 +32,7 @@ the backward's transient peak is Inductor's (measured, not bounded, by the plan)
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,9 @@ from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as tp
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from outcore.capture.convert import build_graph
+from outcore.capture.convert import NodeMap, build_graph
 from outcore.errors import CaptureError, ScheduleError
+from outcore.graph.ir import Graph, Phase, TensorKind
 from outcore.plan.schedule import Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
@@ -68,6 +70,7 @@ class Partition:
     kept: list[str]  # the plan's kept forward activations among them
     forced: list[str]  # saved although the plan does not keep them (``saved.is_forced``)
     plan_kept: set[str] = field(default_factory=set)  # every activation the plan keeps
+    forward_saved: list[str] = field(default_factory=list)  # read off the forward graph
     recomputed: int = 0  # forward ops the backward graph runs again
     forced_bytes: int = 0
 
@@ -87,6 +90,26 @@ def _static_shapes(gm: fx.GraphModule) -> None:
                 f"the compiled graph has a dynamic shape ({node.name}: {val}); outcore plans "
                 "static shapes: pass dynamic=False to torch.compile (it then recompiles, and "
                 "outcore plans again, for each new shape)")
+
+
+def _phases_from_dataflow(graph: Graph, nodes: NodeMap, info: tp.NodeInfo) -> None:
+    """Set each op's phase from the dataflow: forward iff the forward outputs need it.
+
+    The joint graph's ``partitioner_tag`` is not enough: Inductor's joint-graph passes insert
+    untagged nodes among the backward's (read as forward, they would be scheduled before the
+    backward values they read). A node the forward does not need runs in the backward."""
+    for op, node in zip(graph.ops, nodes.op_nodes, strict=True):
+        op.phase = Phase.FORWARD if info.is_required_fw(node) else Phase.BACKWARD
+        wanted = TensorKind.ACTIVATION if op.phase is Phase.FORWARD else TensorKind.GRADIENT
+        for tid in op.outputs:
+            if graph.tensors[tid].kind in (TensorKind.ACTIVATION, TensorKind.GRADIENT):
+                graph.tensors[tid].kind = wanted
+
+
+def pytree_leaves(module: fx.GraphModule) -> list[Any]:
+    """The values a graph module returns, flattened."""
+    [out] = module.graph.find_nodes(op="output")
+    return list(torch.utils._pytree.arg_tree_leaves(*out.args))
 
 
 def _nbytes(node: fx.Node) -> int:
@@ -113,9 +136,14 @@ class OutcorePartitioner(CustomPartitionerFn):
         self.gpu = gpu
         self.options = {"host_budget": 0, **options}
         self.partitions: list[Partition] = []
+        self._key = f"outcore-{uuid.uuid4().hex}"
 
     def uuid(self) -> Any:
-        return None  # the plan depends on the budget and the cost model: never cached
+        """A key unique to this partitioner object. Inductor's caches key compiled graphs on
+        it: None would be the key of its own min-cut partitioner (a cached min-cut graph
+        would be reused for outcore's, and back), and a key from the budget alone would skip
+        the plan (and its ``Partition`` record) in a later process."""
+        return self._key
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], *,
                  num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
@@ -131,10 +159,11 @@ class OutcorePartitioner(CustomPartitionerFn):
         tp.force_save_bw_mutation_src(gm)
         info = tp.classify_nodes(gm, static_lifetime_input_indices or [], num_fwd_outputs)
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
+        _phases_from_dataflow(graph, nodes, info)
         planned = self._plan(graph)
         kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
-        forward = set(info.required_fw_nodes) | set(info.unclaimed_nodes)
+        forward = set(info.required_fw_nodes)
         chosen = saved_nodes(gm, nodes, kept, forward, bwd_outputs)
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         saved = chosen.nodes(order)
@@ -145,12 +174,14 @@ class OutcorePartitioner(CustomPartitionerFn):
         fw_module = tp.raise_getitems(fw_module)
         bw_module = tp.raise_getitems(bw_module)
         names = [n.name for n in saved]  # pruned by the extraction to what the backward reads
+        fw_out = pytree_leaves(fw_module)
         fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
         self.partitions.append(Partition(
             planned=planned, saved=names,
             kept=[n.name for n in chosen.kept if n.name in names],
             forced=[n.name for n in chosen.forced if n.name in names],
             plan_kept=kept_names(planned, nodes, kept),
+            forward_saved=[n.name for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)],
             recomputed=sum(1 for n in bw_module.graph.nodes
                            if n.op == "call_function" and n.name in fw_ops),
             forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names)))

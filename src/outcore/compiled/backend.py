@@ -93,8 +93,10 @@ class InductorBackend:
                           "tolerance (about 1e-5 relative in float32), not bit for bit",
                           InductorRoundingWarning, stacklevel=2)
         try:
-            return compile_fx(gm, list(example_inputs),
-                              config_patches={"custom_partitioner_fn": self.partitioner})
+            compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+                gm, list(example_inputs),
+                config_patches={"custom_partitioner_fn": self.partitioner})
+            return compiled
         except Exception as err:
             cause = _outcore_cause(err)
             if cause is None:

@@ -145,9 +145,12 @@ class OutcorePartitioner(CustomPartitionerFn):
         the plan (and its ``Partition`` record) in a later process."""
         return self._key
 
-    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], *,
-                 num_fwd_outputs: int, static_lifetime_input_indices: list[int] | None = None,
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """Split the joint graph ``gm`` (module docstring); ``kwargs`` are aot_autograd's:
+        ``num_fwd_outputs`` and ``static_lifetime_input_indices`` are read."""
+        num_fwd_outputs = int(kwargs["num_fwd_outputs"])
+        static_lifetime_input_indices = kwargs.get("static_lifetime_input_indices")
         gm.graph.eliminate_dead_code()
         gm.recompile()
         if functorch_config.cse:  # as the min-cut partitioner: the graph it would split
@@ -164,7 +167,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
         forward = set(info.required_fw_nodes)
-        chosen = saved_nodes(gm, nodes, kept, forward, bwd_outputs)
+        chosen = saved_nodes(nodes, kept, forward, bwd_outputs)
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         saved = chosen.nodes(order)
         fw_module, bw_module = tp._extract_fwd_bwd_modules(

@@ -44,9 +44,9 @@ def is_forced(node: fx.Node) -> bool:
     """True for a forward node the backward may not recompute: an RNG draw (it would draw
     again), a mutating op, or one torch tagged MUST_SAVE (collectives, effectful ops)."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
-            return True
+    if isinstance(target, torch._ops.OpOverload) and (
+            torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable):
+        return True
     return node.meta.get("recompute") is CheckpointPolicy.MUST_SAVE \
         or node.meta.get("partitioner_tag") == "must_be_in_forward"
 
@@ -64,11 +64,10 @@ class SavedSet:
         return sorted({*self.kept, *self.forced, *self.primals}, key=order.__getitem__)
 
 
-def saved_nodes(gm: fx.GraphModule, nodes: NodeMap, kept: set[int], forward: set[fx.Node],
+def saved_nodes(nodes: NodeMap, kept: set[int], forward: set[fx.Node],
                 bwd_outputs: list[fx.Node]) -> SavedSet:
     """The saved set for ``kept`` (module docstring): walk back from the backward's outputs,
     stop at a kept forward node, a placeholder or a forced node, recompute the rest."""
-    graph_kinds = {n: n.op for n in gm.graph.nodes}
     result = SavedSet()
     seen: set[fx.Node] = set()
     stack = [o for o in bwd_outputs if isinstance(o, fx.Node)]
@@ -77,7 +76,7 @@ def saved_nodes(gm: fx.GraphModule, nodes: NodeMap, kept: set[int], forward: set
         if node in seen:
             continue
         seen.add(node)
-        if graph_kinds.get(node) == "placeholder":
+        if node.op == "placeholder":
             if str(node.target).startswith("primals"):
                 result.primals.append(node)
             continue  # a tangent, or another input the backward receives anyway

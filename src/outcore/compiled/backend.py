@@ -106,7 +106,7 @@ class InductorBackend:
 
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
-                     **options: Any) -> InductorBackend:
+                     fused_pricing: bool = True, **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -118,6 +118,9 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
         gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
         host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
             that still uses host memory is refused (``OffloadNotCompiledError``).
+        fused_pricing: price element-wise ops as Inductor runs them, fused into a
+            neighbour's kernel (a recompute costs about a launch), so the plan recomputes
+            them before a matmul; False prices them as outcore's executor runs them.
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -136,4 +139,5 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
     limit = check_budget(budget)
     check_policy(policy, options)
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
-                                              host_budget=host_budget, **options))
+                                              host_budget=host_budget,
+                                              fused_pricing=fused_pricing, **options))

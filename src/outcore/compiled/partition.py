@@ -45,7 +45,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from outcore.capture.convert import NodeMap, build_graph
 from outcore.errors import CaptureError, ScheduleError
-from outcore.graph.ir import Graph, Phase, TensorKind
+from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.plan.schedule import Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
@@ -106,6 +106,21 @@ def _phases_from_dataflow(graph: Graph, nodes: NodeMap, info: tp.NodeInfo) -> No
                 graph.tensors[tid].kind = wanted
 
 
+#: Op families Inductor fuses into a neighbour's kernel (element-wise, dropout's masking).
+FUSED = (OpCategory.ELEMENTWISE, OpCategory.DROPOUT)
+
+
+def _price_as_fused(graph: Graph) -> None:
+    """Price element-wise ops as Inductor runs them: fused into a neighbouring kernel, they
+    read and write nothing of their own, so running one again costs about a launch. Their
+    outputs keep their bytes (a saved one is materialised). Without this the planner prices
+    each as a separate memory-bound kernel and prefers recomputing a matmul instead."""
+    for op in graph.ops:
+        if op.category in FUSED:
+            op.flops = 0.0
+            op.bytes_touched = 0
+
+
 def pytree_leaves(module: fx.GraphModule) -> list[Any]:
     """The values a graph module returns, flattened."""
     [out] = module.graph.find_nodes(op="output")
@@ -126,12 +141,14 @@ class OutcorePartitioner(CustomPartitionerFn):
         budget: device bytes per compiled graph (None: unbounded), as ``outcore.plan`` takes.
         policy: an ``outcore.policies()`` name ("auto": outcore-auto).
         gpu: the hardware profile the plan is priced on ("this-cpu", "a100", ...).
+        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default on.
         options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
     """
 
     def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
-                 **options: Any) -> None:
+                 *, fused_pricing: bool = True, **options: Any) -> None:
         self.budget = budget
+        self.fused_pricing = fused_pricing
         self.policy = policy
         self.gpu = gpu
         self.options = {"host_budget": 0, **options}
@@ -163,6 +180,8 @@ class OutcorePartitioner(CustomPartitionerFn):
         info = tp.classify_nodes(gm, static_lifetime_input_indices or [], num_fwd_outputs)
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
         _phases_from_dataflow(graph, nodes, info)
+        if self.fused_pricing:
+            _price_as_fused(graph)
         planned = self._plan(graph)
         kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)

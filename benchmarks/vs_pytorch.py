@@ -301,8 +301,8 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
 Tool = tuple[Callable[[], Any], tuple[int, int], str]
 
 
-#: ``outcore.inductor_backend``'s ``fused_pricing`` (``--inductor-unfused`` turns it off).
-FUSED_PRICING = [True]
+#: ``outcore.inductor_backend``'s ``fused_pricing`` (``--inductor-fused`` turns it on).
+FUSED_PRICING = [False]
 
 
 def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
@@ -501,14 +501,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-inductor", action="store_true",
                         help="leave out the outcore+inductor rows (each is a compile)")
-    parser.add_argument("--inductor-unfused", action="store_true",
-                        help="outcore+inductor with fused_pricing=False")
+    parser.add_argument("--inductor-fused", action="store_true",
+                        help="outcore+inductor with fused_pricing=True")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    FUSED_PRICING[0] = not args.inductor_unfused
+    FUSED_PRICING[0] = args.inductor_fused
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)
     torch._dynamo.config.recompile_limit = 256

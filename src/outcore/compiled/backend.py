@@ -106,7 +106,7 @@ class InductorBackend:
 
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
-                     fused_pricing: bool = True, **options: Any) -> InductorBackend:
+                     fused_pricing: bool = False, **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -120,7 +120,10 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             that still uses host memory is refused (``OffloadNotCompiledError``).
         fused_pricing: price element-wise ops as Inductor runs them, fused into a
             neighbour's kernel (a recompute costs about a launch), so the plan recomputes
-            them before a matmul; False prices them as outcore's executor runs them.
+            them before a matmul. Off by default: on the GPT and GPT-2 of
+            ``benchmarks/vs_pytorch.py`` it raised the allocator's peak at equal budgets
+            (Inductor holds the extra recomputed values longer than outcore's order would)
+            and the lowest reachable peak, for no time gain beyond the run-to-run spread.
         options: policy-specific options (see each policy's docstring).
 
     Returns:

@@ -141,12 +141,12 @@ class OutcorePartitioner(CustomPartitionerFn):
         budget: device bytes per compiled graph (None: unbounded), as ``outcore.plan`` takes.
         policy: an ``outcore.policies()`` name ("auto": outcore-auto).
         gpu: the hardware profile the plan is priced on ("this-cpu", "a100", ...).
-        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default on.
+        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default off.
         options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
     """
 
     def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
-                 *, fused_pricing: bool = True, **options: Any) -> None:
+                 *, fused_pricing: bool = False, **options: Any) -> None:
         self.budget = budget
         self.fused_pricing = fused_pricing
         self.policy = policy

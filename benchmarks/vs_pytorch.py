@@ -364,13 +364,20 @@ class InductorMatcher:
             f"({time.perf_counter() - t0:.0f} s)")
 
     def at(self, target: int, tries: int = 3) -> tuple[Tool, nn.Module]:
-        if self.top[0][1][self.match] <= target or self.floor >= self.ceiling:
+        if self.top[0][1][self.match] <= target:
             return self.top
+        if self.floor >= self.ceiling:  # no plan below the unbounded one
+            (step, both, note), model = self.top
+            return (step, both, note + "; ABOVE the peer (no lower plan)"), model
         budget = min(max(target + self.held - self.gap, self.floor), self.ceiling)
         best: tuple[Tool, nn.Module] | None = None
         for _ in range(tries):
             if budget not in self.tried:  # a budget already compiled is measured already
-                step, model, part = inductor_step(self.w, budget)
+                try:
+                    step, model, part = inductor_step(self.w, budget)
+                except outcore.InfeasibleBudgetError as exc:  # the floor was an estimate
+                    self.floor = budget = min(max(budget + 1, int(exc.required)), self.ceiling)
+                    continue
                 self.tried[budget] = ((step, peaks(step, model), _inductor_note(budget, part)),
                                       model)
             tool, model = self.tried[budget]

@@ -73,6 +73,7 @@ class Partition:
     forward_saved: list[str] = field(default_factory=list)  # read off the forward graph
     recomputed: int = 0  # forward ops the backward graph runs again
     forced_bytes: int = 0
+    saved_bytes: int = 0  # storages of the saved activations (graph inputs left out)
 
     @property
     def predicted_peak(self) -> int:
@@ -125,6 +126,16 @@ def pytree_leaves(module: fx.GraphModule) -> list[Any]:
     """The values a graph module returns, flattened."""
     [out] = module.graph.find_nodes(op="output")
     return list(torch.utils._pytree.arg_tree_leaves(*out.args))
+
+
+def _storage_bytes(saved: list[fx.Node]) -> int:
+    """Bytes of the distinct storages ``saved`` live in."""
+    storages = {}
+    for node in saved:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            storages[val.untyped_storage()._cdata] = int(val.untyped_storage().nbytes())
+    return sum(storages.values())
 
 
 def _nbytes(node: fx.Node) -> int:
@@ -206,7 +217,8 @@ class OutcorePartitioner(CustomPartitionerFn):
             forward_saved=[n.name for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)],
             recomputed=sum(1 for n in bw_module.graph.nodes
                            if n.op == "call_function" and n.name in fw_ops),
-            forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names)))
+            forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names),
+            saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals])))
         return fw_module, bw_module
 
     def _plan(self, graph: Any) -> PlannedStep:

@@ -13,7 +13,13 @@ GPT-2), one training step per tool:
 * ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
   ``host_budget=0``: recompute only, the host is the device's own memory), its budget
   searched so that its measured peak is at most the peer's (``match_budget``), by the
-  ``--match`` measure (default ``step``).
+  ``--match`` measure (default ``step``), run by outcore's executor (one ATen op at a time);
+* ``outcore+inductor @ <peer>``: the same model under ``torch.compile(model,
+  backend=outcore.inductor_backend(budget))``: outcore-auto's recompute-only plan decides
+  what the forward saves, Inductor compiles the fused kernels (``outcore.compiled``). Its
+  budget is matched to the peer's measured peak the same way, each try a fresh compile
+  (``match_inductor``); the loss runs eagerly outside the compiled model, as for ``compile``.
+  Gradients match eager's to Inductor's rounding (a warning says so; silenced here).
 
 Two peaks, both from the CPU allocator's own events (``torch.profiler``,
 ``profile_memory=True``, ``outcore.runtime.devices.allocator_peak``), parameters left out
@@ -33,6 +39,7 @@ run. Run:
     python benchmarks/vs_pytorch.py                # the three models, full size
     python benchmarks/vs_pytorch.py --quick        # scaled down (2-layer GPT), minutes
     python benchmarks/vs_pytorch.py --models gpt --rounds 15 --json out.json
+    python benchmarks/vs_pytorch.py --skip-inductor   # without the outcore+inductor rows
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -60,8 +68,9 @@ from torch.utils.checkpoint import (
 )
 
 import outcore
+from outcore.compiled import InductorRoundingWarning
 from outcore.cost.measure_temporaries import measure_temporaries
-from outcore.runtime.devices.allocator_peak import allocator_peak
+from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
 from outcore.runtime.executor import Executor
 
 #: ATen ops whose outputs selective checkpointing saves (torchtitan-style op list).
@@ -287,10 +296,109 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
     return best or lowest or (None, (0, 0), "no plan")
 
 
+# ---- outcore's plan with Inductor's kernels ---------------------------------------------------
+
+Tool = tuple[Callable[[], Any], tuple[int, int], str]
+
+
+#: ``outcore.inductor_backend``'s ``fused_pricing`` (``--inductor-fused`` turns it on).
+FUSED_PRICING = [False]
+
+
+def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
+    """A fresh copy of the model compiled with ``outcore.inductor_backend(budget)``, its first
+    step run (the compile); returns the step, the copy and the graph's ``Partition``."""
+    m = copy.deepcopy(w.model)
+    be = outcore.inductor_backend(budget, gpu="this-cpu", fused_pricing=FUSED_PRICING[0])
+    s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InductorRoundingWarning)
+        s()
+    if not be.partitions:
+        raise RuntimeError("no graph was partitioned: the row would not be outcore's plan")
+    return s, m, be.partitions[0] if len(be.partitions) == 1 else _Joined(be.partitions)
+
+
+class _Joined:
+    """Several graphs (graph breaks): their partitions read as one for the notes and the
+    budget search (peaks and bytes summed, as the graphs' budgets each apply separately)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.saved = [n for p in parts for n in p.saved]
+        self.forced = [n for p in parts for n in p.forced]
+        self.recomputed = sum(p.recomputed for p in parts)
+        self.planned = parts[0].planned
+        self.predicted_peak = max(p.predicted_peak for p in parts)
+
+
+def _inductor_note(budget: int | None, part: Any) -> str:
+    where = "unbounded" if budget is None else f"budget {budget / 2**20:.1f} MiB"
+    return (f"{where}, {part.planned.plan.policy}, saves {len(part.saved)} "
+            f"(forced {len(part.forced)}), recomputes {part.recomputed} ops")
+
+
+class InductorMatcher:
+    """Budgets for ``outcore+inductor`` rows matched to a peer's measured peak.
+
+    The unbounded compile gives the graph outcore plans (Inductor's joint graph) and the gap
+    between its measured peak and the plan's prediction (less what is held before the step);
+    a target's first budget assumes that gap, and each try that measures above the target
+    lowers the budget by the excess (3 tries, each a compile)."""
+
+    def __init__(self, w: Workload, match: int, log: Callable[[str], None]) -> None:
+        self.w, self.match, self.log = w, match, log
+        t0 = time.perf_counter()
+        step, model, part = inductor_step(w, None)
+        self.top: tuple[Tool, nn.Module] = (
+            (step, peaks(step, model), _inductor_note(None, part)), model)
+        graph = part.planned.graph
+        self.held = held_before(graph)
+        self.gap = self.top[0][1][match] - (part.predicted_peak - self.held)
+        self.ceiling = part.predicted_peak
+        self.floor = lowest_budget(graph, graph.static_bytes())
+        self.tried: dict[int, tuple[Tool, nn.Module]] = {}
+        log(f"  outcore+inductor unbounded: {self.top[0][1][0] / 2**20:.1f} / "
+            f"{self.top[0][1][1] / 2**20:.1f} MiB, predicted {part.predicted_peak / 2**20:.1f}"
+            f" MiB, lowest budget {self.floor / 2**20:.1f} MiB "
+            f"({time.perf_counter() - t0:.0f} s)")
+
+    def at(self, target: int, tries: int = 3) -> tuple[Tool, nn.Module]:
+        if self.top[0][1][self.match] <= target:
+            return self.top
+        if self.floor >= self.ceiling:  # no plan below the unbounded one
+            (step, both, note), model = self.top
+            return (step, both, note + "; ABOVE the peer (no lower plan)"), model
+        budget = min(max(target + self.held - self.gap, self.floor), self.ceiling)
+        best: tuple[Tool, nn.Module] | None = None
+        for _ in range(tries):
+            if budget not in self.tried:  # a budget already compiled is measured already
+                try:
+                    step, model, part = inductor_step(self.w, budget)
+                except outcore.InfeasibleBudgetError as exc:  # the floor was an estimate
+                    self.floor = budget = min(max(budget + 1, int(exc.required)), self.ceiling)
+                    continue
+                self.tried[budget] = ((step, peaks(step, model), _inductor_note(budget, part)),
+                                      model)
+            tool, model = self.tried[budget]
+            both = tool[1]
+            if both[self.match] <= target:
+                return tool, model
+            if best is None or both[self.match] < best[0][1][self.match]:
+                best = (tool[0], tool[1], tool[2].removesuffix("; ABOVE the peer")
+                        + "; ABOVE the peer"), model
+            if budget == self.floor:
+                break
+            budget = max(self.floor, budget - (both[self.match] - target))
+        assert best is not None
+        return best
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: bool,
-              log: Callable[[str], None], match: int = MATCH["step"]) -> list[Row]:
+              log: Callable[[str], None], match: int = MATCH["step"],
+              skip_inductor: bool = False) -> list[Row]:
     tools: dict[str, tuple[Callable[[], Any], tuple[int, int], str]] = {}
     models: dict[str, nn.Module] = {}
     eager_model = w.model
@@ -330,6 +438,16 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
             f"{time.perf_counter() - t0:.0f} s to match)")
         if step is not None:
             tools[f"outcore @ {peer}"] = (step, act, note)
+    if not skip_inductor:
+        matcher = InductorMatcher(w, match, log)
+        for peer in [k for k in tools if k != "eager" and not k.startswith("outcore")]:
+            t0 = time.perf_counter()
+            tool, model = matcher.at(tools[peer][1][match])
+            log(f"  outcore+inductor @ {peer}: {tool[1][0] / 2**20:.1f} / "
+                f"{tool[1][1] / 2**20:.1f} MiB ({tool[2]}; "
+                f"{time.perf_counter() - t0:.0f} s to match)")
+            tools[f"outcore+inductor @ {peer}"] = tool
+            models[f"outcore+inductor @ {peer}"] = model
     rows = {k: Row(w.name, k, act, whole, note=note)
             for k, (_, (act, whole), note) in tools.items()}
     names = list(tools)
@@ -364,10 +482,9 @@ def verdicts(rows: list[Row], match: str = "step") -> list[str]:
     lines = []
     by = {(r.model, r.tool): r for r in rows}
     measure = (lambda r: r.step_peak) if match == "step" else (lambda r: r.activation)
-    for r in rows:
-        o = by.get((r.model, f"outcore @ {r.tool}"))
-        if o is None:
-            continue
+    pairs = [(r, o, kind) for r in rows for kind in ("outcore", "outcore+inductor")
+             if (o := by.get((r.model, f"{kind} @ {r.tool}"))) is not None]
+    for r, o, kind in pairs:
         mem = ("<=" if measure(o) <= measure(r) else ">") + f" ({match} peak)"
         if max(o.seconds) < min(r.seconds):
             speed = "faster beyond the spread"
@@ -376,7 +493,7 @@ def verdicts(rows: list[Row], match: str = "step") -> list[str]:
         else:
             speed = "within the spread (median " + (
                 "faster" if o.median < r.median else "slower") + ")"
-        lines.append(f"{r.model} @ {r.tool}: memory {mem} peer, time {speed} "
+        lines.append(f"{r.model} @ {r.tool}: {kind} memory {mem} peer, time {speed} "
                      f"({o.median / r.median:.2f}x the peer's median)")
     return lines
 
@@ -389,11 +506,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile-budget", type=float, default=0.5)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--skip-inductor", action="store_true",
+                        help="leave out the outcore+inductor rows (each is a compile)")
+    parser.add_argument("--inductor-fused", action="store_true",
+                        help="outcore+inductor with fused_pricing=True")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    FUSED_PRICING[0] = args.inductor_fused
+    # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
+    # (past the default limit dynamo would silently run the newest copies eagerly)
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     rounds = args.rounds or (5 if args.quick else 15)
 
     def log(msg: str) -> None:
@@ -404,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         w = WORKLOADS[name](args.quick)
         log(f"{name}: {w.about}")
         done = run_model(w, rounds, args.compile_budget, args.skip_compile, log,
-                         MATCH[args.match])
+                         MATCH[args.match], args.skip_inductor)
         log(table(done))  # each model's table as soon as it is done (long runs get cut)
         rows.extend(done)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")

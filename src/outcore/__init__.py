@@ -10,6 +10,8 @@ Public API:
     compile(model, loss_fn, (x, y), budget="6GiB", device="cuda", gpu=None, policy="auto")
         -> Trainer with .step(x, y), .plan, .explain(), .stats
     backend(budget=...) -> a torch.compile backend
+    inductor_backend(budget=...) -> a torch.compile backend: outcore's recompute plan,
+        Inductor's fused kernels (``outcore.compiled``)
     policies() -> list of policy names
     zoo: the papers' networks (zoo.names(), zoo.get(name, batch))
     errors: CaptureError, InfeasibleBudgetError, ScheduleError, DeviceOutOfMemory
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
     from outcore import zoo
     from outcore.compile_backend import backend
+    from outcore.compiled import inductor_backend
     from outcore.trainer import compile
 
 __version__ = "0.1.0"
@@ -54,7 +57,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureError", "DeviceOutOfMemory", "GraphError", "InfeasibleBudgetError", "OutcoreError",
     "PlannedStep", "ProfileError", "ScheduleError", "backend", "capture", "compile",
-    "format_bytes", "parse_bytes", "plan", "policies", "zoo",
+    "format_bytes", "inductor_backend", "parse_bytes", "plan", "policies", "zoo",
 ]
 
 
@@ -81,6 +84,10 @@ def __getattr__(name: str) -> Any:  # lazy: `import outcore` does not import tor
         from outcore.compile_backend import backend
 
         return backend
+    if name == "inductor_backend":
+        from outcore.compiled import inductor_backend
+
+        return inductor_backend
     if name in ("zoo", "reproduce", "errors", "hardware", "plan_cache", "progress"):
         import importlib
 

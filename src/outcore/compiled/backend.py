@@ -1,0 +1,146 @@
+"""``torch.compile(model, backend=outcore.inductor_backend(budget=...))``.
+
+The backend hands each graph dynamo captured to Inductor (``compile_fx``) with one change:
+the partitioner that decides what the forward saves for the backward is
+``OutcorePartitioner`` (``outcore.compiled.partition``), so the saved set is outcore's plan
+under ``budget`` (recompute only, any depth) and every kernel is Inductor's fused code.
+
+    >>> import torch, outcore
+    >>> net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    >>> be = outcore.inductor_backend(budget="64KiB", gpu="this-cpu")
+    >>> compiled = torch.compile(net, backend=be, dynamic=False)      # doctest: +SKIP
+    >>> torch.nn.functional.cross_entropy(compiled(torch.randn(4, 8)),
+    ...                                   torch.tensor([0, 1, 1, 0])).backward()  # doctest: +SKIP
+    >>> be.partitions[0].saved                                        # doctest: +SKIP
+
+Gradients: Inductor's fused kernels round differently from eager PyTorch's (reassociated
+reductions, fused multiply-adds), so gradients match eager's to a tolerance (about 1e-5
+relative in float32), not bit for bit; random ops (dropout) draw from Inductor's own RNG, as
+under plain ``torch.compile``. The backend says so once, with a warning, at its first graph.
+
+Refused, from the first call of the compiled model (dynamo would otherwise hide the reason in
+its own ``BackendCompilerFailed``): a budget below what a recompute-only plan reaches
+(``InfeasibleBudgetError``), a plan that needs host memory (``OffloadNotCompiledError``), a
+shape-dynamic graph (``CaptureError``: pass ``dynamic=False``). Graphs that need no gradient
+(inference) are compiled by Inductor without a partition, unplanned.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from outcore.errors import OutcoreError, OutcoreWarning
+
+from .partition import OutcorePartitioner, Partition
+
+
+class InductorRoundingWarning(OutcoreWarning):
+    """Inductor's fused kernels round differently from eager PyTorch: gradients match eager's
+    to a tolerance, not bit for bit."""
+
+
+class _Raiser:
+    """What the backend returns for a graph it could not plan: raises the reason when called."""
+
+    def __init__(self, error: OutcoreError) -> None:
+        self.error = error
+
+    def __call__(self, *args: Any) -> Any:
+        raise self.error.with_traceback(None)
+
+
+def _outcore_cause(err: BaseException) -> OutcoreError | None:
+    """The OutcoreError inside a chain of wrapping exceptions, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OutcoreError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class InductorBackend:
+    """A torch.compile backend: Inductor's kernels, outcore's saved set (module docstring).
+
+    Attributes:
+        partitioner: the ``OutcorePartitioner`` every graph is split with.
+        partitions: one ``Partition`` per joint graph, in compile order (property).
+    """
+
+    def __init__(self, partitioner: OutcorePartitioner) -> None:
+        self.partitioner = partitioner
+        self._warned = False
+
+    @property
+    def partitions(self) -> list[Partition]:
+        return self.partitioner.partitions
+
+    def __call__(self, gm: fx.GraphModule,
+                 example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx
+
+        if not self._warned and torch.is_grad_enabled():
+            self._warned = True
+            warnings.warn("outcore.inductor_backend: Inductor's fused kernels round "
+                          "differently from eager PyTorch; gradients match eager's to a "
+                          "tolerance (about 1e-5 relative in float32), not bit for bit",
+                          InductorRoundingWarning, stacklevel=2)
+        try:
+            compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+                gm, list(example_inputs),
+                config_patches={"custom_partitioner_fn": self.partitioner})
+            return compiled
+        except Exception as err:
+            cause = _outcore_cause(err)
+            if cause is None:
+                raise
+            return _Raiser(cause)
+
+
+def inductor_backend(budget: int | str | None, *, policy: str = "auto",
+                     gpu: str | None = None, host_budget: int | str | None = 0,
+                     fused_pricing: bool = False, **options: Any) -> InductorBackend:
+    """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
+
+    Args:
+        budget: device memory per compiled graph (bytes, "64MB", "11.5GiB"), parameters and
+            inputs included, as ``outcore.plan``'s; None = unbounded (outcore keeps what
+            makes the step fastest).
+        policy: a name from ``outcore.policies()``; "auto" = outcore-auto (recompute chains
+            of any depth).
+        gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
+        host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
+            that still uses host memory is refused (``OffloadNotCompiledError``).
+        fused_pricing: price element-wise ops as Inductor runs them, fused into a
+            neighbour's kernel (a recompute costs about a launch), so the plan recomputes
+            them before a matmul. Off by default: on the GPT and GPT-2 of
+            ``benchmarks/vs_pytorch.py`` it raised the allocator's peak at equal budgets
+            (Inductor holds the extra recomputed values longer than outcore's order would)
+            and the lowest reachable peak, for no time gain beyond the run-to-run spread.
+        options: policy-specific options (see each policy's docstring).
+
+    Returns:
+        An ``InductorBackend``: pass it as ``torch.compile(model, backend=...,
+        dynamic=False)``; ``.partitions[i]`` says what each graph saves and what the plan
+        predicted.
+
+    Raises:
+        InvalidArgumentError: (a ValueError) an unknown policy or GPU, or an unreadable,
+            non-positive or non-finite budget (at once).
+        InfeasibleBudgetError, OffloadNotCompiledError, CaptureError: from the first call of
+            the compiled model (module docstring).
+    """
+    from outcore.validation import check_budget, check_gpu, check_policy
+
+    limit = check_budget(budget)
+    check_policy(policy, options)
+    return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
+                                              host_budget=host_budget,
+                                              fused_pricing=fused_pricing, **options))

@@ -1,0 +1,246 @@
+"""outcore's plan as Inductor's partitioner: the saved set is outcore's, the kernels Inductor's.
+
+``torch.compile`` (aot_autograd) traces a compiled graph's forward and backward as one joint
+graph, then a *partitioner* splits it into a forward and a backward graph: it picks the
+tensors the forward saves for the backward, and the backward recomputes every other forward
+value it needs from them. Inductor then compiles both graphs into fused kernels. Its default
+partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set by its own
+heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
+
+1. The joint graph (after Inductor's joint-graph passes, dead code removed) is converted to
+   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``).
+2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
+   by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
+   during the forward cannot be split; outcore-auto then uses its own greedy plan
+   (``portfolio=False``), as ``outcore.backend`` does. A plan that still holds a tensor in
+   host memory is refused (``OffloadNotCompiledError``): Inductor's graphs run no copies.
+3. The tensors resident at the schedule's forward/backward cut (``saved.kept_at_cut``) are the
+   saved set; forward nodes the backward cannot recompute (RNG seeds, mutations) are added
+   and reported as *forced* (``saved.saved_nodes``). torch's ``_extract_fwd_bwd_modules``
+   builds the two graphs; the backward's ops are reordered as autograd would run them
+   (recomputation just before its first use), as the min-cut partitioner does.
+
+Every partition is recorded (``Partition``): the plan, the saved, kept and forced node names,
+and the predicted peak, so a test or a user can check what ran against what was planned.
+
+Memory: the plan's predicted peak assumes outcore's executor (one ATen op at a time, in the
+schedule's order, frees as scheduled). Inductor runs the same saved set with fused kernels:
+a fused forward never materialises the intermediates it does not save, and the backward is
+Inductor's order. The saved set (what the forward leaves for the backward) is the plan's;
+the backward's transient peak is Inductor's (measured, not bounded, by the plan).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch._functorch import config as functorch_config
+from torch._functorch import partitioners as tp
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from outcore.capture.convert import NodeMap, build_graph
+from outcore.errors import CaptureError, ScheduleError
+from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
+from outcore.plan.schedule import Offload, Prefetch
+from outcore.planned import PlannedStep, plan
+from outcore.runtime.split import split_point
+
+from .saved import kept_at_cut, kept_names, saved_nodes
+
+#: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
+_AUTO = ("auto", "outcore-auto")
+
+
+class OffloadNotCompiledError(ScheduleError):
+    """outcore's plan for this budget moves tensors to host memory, which Inductor's compiled
+    graphs cannot do (they only keep or recompute)."""
+
+
+@dataclass
+class Partition:
+    """What ``OutcorePartitioner`` decided for one joint graph (module docstring)."""
+
+    planned: PlannedStep
+    saved: list[str]  # the forward graph's saved outputs, as passed to the backward
+    kept: list[str]  # the plan's kept forward activations among them
+    forced: list[str]  # saved although the plan does not keep them (``saved.is_forced``)
+    plan_kept: set[str] = field(default_factory=set)  # every activation the plan keeps
+    forward_saved: list[str] = field(default_factory=list)  # read off the forward graph
+    recomputed: int = 0  # forward ops the backward graph runs again
+    forced_bytes: int = 0
+    saved_bytes: int = 0  # storages of the saved activations (graph inputs left out)
+
+    @property
+    def predicted_peak(self) -> int:
+        """The plan's peak for outcore's executor (parameters and inputs included)."""
+        return self.planned.predicted_peak
+
+
+def _static_shapes(gm: fx.GraphModule) -> None:
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                isinstance(val, torch.Tensor)
+                and not all(isinstance(s, int) for s in val.shape)):
+            raise CaptureError(
+                f"the compiled graph has a dynamic shape ({node.name}: {val}); outcore plans "
+                "static shapes: pass dynamic=False to torch.compile (it then recompiles, and "
+                "outcore plans again, for each new shape)")
+
+
+def _phases_from_dataflow(graph: Graph, nodes: NodeMap, info: tp.NodeInfo) -> None:
+    """Set each op's phase from the dataflow: forward iff the forward outputs need it.
+
+    The joint graph's ``partitioner_tag`` is not enough: Inductor's joint-graph passes insert
+    untagged nodes among the backward's (read as forward, they would be scheduled before the
+    backward values they read). A node the forward does not need runs in the backward."""
+    for op, node in zip(graph.ops, nodes.op_nodes, strict=True):
+        op.phase = Phase.FORWARD if info.is_required_fw(node) else Phase.BACKWARD
+        wanted = TensorKind.ACTIVATION if op.phase is Phase.FORWARD else TensorKind.GRADIENT
+        for tid in op.outputs:
+            if graph.tensors[tid].kind in (TensorKind.ACTIVATION, TensorKind.GRADIENT):
+                graph.tensors[tid].kind = wanted
+
+
+#: Op families Inductor fuses into a neighbour's kernel (element-wise, dropout's masking).
+FUSED = (OpCategory.ELEMENTWISE, OpCategory.DROPOUT)
+
+
+def _price_as_fused(graph: Graph) -> None:
+    """Price element-wise ops as Inductor runs them: fused into a neighbouring kernel, they
+    read and write nothing of their own, so running one again costs about a launch. Their
+    outputs keep their bytes (a saved one is materialised). Without this the planner prices
+    each as a separate memory-bound kernel and prefers recomputing a matmul instead."""
+    for op in graph.ops:
+        if op.category in FUSED:
+            op.flops = 0.0
+            op.bytes_touched = 0
+
+
+def pytree_leaves(module: fx.GraphModule) -> list[Any]:
+    """The values a graph module returns, flattened."""
+    [out] = module.graph.find_nodes(op="output")
+    return list(torch.utils._pytree.arg_tree_leaves(*out.args))
+
+
+def _storage_bytes(saved: list[fx.Node]) -> int:
+    """Bytes of the distinct storages ``saved`` live in."""
+    storages = {}
+    for node in saved:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            storages[val.untyped_storage()._cdata] = int(val.untyped_storage().nbytes())
+    return sum(storages.values())
+
+
+def _nbytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return int(val.untyped_storage().nbytes())
+    return 0
+
+
+class OutcorePartitioner(CustomPartitionerFn):
+    """A ``torch._inductor.config.custom_partitioner_fn`` that saves what outcore's plan keeps.
+
+    Args:
+        budget: device bytes per compiled graph (None: unbounded), as ``outcore.plan`` takes.
+        policy: an ``outcore.policies()`` name ("auto": outcore-auto).
+        gpu: the hardware profile the plan is priced on ("this-cpu", "a100", ...).
+        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default off.
+        options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
+    """
+
+    def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
+                 *, fused_pricing: bool = False, **options: Any) -> None:
+        self.budget = budget
+        self.fused_pricing = fused_pricing
+        self.policy = policy
+        self.gpu = gpu
+        self.options = {"host_budget": 0, **options}
+        self.partitions: list[Partition] = []
+        self._key = f"outcore-{uuid.uuid4().hex}"
+
+    def uuid(self) -> Any:
+        """A key unique to this partitioner object. Inductor's caches key compiled graphs on
+        it: None would be the key of its own min-cut partitioner (a cached min-cut graph
+        would be reused for outcore's, and back), and a key from the budget alone would skip
+        the plan (and its ``Partition`` record) in a later process."""
+        return self._key
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
+                 **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """Split the joint graph ``gm`` (module docstring); ``kwargs`` are aot_autograd's:
+        ``num_fwd_outputs`` and ``static_lifetime_input_indices`` are read."""
+        num_fwd_outputs = int(kwargs["num_fwd_outputs"])
+        static_lifetime_input_indices = kwargs.get("static_lifetime_input_indices")
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        if functorch_config.cse:  # as the min-cut partitioner: the graph it would split
+            gm.graph = tp.fx_graph_cse(gm.graph)
+            gm.recompile()
+        _static_shapes(gm)
+        tp.force_save_collectives(gm)
+        tp.force_save_effectful_ops(gm)
+        tp.force_save_bw_mutation_src(gm)
+        info = tp.classify_nodes(gm, static_lifetime_input_indices or [], num_fwd_outputs)
+        graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
+        _phases_from_dataflow(graph, nodes, info)
+        if self.fused_pricing:
+            _price_as_fused(graph)
+        planned = self._plan(graph)
+        kept = kept_at_cut(planned)
+        _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
+        forward = set(info.required_fw_nodes)
+        chosen = saved_nodes(nodes, kept, forward, bwd_outputs)
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        saved = chosen.nodes(order)
+        fw_module, bw_module = tp._extract_fwd_bwd_modules(
+            gm, saved, saved_sym_nodes=[], num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_nodes=info.static_lifetime_input_nodes)
+        bw_module = tp.reordering_to_mimic_autograd_engine(bw_module)
+        fw_module = tp.raise_getitems(fw_module)
+        bw_module = tp.raise_getitems(bw_module)
+        names = [n.name for n in saved]  # pruned by the extraction to what the backward reads
+        fw_out = pytree_leaves(fw_module)
+        fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
+        self.partitions.append(Partition(
+            planned=planned, saved=names,
+            kept=[n.name for n in chosen.kept if n.name in names],
+            forced=[n.name for n in chosen.forced if n.name in names],
+            plan_kept=kept_names(planned, nodes, kept),
+            forward_saved=[n.name for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)],
+            recomputed=sum(1 for n in bw_module.graph.nodes
+                           if n.op == "call_function" and n.name in fw_ops),
+            forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names),
+            saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals])))
+        return fw_module, bw_module
+
+    def _plan(self, graph: Any) -> PlannedStep:
+        """Plan ``graph``; under outcore-auto, a plan that cannot be cut into a forward and a
+        backward is replaced by its greedy planner's; a plan that offloads is refused."""
+        planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu, simulate=False,
+                       **self.options)
+        try:
+            split_point(planned.graph, planned.schedule)
+        except ScheduleError:
+            if self.policy not in _AUTO or self.options.get("portfolio") is False:
+                raise
+            planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu,
+                           simulate=False, **{**self.options, "portfolio": False})
+        moved = sum(1 for ins in planned.schedule.instructions
+                    if isinstance(ins, (Offload, Prefetch))) + len(planned.schedule.host_static)
+        if moved or planned.plan.sub_batches > 1:
+            raise OffloadNotCompiledError(
+                f"outcore's plan ({planned.plan.policy}) for this budget "
+                + (f"moves {moved} tensors through host memory" if moved
+                   else f"splits the batch into {planned.plan.sub_batches} sub-batches")
+                + "; Inductor's compiled graphs can only keep or recompute. Raise the budget, "
+                "keep host_budget=0 (the default here), or train with outcore.compile(...) or "
+                "outcore.backend(...), which run offloads")
+        return planned

@@ -1,0 +1,167 @@
+"""``outcore.inductor_backend``: outcore's recompute plan run by Inductor's fused kernels.
+
+Differential tests: gradients against eager PyTorch (to Inductor's rounding, which the
+backend announces) and, with dropout, against plain ``torch.compile`` at the same seed (both
+draw from Inductor's RNG, so they must agree bit for bit); the saved set against the plan's
+kept set; the CPU allocator's peak against the plan's predicted peak. Each compile takes
+seconds (Inductor generates C++), so the models are tiny and each test compiles once.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import outcore
+from outcore.compiled import InductorRoundingWarning, OffloadNotCompiledError
+from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+
+TINY = {"seq_len": 64, "n_layer": 2, "n_head": 2, "d_model": 64}
+
+
+def _workload(dropout: float):
+    return outcore.zoo.get("transformer", 4, vocab=128, dropout=dropout, tie_weights=False,
+                           **TINY)
+
+
+def _whole_step(model: nn.Module, loss_fn):
+    """The compiled function holds the loss too, so the plan covers the whole step."""
+
+    def step(x, y):
+        return loss_fn(model(x), y)
+
+    return step
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _zero(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _lowest_recompute_budget(w) -> int:
+    """A budget halfway between the lowest recompute-only plan and the in-core peak, so the
+    plan must recompute (found on outcore's own capture of the same step)."""
+    graph = outcore.capture(w.model, w.loss_fn, w.batch)
+    top = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
+                       host_budget=0).predicted_peak
+    low = top // 4
+    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+        try:
+            outcore.plan(graph, low, gpu="this-cpu", simulate=False, host_budget=0)
+            break
+        except outcore.InfeasibleBudgetError as exc:
+            low = max(low + 1, int(exc.required))
+    return (low + top) // 2
+
+
+def test_gradients_match_eager_and_the_saved_set_is_the_plans():
+    w = _workload(0.0)
+    eager = copy.deepcopy(w.model)
+    be = outcore.inductor_backend(budget=_lowest_recompute_budget(w), gpu="this-cpu")
+    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
+    with pytest.warns(InductorRoundingWarning, match="not bit for bit"):
+        loss = compiled(*w.batch)
+    loss.backward()
+    reference = w.loss_fn(eager(w.batch[0]), w.batch[1])
+    reference.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-5, atol=1e-6)
+    for got, want in zip(_grads(w.model), _grads(eager), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+    [part] = be.partitions
+    assert part.recomputed > 0, "the budget should make the plan recompute"
+    # what the forward graph returns beyond the loss is exactly the saved set
+    assert set(part.saved) == set(part.forward_saved)
+    # every activation the plan keeps at the cut is saved, and nothing else but the
+    # forced nodes (RNG seeds, none here) and graph inputs
+    assert part.plan_kept == set(part.kept)
+    assert not part.forced
+    extra = set(part.saved) - set(part.kept)
+    assert all(name.startswith("primals") for name in extra), extra
+
+
+def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
+    """Both draw from Inductor's RNG; the recomputed dropout masks must be the same draws.
+    The two partitions fuse differently, so the gradients agree to rounding; another seed's
+    masks move them far beyond that tolerance (checked, so the tolerance can fail)."""
+    w = _workload(0.1)
+    twin = copy.deepcopy(w.model)
+    be = outcore.inductor_backend(budget=_lowest_recompute_budget(w), gpu="this-cpu")
+    ours = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
+    plain = torch.compile(_whole_step(twin, w.loss_fn), dynamic=False)
+    torch.manual_seed(5)
+    with pytest.warns(InductorRoundingWarning):
+        ours(*w.batch).backward()
+    torch.manual_seed(5)
+    plain(*w.batch).backward()
+    assert be.partitions[0].recomputed > 0
+    ours_grads = _grads(w.model)
+    for got, want in zip(ours_grads, _grads(twin), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    _zero(twin)
+    torch.manual_seed(6)
+    plain(*w.batch).backward()
+    assert any(not torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+               for got, want in zip(ours_grads, _grads(twin), strict=True))
+
+
+def test_the_allocator_peak_is_within_the_plans_prediction():
+    w = _workload(0.0)
+    budget = _lowest_recompute_budget(w)
+    be = outcore.inductor_backend(budget=budget, gpu="this-cpu")
+    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
+
+    def step():
+        loss = compiled(*w.batch)
+        loss.backward()
+        return loss.detach()
+
+    with pytest.warns(InductorRoundingWarning):
+        step()
+    _zero(w.model)
+    measured = allocator_peak(step).peak
+    [part] = be.partitions
+    predicted = part.predicted_peak - held_before(part.planned.graph)
+    assert part.predicted_peak <= budget
+    assert 0 < measured <= predicted
+
+
+def test_a_budget_below_every_recompute_plan_is_refused_at_the_first_call():
+    w = _workload(0.0)
+    be = outcore.inductor_backend(budget="64KiB", gpu="this-cpu")
+    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
+    with pytest.warns(InductorRoundingWarning), pytest.raises(outcore.InfeasibleBudgetError):
+        compiled(*w.batch)
+    assert not be.partitions
+
+
+def test_a_plan_that_offloads_is_refused():
+    """A policy that offloads (the host allowed): Inductor's graphs cannot run copies."""
+    w = _workload(0.0)
+    be = outcore.inductor_backend(budget=None, gpu="v100", policy="offload-all",
+                                  host_budget=None)
+    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
+    with pytest.warns(InductorRoundingWarning), \
+            pytest.raises(OffloadNotCompiledError, match="host memory"):
+        compiled(*w.batch)
+
+
+def test_arguments_are_checked_at_once():
+    with pytest.raises(outcore.errors.InvalidArgumentError):
+        outcore.inductor_backend(budget="lots")
+    with pytest.raises(outcore.errors.InvalidArgumentError):
+        outcore.inductor_backend(budget="1GiB", policy="no-such-policy")

@@ -86,6 +86,8 @@ class Candidate:
     error: str = ""
     ranking: str = ""
     required: int | None = None
+    #: not planned: its own bound is no better than the best step found
+    pruned: bool = False
 
     @property
     def fits(self) -> bool:
@@ -237,24 +239,17 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
 
 def _search(run: _Runner, facts: list[ParamFacts], need: int,
             orders: dict[str, list[str]]) -> None:
-    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking from
-    ``need`` up until one fits, then wider, then refined; every parameter held when none
-    fitted (the refusal's lowest figure)."""
+    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking the
+    shortest fitting prefix (``_first_fit``), then wider, then refined; every parameter
+    held when none fitted (the refusal's lowest figure)."""
     freed = {f.name: f.freed for f in facts if f.holdable}
     total = sum(freed.values())
     fitting: dict[str, float] = {}
     tried: dict[str, list[float]] = {r: [] for r in orders}
     for ranking, order in orders.items():
-        target = float(max(0, need))
-        for _ in range(search.STEPS):
-            cand = run.evaluate(search.at(order, freed, target, ranking))
-            tried[ranking].append(target)
-            if cand.fits:
-                fitting[ranking] = target
-                break
-            if cand.required is None or target >= total:
-                break
-            target = min(float(total), target + max(cand.required - run.budget, 1))
+        found = _first_fit(run, order, freed, float(max(0, need)), ranking, tried[ranking])
+        if found is not None:
+            fitting[ranking] = found
     for prop in run.by_bound(search.wider(fitting, total, freed, orders)):
         run.evaluate(prop)
         tried[prop.ranking].append(prop.target)
@@ -265,6 +260,52 @@ def _search(run: _Runner, facts: list[ParamFacts], need: int,
     if best.ranking in orders:
         for prop in run.by_bound(search.refine(best, tried[best.ranking], freed, orders)):
             run.evaluate(prop)
+
+
+def _first_fit(run: _Runner, order: list[str], freed: dict[str, int], target: float,
+               ranking: str, tried: list[float]) -> float | None:
+    """The held bytes of the shortest prefix of ``order`` that fits (or that the bound
+    prunes: no longer prefix can win then), None when even all of it does not.
+
+    From ``target`` (the need) the prefix grows by what the planners lacked, *past the
+    failed prefix's own bytes* (a prefix overshoots its target by up to one parameter, so
+    growing the target alone can name the same prefix again), ``search.STEPS`` times; then
+    it bisects on the prefix length between the longest failed one and the whole ranking
+    (fitting is monotone in the prefix: each longer one frees more device bytes)."""
+    bytes_of = [0]
+    for name in order:
+        bytes_of.append(bytes_of[-1] + freed[name])
+
+    def length(t: float) -> int:
+        return len(search.prefix(order, freed, t))
+
+    def attempt(k: int) -> Candidate:
+        tried.append(float(bytes_of[k]))
+        return run.evaluate(search.Proposal(tuple(order[:k]), ranking, float(bytes_of[k])))
+
+    failed, k = -1, length(target)
+    for _ in range(search.STEPS):
+        cand = attempt(k)
+        if cand.fits or cand.pruned:
+            return float(bytes_of[k])
+        failed = k
+        if cand.required is None or k == len(order):
+            break
+        k = max(k + 1, length(bytes_of[k] + max(cand.required - run.budget, 1)))
+    if failed >= len(order):
+        return None
+    hi = len(order)
+    cand = attempt(hi)
+    if not (cand.fits or cand.pruned):
+        return None
+    while hi - failed > 1:
+        mid = (failed + hi) // 2
+        cand = attempt(mid)
+        if cand.fits or cand.pruned:
+            hi = mid
+        else:
+            failed = mid
+    return float(bytes_of[hi])
 
 
 class _Runner:
@@ -317,6 +358,7 @@ class _Runner:
             cand.error = (f"not planned: no activation plan beats {floor * 1e3:.3f} ms with "
                           f"this placement, the best step found is "
                           f"{self.best.total_seconds * 1e3:.3f} ms")
+            cand.pruned = True
             return cand
         room = self.budget - device_state
         if room <= 0:

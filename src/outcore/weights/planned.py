@@ -31,12 +31,16 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
                  host_source: str = "") -> Any:
     """The PlannedStep of ``graph`` with its weights placed (module doc). Raises
     InvalidArgumentError (no budget, another policy, an unknown ``weights``) and
-    InfeasibleBudgetError (no placement fits: the lowest need and the ways out)."""
+    InfeasibleBudgetError (no placement fits: the lowest need and the ways out).
+    ``host_adam_rate``: the host optimizer's parameters per second; None reads the cost
+    model's profile (its measured or catalogued ``host_adam_rate``, else its host
+    bandwidth), and only a profile with neither falls back to ``outcore.weights.spec``'s
+    constant (``choose._rates``)."""
     from outcore.planned import PlannedStep, _offload_sizes
     from outcore.sim import simulate as run_simulation
     from outcore.weights.choose import MODES, choose_weights, default_planners
     from outcore.weights.report import build_report
-    from outcore.weights.spec import HOST_ADAM_RATE, graph_state_bytes, spec_of
+    from outcore.weights.spec import graph_state_bytes, spec_of
 
     mode = weights or "auto"
     if mode not in MODES:
@@ -55,7 +59,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         planners = {policy: planners[policy]}
     choice = choose_weights(
         graph, limit, cost, state, planners=planners, mode=mode,
-        host_adam_rate=host_adam_rate or HOST_ADAM_RATE,
+        host_adam_rate=host_adam_rate,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)
     report = build_report(graph, choice, spec.name, mode, trace.host)

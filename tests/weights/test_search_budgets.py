@@ -1,0 +1,130 @@
+"""The weights search across budgets: a larger budget never gives a slower plan, the
+shortest fitting prefix is found when the planners lack only a little (a prefix overshoots
+its byte target), and the host optimizer is priced from the profile."""
+
+import dataclasses
+
+import pytest
+import torch
+from weights_helpers import make_gpt, token_loss
+
+import outcore
+from outcore.api import cost_model_for
+from outcore.cost.model import AnalyticCostModel
+from outcore.errors import InfeasibleBudgetError
+from outcore.policies.auto import plan_checkpoint
+from outcore.sim import simulate
+from outcore.weights import search
+from outcore.weights.bound import param_facts
+from outcore.weights.choose import choose_weights
+from outcore.weights.spec import HOST_ADAM_RATE, graph_state_bytes
+from outcore.weights.step_cost import step_seconds
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model, batch = make_gpt(n_layer=3, d_model=48, vocab=96, seq=32, batch=4)
+    graph = outcore.capture(model, token_loss, batch)
+    cost = cost_model_for("a100-40gb", graph)
+    return graph, cost, graph_state_bytes(graph, "adamw")
+
+
+def _sim(cost):
+    return lambda g, s: simulate(g, s, cost).step_time
+
+
+def test_a_larger_budget_never_gives_a_slower_step(gpt):
+    """Budgets from below the weights' total to above it: the chosen step (simulated +
+    optimizer) is non-increasing, and every budget that fits keeps fitting."""
+    graph, cost, state = gpt
+    facts = param_facts(graph, state, cost)
+    total = sum(f.freed for f in facts)
+    steps = []
+    for fraction in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.3):
+        try:
+            c = choose_weights(graph, int(total * fraction), cost, state,
+                               simulate=_sim(cost), host_adam_rate=2e7)
+        except InfeasibleBudgetError:
+            assert not steps, f"{fraction} of the weights refused after a smaller one fitted"
+            continue
+        steps.append((fraction, c.total_seconds, len(c.placement.params)))
+    assert len(steps) >= 5, steps
+    for (fa, ta, _), (fb, tb, _) in zip(steps, steps[1:], strict=False):
+        assert tb <= ta * (1 + 1e-9), f"{fb} of the weights is slower than {fa}: {steps}"
+    assert steps[-1][2] == 0  # everything fits: nothing held
+
+
+def _lacking(held_needed: int):
+    """outcore-checkpoint, but refusing (lacking one byte) any placement holding fewer than
+    ``held_needed`` parameters: the planners' own lack is far below one parameter's bytes."""
+    def planner(graph, room, cost, lowerer):
+        held = lowerer.keywords["weights"].params
+        if len(held) < held_needed:
+            raise InfeasibleBudgetError("lacking", room, room + 1)
+        return plan_checkpoint(graph, room, cost, lowerer)
+    return planner
+
+
+def test_a_tiny_lack_grows_past_the_failed_prefix(gpt):
+    """The 7B-at-80-GiB shape at small scale: the need's prefix overshoots its target, the
+    planners lack a byte, and growing the target by that byte names the same prefix. The
+    search must move on to longer prefixes and find the shortest fitting one, not fall
+    back to holding every parameter."""
+    graph, cost, state = gpt
+    facts = param_facts(graph, state, cost)
+    total = sum(f.freed for f in facts)
+    budget = int(total * 0.8)  # a slow host optimizer below: the fewest held win
+    plain = choose_weights(graph, budget, cost, state, simulate=_sim(cost), host_adam_rate=1e6,
+                           planners={"outcore-checkpoint": plan_checkpoint})
+    k = len(plain.placement.params)
+    holdable = sum(f.holdable for f in facts)
+    assert 0 < k < holdable - 3
+    held_needed = k + 3
+    c = choose_weights(graph, budget, cost, state, simulate=_sim(cost), host_adam_rate=1e6,
+                       planners={"outcore-checkpoint": _lacking(held_needed)})
+    assert len(c.placement.params) < holdable, "fell back to holding every parameter"
+    fitting = [t for t in c.tried if t.fits]
+    assert min(t.params for t in fitting) == held_needed  # the shortest fitting prefix
+    # and the larger budget keeps the smaller budget's plan available
+    roomier = choose_weights(graph, int(total * 0.9), cost, state, simulate=_sim(cost), host_adam_rate=1e6,
+                             planners={"outcore-checkpoint": _lacking(held_needed)})
+    assert roomier.total_seconds <= c.total_seconds * (1 + 1e-9)
+
+
+def test_the_search_never_plans_the_same_prefix_twice_per_ranking(gpt):
+    graph, cost, state = gpt
+    total = sum(f.freed for f in param_facts(graph, state, cost))
+    c = choose_weights(graph, int(total * 0.6), cost, state, simulate=_sim(cost), host_adam_rate=1e6,
+                       planners={"outcore-checkpoint": _lacking(6)})
+    seen = [(t.ranking, t.params) for t in c.tried]
+    assert len(seen) == len(set(seen))
+    assert search.STEPS >= 1
+
+
+def test_plan_prices_the_host_optimizer_from_the_profile(gpt):
+    """``outcore.plan(..., optimizer=)`` without ``host_adam_rate`` uses the profile's
+    ``host_adam_rate``; the spec's constant only when the profile has no host figures."""
+    graph, _, state = gpt
+    total = sum(f.freed for f in param_facts(graph, state, None))
+    base = cost_model_for("a100-40gb", graph).profile
+    seconds = {}
+    for label, rate in (("slow", 1e7), ("fast", 1e10)):
+        prof = dataclasses.replace(base, host_adam_rate=rate)
+        cost = AnalyticCostModel(prof)
+        p = outcore.plan(graph, int(total * 0.6), optimizer="adamw", cost=cost,
+                         weights="host", cache=False)
+        held = sum(torch.Size(graph.tensors[graph.tensors[t].storage].shape).numel()
+                   for t in p.schedule.host_static)
+        assert held > 0
+        device_s, host_s = step_seconds({"host": held, "device": 0}, prof)
+        assert p.weights.optimizer_seconds >= host_s * (1 - 1e-9)
+        seconds[label] = p.weights.optimizer_seconds
+    assert seconds["slow"] > 100 * seconds["fast"]
+    bare = dataclasses.replace(base, host_adam_rate=None, host_memory_bandwidth=None)
+    p = outcore.plan(graph, int(total * 0.6), optimizer="adamw", cost=AnalyticCostModel(bare),
+                     weights="host", cache=False)
+    numel = sum(f.numel for f in param_facts(graph, state, None) if f.holdable)
+    assert p.weights.optimizer_seconds >= numel / HOST_ADAM_RATE * (1 - 1e-9)
+    given = outcore.plan(graph, int(total * 0.6), optimizer="adamw", cost=AnalyticCostModel(bare),
+                         weights="host", cache=False, host_adam_rate=1e7)
+    assert given.weights.optimizer_seconds >= numel / 1e7 * (1 - 1e-9)

@@ -23,7 +23,13 @@ placement and plan beats. The argument, term by term, for any fitting ``S``:
 * **Optimizer.** ``optimizer_seconds`` is non-decreasing in the host-held elements, so it
   is at least its value at the fewest elements any ``S`` freeing ``need`` bytes holds.
 
-The step is at least ``max(compute, copies)`` plus the optimizer; each term is minimised
+The step is at least ``max(compute, copies)`` plus the optimizer (the optimizer after the
+pass, ``overlap=None``). With the optimizer overlapped with backward (``Overlap``: the
+simulator's ``outcore.sim.host_steps`` timeline, the chooser's objective), the step is at
+least each of: ``compute`` plus the device-held parameters' step (it runs on the compute
+stream after the pass), the copies, and ``forward`` plus the host step (the CPU steps one
+parameter at a time, each after its gradient, and every gradient is made by a backward op,
+which the compute stream runs after every forward op, each at least once). Each term is minimised
 over ``S`` separately, by the fractional relaxation of "hold enough bytes" (a covering
 knapsack solved greedily, exact for the relaxation), which is below the minimum over the
 integer ``S`` that the chooser searches (tied parameters, which stay on the device, are
@@ -67,6 +73,22 @@ class ParamFacts:
     @property
     def freed(self) -> int:
         return self.weight + self.grad + self.state
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The optimizer step overlapped with the pass: its rates (parameters per second on the
+    host and on the device) and ``forward``, seconds no schedule runs its first gradient
+    before (the forward ops' fastest times)."""
+
+    host_rate: float
+    device_rate: float
+    forward: float
+
+    def seconds(self, compute: float, copies: float, host: float, device: float) -> float:
+        """The module doc's overlapped bound at ``host``/``device`` optimizer elements."""
+        return max(compute + device / self.device_rate, copies,
+                   self.forward + host / self.host_rate)
 
 
 @dataclass(frozen=True)
@@ -141,11 +163,13 @@ def min_cover(items: list[tuple[float, float]], need: float) -> float:
 
 
 def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int],
-                      *, step_cost: StepCost | None = None) -> JointBound | None:
+                      *, step_cost: StepCost | None = None, overlap: Overlap | None = None
+                      ) -> JointBound | None:
     """Seconds no placement and activation plan within ``budget`` beats (module doc); None
     when no placement fits the memory term (holding everything frees too little).
     ``step_cost(host_numel, device_numel)``: the optimizer's seconds (default
-    ``optimizer_seconds`` at its default rates)."""
+    ``optimizer_seconds`` at its default rates); ``overlap``: the optimizer overlapped with
+    the pass instead (then ``optimizer`` is what it adds to ``max(compute, copies)``)."""
     step_cost = step_cost or (lambda h, d: optimizer_seconds(int(h), int(d)))
     every = param_facts(graph, state_bytes, cost)
     need = sum(f.freed for f in every) - budget
@@ -161,13 +185,19 @@ def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping
                      min_cover([(f.freed, f.d2h) for f in facts], need))
     numel = sum(f.numel for f in every)
     host = min_cover([(f.freed, float(f.numel)) for f in facts], need)
+    if overlap is not None:
+        device = numel - sum(f.numel for f in facts)  # the fewest device elements
+        seconds = overlap.seconds(compute, copies, host, device)
+        return JointBound(seconds, compute, copies, seconds - max(compute, copies),
+                          max(0, need))
     optimizer = step_cost(host, numel - host)
     return JointBound(max(compute, copies) + optimizer, compute, copies, optimizer,
                       max(0, need))
 
 
 def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: float,
-                    engines: int, step_cost: StepCost) -> float:
+                    engines: int, step_cost: StepCost, overlap: Overlap | None = None
+                    ) -> float:
     """Seconds no activation plan beats with exactly ``held`` in host memory: the module
     doc's argument for one placement (compute, the held parameters' one prefetch and
     their gradients' one offload on the copy engines, the optimizer at that split). The
@@ -177,5 +207,8 @@ def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: fl
     d2h = sum(f.d2h for f in held)
     copies = h2d + d2h if engines < 2 else max(h2d, d2h)
     host = sum(f.numel for f in held)
-    return max(compute, copies) + step_cost(host, sum(f.numel for f in every) - host)
+    device = sum(f.numel for f in every) - host
+    if overlap is not None:
+        return overlap.seconds(compute, copies, host, device)
+    return max(compute, copies) + step_cost(host, device)
 

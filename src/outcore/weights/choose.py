@@ -35,6 +35,7 @@ lives with its parameter. ``WeightChoice.tried`` records every candidate for the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,7 +47,7 @@ from outcore.errors import (
     ProfileError,
     ScheduleError,
 )
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, Phase
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Plan
@@ -56,6 +57,7 @@ from outcore.units import format_bytes
 from outcore.weights import search
 from outcore.weights.bound import (
     JointBound,
+    Overlap,
     ParamFacts,
     joint_lower_bound,
     op_times,
@@ -88,6 +90,8 @@ class Candidate:
     required: int | None = None
     #: not planned: its own bound is no better than the best step found
     pruned: bool = False
+    host_numel: int = 0
+    device_numel: int = 0
 
     @property
     def fits(self) -> bool:
@@ -174,6 +178,22 @@ def _rates(profile: Any, host: float | None, device: float | None) -> tuple[floa
             read(step_cost.device_adam_rate, DEVICE_ADAM_RATE) if device is None else device)
 
 
+def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float
+             ) -> tuple[Any, Overlap]:
+    """The profile the overlapped simulation prices the optimizer with (its host rate set
+    to the chooser's), and the bound's ``Overlap`` at the same rates."""
+    from outcore.weights import step_cost
+
+    prof = getattr(profile, "profile", None) or profile
+    if prof is None or not dataclasses.is_dataclass(prof):
+        raise InvalidArgumentError(profile, "a hardware profile to simulate the optimizer "
+                                   "overlapped with backward", "Pass cost= or profile=.")
+    priced = dataclasses.replace(prof, host_adam_rate=host_rate)
+    forward = sum(t for op, t in zip(graph.ops, times, strict=True)
+                  if op.phase is Phase.FORWARD)
+    return priced, Overlap(host_rate, step_cost.device_adam_rate(priced), forward)
+
+
 def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
     """Parameter names, largest device bytes freed by holding them first (ties: later
     parameters first, whose backward use comes first)."""
@@ -187,12 +207,17 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    simulate: Callable[[Graph, Schedule], float] | None = None,
                    host_adam_rate: float | None = None,
                    device_adam_rate: float | None = None, mode: str = "auto",
-                   given: Iterable[str] | None = None, profile: Any = None) -> WeightChoice:
+                   given: Iterable[str] | None = None, profile: Any = None,
+                   overlap: bool = False) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
     exactly the placement holding these parameter names (``mode`` is then ignored).
     ``profile``: the hardware profile pricing the optimizer step (default: ``cost``'s; with
-    neither, the rates default to ``outcore.weights.spec``'s constants)."""
+    neither, the rates default to ``outcore.weights.spec``'s constants). ``overlap``: decide
+    by the step with the optimizer overlapped with backward (``outcore.sim.simulate`` with
+    ``outcore.weights.step_cost.host_steps``: each host step as soon as its gradient has
+    landed) instead of the simulated pass plus the optimizer after it; needs ``cost``
+    with a hardware profile (``simulate`` is then not called)."""
     if mode not in MODES:
         raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
     host_adam_rate, device_adam_rate = _rates(cost if profile is None else profile,
@@ -203,13 +228,18 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                                  device_rate=device_adam_rate)
 
     facts = param_facts(graph, state_bytes, cost)
-    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost) \
+    times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
+    timing = _overlap(graph, cost if profile is None else profile, times,
+                      host_adam_rate) if overlap and cost is not None else None
+    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost,
+                              overlap=timing[1] if timing else None) \
         if cost is not None else None
     need = sum(f.freed for f in facts) - budget
-    times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
     exposed = search.exposure(graph, facts, times)
     run = _Runner(graph, budget, cost, facts, planners or default_planners(), simulate,
                   step_cost)
+    if timing is not None:
+        run.priced, run.overlap = timing
     if given is not None:
         names = {n.removeprefix("model.") for n in given}
         unknown = names - {f.name for f in facts if f.holdable}
@@ -324,13 +354,15 @@ class _Runner:
         self._seen: dict[frozenset[str], Candidate] = {}
         self.compute: float | None = None  # set: prune by each placement's bound
         self.engines = 2
+        self.priced: Any = None  # with ``overlap``: the profile pricing the host steps
+        self.overlap: Overlap | None = None
 
     def bound(self, prop: search.Proposal) -> float:
         """``placement_bound`` of ``prop`` (0 when not pruning)."""
         if self.compute is None:
             return 0.0
         return placement_bound([self.facts[n] for n in prop.names], list(self.facts.values()),
-                               self.compute, self.engines, self.step_cost)
+                               self.compute, self.engines, self.step_cost, self.overlap)
 
     def by_bound(self, props: list[search.Proposal]) -> list[search.Proposal]:
         """``props``, the lowest bound first (ties: as given), so the pruning bites."""
@@ -349,8 +381,9 @@ class _Runner:
         device_state = sum(f.state for f in device)
         cand = Candidate(held_bytes=sum(f.freed for f in held), params=len(held),
                          device_state=device_state, ranking=prop.ranking)
-        cand.optimizer_seconds = self.step_cost(sum(f.numel for f in held),
-                                                sum(f.numel for f in device))
+        cand.host_numel = sum(f.numel for f in held)
+        cand.device_numel = sum(f.numel for f in device)
+        cand.optimizer_seconds = self.step_cost(cand.host_numel, cand.device_numel)
         self.tried.append(cand)
         self._seen[key] = cand
         floor = self.bound(prop)
@@ -403,13 +436,28 @@ class _Runner:
                 need = peak + cand.device_state
                 cand.required = need if cand.required is None else min(cand.required, need)
                 continue
-            seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
-            if best is None or seconds < cand.step_seconds:
-                cand.policy, cand.peak, cand.step_seconds = pname, peak, seconds
+            seconds, optimizer = self._time(schedule, cand)
+            if best is None or seconds + optimizer < cand.total_seconds:
+                cand.policy, cand.peak = pname, peak
+                cand.step_seconds, cand.optimizer_seconds = seconds, optimizer
                 best = (plan, schedule)
         if best is None:
             cand.error = errors[0] if errors else "no planner"
         return best
+
+    def _time(self, schedule: Schedule, cand: Candidate) -> tuple[float, float]:
+        """(the pass, what the optimizer adds after it) of ``schedule``: overlapped with
+        backward by the simulator's host timeline, or the simulated pass and the whole
+        optimizer step after it."""
+        if self.overlap is not None:
+            from outcore.sim import simulate
+            from outcore.weights.step_cost import host_steps
+
+            result = simulate(self.graph, schedule, self.cost,
+                              optimizer=host_steps(self.graph, schedule, self.priced))
+            return result.step_time - result.optimizer_time, result.optimizer_time
+        seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
+        return seconds, self.step_cost(cand.host_numel, cand.device_numel)
 
 
 def _refusal(budget: int, tried: list[Candidate], mode: str) -> InfeasibleBudgetError:

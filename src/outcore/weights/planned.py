@@ -6,7 +6,9 @@ activations, parameters, gradients and the device-held optimizer state. ``plan_w
 sizes the state (``outcore.weights.spec``), lets ``outcore.weights.choose`` decide which
 parameters live in host memory with the activation plan, and returns a ``PlannedStep``
 whose ``weights`` (a ``WeightReport``) says what moved, the host and pinned bytes, the step
-with the optimizer step, the joint lower bound and gap.
+with the optimizer step, the joint lower bound and gap. The chooser decides by the step with
+the optimizer overlapped with backward (each host step as soon as its gradient has landed,
+``outcore.sim.host_steps``) when the cost model has a hardware profile.
 
 ``weights``: "auto" (the default: hold on the host what makes the step fastest within the
 budget; nothing when everything fits), "device" (hold nothing: the budget must hold every
@@ -60,6 +62,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
     choice = choose_weights(
         graph, limit, cost, state, planners=planners, mode=mode,
         host_adam_rate=host_adam_rate,
+        overlap=getattr(cost, "profile", None) is not None,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)
     report = build_report(graph, choice, spec.name, mode, trace.host)

@@ -18,11 +18,16 @@ The rule (``choose_weights``):
 * placements are planned in the order of their own lower bound
   (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
   best step found is not planned (it cannot win);
-* among those that fit, the smallest estimated step wins: the simulated schedule (copies
-  overlapped with compute) plus the optimizer step (``outcore.weights.spec.
-  optimizer_seconds``, at the rates ``outcore.weights.step_cost`` reads from the hardware
-  profile: the host's measured or catalogued AdamW rate, the device's memory bandwidth;
-  ``host_adam_rate``/``device_adam_rate`` override them);
+* among those that fit, the smallest estimated step wins (within ``TIE`` of it, the one
+  holding fewer bytes). With ``overlap`` (what ``outcore.plan`` uses) the step is the
+  simulated schedule with each host-stepped parameter's optimizer step on the CPU as soon
+  as its gradient has landed, overlapped with the rest of backward
+  (``outcore.weights.step_cost.host_steps``, ``outcore.sim.host_steps``); without it, the
+  simulated schedule plus the whole optimizer step after it
+  (``outcore.weights.spec.optimizer_seconds``). The rates are read by
+  ``outcore.weights.step_cost`` from the hardware profile (the host's measured or
+  catalogued AdamW rate, the device's memory bandwidth); ``host_adam_rate`` overrides the
+  host's;
 * ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
   ``WeightChoice.gap`` is the chosen step's distance to it.
 
@@ -71,6 +76,8 @@ __all__ = ["DEVICE_ADAM_RATE", "HOST_ADAM_RATE", "MODES", "Candidate", "WeightCh
            "state_bytes_of"]
 
 MODES = ("auto", "device", "host")
+#: steps within this fraction of each other are a tie, won by the fewer held bytes
+TIE = 1e-3
 Planner = Callable[[Graph, int, Any, Callable[[Graph, Plan], Schedule]], tuple[Plan, Schedule]]
 
 
@@ -403,7 +410,7 @@ class _Runner:
         if found is None:
             return cand
         plan, schedule = found
-        if self.best is None or cand.total_seconds < self.best.total_seconds:
+        if self.best is None or _better(cand, self.best):
             self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
                                      sum(f.weight + f.state for f in held),
                                      cand.step_seconds, cand.optimizer_seconds,
@@ -458,6 +465,16 @@ class _Runner:
             return result.step_time - result.optimizer_time, result.optimizer_time
         seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
         return seconds, self.step_cost(cand.host_numel, cand.device_numel)
+
+
+def _better(cand: Candidate, best: WeightChoice) -> bool:
+    """Whether ``cand`` replaces ``best``: faster by more than ``TIE`` of the step, or
+    within it and holding fewer bytes in host memory (a step that only hides a few
+    microseconds more of the device's optimizer step is not worth pinned host memory)."""
+    held = best.chosen.held_bytes if best.chosen is not None else 0
+    if cand.total_seconds < best.total_seconds * (1 - TIE):
+        return True
+    return cand.total_seconds <= best.total_seconds * (1 + TIE) and cand.held_bytes < held
 
 
 def _refusal(budget: int, tried: list[Candidate], mode: str) -> InfeasibleBudgetError:

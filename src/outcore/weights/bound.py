@@ -12,6 +12,19 @@ placement and plan beats. The argument, term by term, for any fitting ``S``:
   not sent ends on the device); the device-held optimizer state sits beside them. So
   ``sum over p not in S of (weight_p + grad_p + state_p) <= budget``, i.e. ``S`` frees at
   least ``need = total - budget`` of those bytes (``m_p = weight_p + grad_p + state_p``).
+* **Memory while an op runs.** An op's inputs and outputs are on the device while it
+  runs, beside every device-held weight (never freed) and the device-held state (outside
+  the schedule, beside it all step). So for every op ``o``:
+  ``sum over p not in S of (weight_p + state_p) + A_o <= budget``, where ``A_o`` is the
+  bytes of ``o``'s input and output storages that are not parameters (activations, the
+  batch, the gradients it writes). Holding ``p`` frees there at most ``state_p``, plus
+  ``weight_p`` when ``o`` does not read ``p`` (a read weight is on the device during ``o``
+  whether held or not). Each op gives one covering constraint like the end-of-step one
+  (``op_needs``: per set of parameters read, the largest ``A_o``); ``S`` meets all of them,
+  so each term below is at least its minimum under each constraint, and the bound takes
+  the largest. This is what makes a bound see the activations' room: a batch whose
+  largest op (the logits and their loss, at long sequences) leaves too little room beside
+  the weights forces host-held parameters even where the weights alone fit.
 * **Compute.** Every op of the graph runs at least once on the one compute stream, so the
   simulated step is at least the sum of the ops' times (each at its fastest variant; a
   recompute only adds).
@@ -126,6 +139,20 @@ def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: Any
     return out
 
 
+def op_needs(graph: Graph, facts: list[ParamFacts]) -> list[tuple[int, frozenset[int]]]:
+    """``(A_o, parameters o reads)`` of the module doc's per-op memory term, one per
+    distinct set of parameters read (the largest ``A_o`` of the ops reading that set)."""
+    params = {f.tensor for f in facts}
+    largest: dict[frozenset[int], int] = {}
+    for op in graph.ops:
+        storages = {graph.tensors[i].storage for i in (*op.inputs, *op.outputs)}
+        reads = frozenset(storages & params)
+        resident = sum(graph.tensors[s].nbytes for s in storages - params)
+        if resident > largest.get(reads, -1):
+            largest[reads] = resident
+    return [(resident, reads) for reads, resident in largest.items()]
+
+
 def op_times(graph: Graph, cost: Any) -> list[float]:
     """Seconds of every op on ``cost`` (bound to the graph; 0 for views): the fastest of
     the framework kernel and the variants the op offers, so the sum bounds any schedule's
@@ -178,13 +205,27 @@ def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping
         return None
     compute = sum(op_times(graph, cost))
     engines = int(getattr(cost, "copy_engines", 2))
-    if engines < 2:
-        copies = min_cover([(f.freed, f.h2d + f.d2h) for f in facts], need)
-    else:
-        copies = max(min_cover([(f.freed, f.h2d) for f in facts], need),
-                     min_cover([(f.freed, f.d2h) for f in facts], need))
+    resident = sum(f.weight + f.state for f in every)
+    covers = [(need, {f.name: f.freed for f in facts})]
+    for extra, reads in op_needs(graph, every):
+        covers.append((resident + extra - budget,
+                       {f.name: f.state + (0 if f.tensor in reads else f.weight)
+                        for f in facts}))
+    copies = host = 0.0
+    for need_o, freed in covers:
+        if need_o > sum(freed.values()):
+            return None  # this op alone does not fit beside the weights, whatever is held
+
+        def cover(cost_of: Callable[[ParamFacts], float], freed: dict[str, int] = freed,
+                  need_o: int = need_o) -> float:
+            return min_cover([(freed[f.name], cost_of(f)) for f in facts], need_o)
+
+        if engines < 2:
+            copies = max(copies, cover(lambda f: f.h2d + f.d2h))
+        else:
+            copies = max(copies, cover(lambda f: f.h2d), cover(lambda f: f.d2h))
+        host = max(host, cover(lambda f: float(f.numel)))
     numel = sum(f.numel for f in every)
-    host = min_cover([(f.freed, float(f.numel)) for f in facts], need)
     if overlap is not None:
         device = numel - sum(f.numel for f in facts)  # the fewest device elements
         seconds = overlap.seconds(compute, copies, host, device)

@@ -189,10 +189,11 @@ def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float
              ) -> tuple[Any, Overlap]:
     """The profile the overlapped simulation prices the optimizer with (its host rate set
     to the chooser's), and the bound's ``Overlap`` at the same rates."""
+    from outcore.cost.profiles import HardwareProfile
     from outcore.weights import step_cost
 
     prof = getattr(profile, "profile", None) or profile
-    if prof is None or not dataclasses.is_dataclass(prof):
+    if not isinstance(prof, HardwareProfile):
         raise InvalidArgumentError(profile, "a hardware profile to simulate the optimizer "
                                    "overlapped with backward", "Pass cost= or profile=.")
     priced = dataclasses.replace(prof, host_adam_rate=host_rate)

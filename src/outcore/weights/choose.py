@@ -309,7 +309,9 @@ def _first_fit(run: _Runner, order: list[str], freed: dict[str, int], target: fl
     failed prefix's own bytes* (a prefix overshoots its target by up to one parameter, so
     growing the target alone can name the same prefix again), ``search.STEPS`` times; then
     it bisects on the prefix length between the longest failed one and the whole ranking
-    (fitting is monotone in the prefix: each longer one frees more device bytes)."""
+    (taking fitting as monotone in the prefix: each longer one frees more device bytes,
+    though its prefetches also take room; a non-monotone ranking can make the bisection
+    miss a shorter fitting prefix, never return one that does not fit)."""
     bytes_of = [0]
     for name in order:
         bytes_of.append(bytes_of[-1] + freed[name])

@@ -7,9 +7,10 @@ parameters, gradients and AdamW state (bf16 weights, fp32 moments and masters: 1
 parameter) with the activations against one device budget, on 24 GB, 40 GB and 80 GB. The
 24 GiB row is the a100-40gb profile given a 24 GiB budget (outcore has no 24 GB profile; the
 compute and link rates are an A100's). Printed per row: whether it fits, how many
-parameters are held in host memory, the simulated forward+backward, the optimizer step
-(``outcore.weights.spec.optimizer_seconds``: host AdamW at ``--host-adam-rate``, not
-overlapped with backward), tokens per second, the host memory the step needs, the pinned
+parameters are held in host memory, the simulated forward+backward, what the optimizer step
+adds after it (host AdamW at ``--host-adam-rate``, each parameter's host step overlapped
+with backward as soon as its gradient has landed: ``outcore.sim.host_steps``; the chooser
+decides by this overlapped step), tokens per second, the host memory the step needs, the pinned
 bytes and their ratio to the host copies (checked <= 1.05), and the joint lower bound's gap.
 
     PYTHONPATH=src python benchmarks/llama_finetune_plan.py            # the whole table

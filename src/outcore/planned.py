@@ -151,7 +151,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
             The result's ``weights`` says which are held in host memory, the host and
             pinned bytes and the step with the optimizer step (``outcore.weights.planned``).
         weights: with ``optimizer``: "auto" (default), "device" or "host".
-        host_adam_rate: with ``optimizer``: this CPU's optimizer parameters per second.
+        host_adam_rate: with ``optimizer``: the host optimizer's parameters per second
+            (default: the profile's ``host_adam_rate``).
         options: policy-specific options (see each policy's docstring).
 
     Raises:

@@ -12,6 +12,19 @@ placement and plan beats. The argument, term by term, for any fitting ``S``:
   not sent ends on the device); the device-held optimizer state sits beside them. So
   ``sum over p not in S of (weight_p + grad_p + state_p) <= budget``, i.e. ``S`` frees at
   least ``need = total - budget`` of those bytes (``m_p = weight_p + grad_p + state_p``).
+* **Memory while an op runs.** An op's inputs and outputs are on the device while it
+  runs, beside every device-held weight (never freed) and the device-held state (outside
+  the schedule, beside it all step). So for every op ``o``:
+  ``sum over p not in S of (weight_p + state_p) + A_o <= budget``, where ``A_o`` is the
+  bytes of ``o``'s input and output storages that are not parameters (activations, the
+  batch, the gradients it writes). Holding ``p`` frees there at most ``state_p``, plus
+  ``weight_p`` when ``o`` does not read ``p`` (a read weight is on the device during ``o``
+  whether held or not). Each op gives one covering constraint like the end-of-step one
+  (``op_needs``: per set of parameters read, the largest ``A_o``); ``S`` meets all of them,
+  so each term below is at least its minimum under each constraint, and the bound takes
+  the largest. This is what makes a bound see the activations' room: a batch whose
+  largest op (the logits and their loss, at long sequences) leaves too little room beside
+  the weights forces host-held parameters even where the weights alone fit.
 * **Compute.** Every op of the graph runs at least once on the one compute stream, so the
   simulated step is at least the sum of the ops' times (each at its fastest variant; a
   recompute only adds).
@@ -23,7 +36,13 @@ placement and plan beats. The argument, term by term, for any fitting ``S``:
 * **Optimizer.** ``optimizer_seconds`` is non-decreasing in the host-held elements, so it
   is at least its value at the fewest elements any ``S`` freeing ``need`` bytes holds.
 
-The step is at least ``max(compute, copies)`` plus the optimizer; each term is minimised
+The step is at least ``max(compute, copies)`` plus the optimizer (the optimizer after the
+pass, ``overlap=None``). With the optimizer overlapped with backward (``Overlap``: the
+simulator's ``outcore.sim.host_steps`` timeline, the chooser's objective), the step is at
+least each of: ``compute`` plus the device-held parameters' step (it runs on the compute
+stream after the pass), the copies, and ``forward`` plus the host step (the CPU steps one
+parameter at a time, each after its gradient, and every gradient is made by a backward op,
+which the compute stream runs after every forward op, each at least once). Each term is minimised
 over ``S`` separately, by the fractional relaxation of "hold enough bytes" (a covering
 knapsack solved greedily, exact for the relaxation), which is below the minimum over the
 integer ``S`` that the chooser searches (tied parameters, which stay on the device, are
@@ -70,6 +89,22 @@ class ParamFacts:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """The optimizer step overlapped with the pass: its rates (parameters per second on the
+    host and on the device) and ``forward``, seconds no schedule runs its first gradient
+    before (the forward ops' fastest times)."""
+
+    host_rate: float
+    device_rate: float
+    forward: float
+
+    def seconds(self, compute: float, copies: float, host: float, device: float) -> float:
+        """The module doc's overlapped bound at ``host``/``device`` optimizer elements."""
+        return max(compute + device / self.device_rate, copies,
+                   self.forward + host / self.host_rate)
+
+
+@dataclass(frozen=True)
 class JointBound:
     """The bound and its terms (seconds); ``need``: bytes any fitting placement frees."""
 
@@ -102,6 +137,20 @@ def param_facts(graph: Graph, state_bytes: Mapping[str, int], cost: Any
         out.append(ParamFacts(name, tid, t.nbytes, grad, int(state_bytes.get(name, 0)),
                               math.prod(t.shape), h2d, d2h, tid not in tied))
     return out
+
+
+def op_needs(graph: Graph, facts: list[ParamFacts]) -> list[tuple[int, frozenset[int]]]:
+    """``(A_o, parameters o reads)`` of the module doc's per-op memory term, one per
+    distinct set of parameters read (the largest ``A_o`` of the ops reading that set)."""
+    params = {f.tensor for f in facts}
+    largest: dict[frozenset[int], int] = {}
+    for op in graph.ops:
+        storages = {graph.tensors[i].storage for i in (*op.inputs, *op.outputs)}
+        reads = frozenset(storages & params)
+        resident = sum(graph.tensors[s].nbytes for s in storages - params)
+        if resident > largest.get(reads, -1):
+            largest[reads] = resident
+    return [(resident, reads) for reads, resident in largest.items()]
 
 
 def op_times(graph: Graph, cost: Any) -> list[float]:
@@ -141,11 +190,13 @@ def min_cover(items: list[tuple[float, float]], need: float) -> float:
 
 
 def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[str, int],
-                      *, step_cost: StepCost | None = None) -> JointBound | None:
+                      *, step_cost: StepCost | None = None, overlap: Overlap | None = None
+                      ) -> JointBound | None:
     """Seconds no placement and activation plan within ``budget`` beats (module doc); None
     when no placement fits the memory term (holding everything frees too little).
     ``step_cost(host_numel, device_numel)``: the optimizer's seconds (default
-    ``optimizer_seconds`` at its default rates)."""
+    ``optimizer_seconds`` at its default rates); ``overlap``: the optimizer overlapped with
+    the pass instead (then ``optimizer`` is what it adds to ``max(compute, copies)``)."""
     step_cost = step_cost or (lambda h, d: optimizer_seconds(int(h), int(d)))
     every = param_facts(graph, state_bytes, cost)
     need = sum(f.freed for f in every) - budget
@@ -154,20 +205,40 @@ def joint_lower_bound(graph: Graph, budget: int, cost: Any, state_bytes: Mapping
         return None
     compute = sum(op_times(graph, cost))
     engines = int(getattr(cost, "copy_engines", 2))
-    if engines < 2:
-        copies = min_cover([(f.freed, f.h2d + f.d2h) for f in facts], need)
-    else:
-        copies = max(min_cover([(f.freed, f.h2d) for f in facts], need),
-                     min_cover([(f.freed, f.d2h) for f in facts], need))
+    resident = sum(f.weight + f.state for f in every)
+    covers = [(need, {f.name: f.freed for f in facts})]
+    for extra, reads in op_needs(graph, every):
+        covers.append((resident + extra - budget,
+                       {f.name: f.state + (0 if f.tensor in reads else f.weight)
+                        for f in facts}))
+    copies = host = 0.0
+    for need_o, freed in covers:
+        if need_o > sum(freed.values()):
+            return None  # this op alone does not fit beside the weights, whatever is held
+
+        def cover(cost_of: Callable[[ParamFacts], float], freed: dict[str, int] = freed,
+                  need_o: int = need_o) -> float:
+            return min_cover([(freed[f.name], cost_of(f)) for f in facts], need_o)
+
+        if engines < 2:
+            copies = max(copies, cover(lambda f: f.h2d + f.d2h))
+        else:
+            copies = max(copies, cover(lambda f: f.h2d), cover(lambda f: f.d2h))
+        host = max(host, cover(lambda f: float(f.numel)))
     numel = sum(f.numel for f in every)
-    host = min_cover([(f.freed, float(f.numel)) for f in facts], need)
+    if overlap is not None:
+        device = numel - sum(f.numel for f in facts)  # the fewest device elements
+        seconds = overlap.seconds(compute, copies, host, device)
+        return JointBound(seconds, compute, copies, seconds - max(compute, copies),
+                          max(0, need))
     optimizer = step_cost(host, numel - host)
     return JointBound(max(compute, copies) + optimizer, compute, copies, optimizer,
                       max(0, need))
 
 
 def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: float,
-                    engines: int, step_cost: StepCost) -> float:
+                    engines: int, step_cost: StepCost, overlap: Overlap | None = None
+                    ) -> float:
     """Seconds no activation plan beats with exactly ``held`` in host memory: the module
     doc's argument for one placement (compute, the held parameters' one prefetch and
     their gradients' one offload on the copy engines, the optimizer at that split). The
@@ -177,5 +248,8 @@ def placement_bound(held: list[ParamFacts], every: list[ParamFacts], compute: fl
     d2h = sum(f.d2h for f in held)
     copies = h2d + d2h if engines < 2 else max(h2d, d2h)
     host = sum(f.numel for f in held)
-    return max(compute, copies) + step_cost(host, sum(f.numel for f in every) - host)
+    device = sum(f.numel for f in every) - host
+    if overlap is not None:
+        return overlap.seconds(compute, copies, host, device)
+    return max(compute, copies) + step_cost(host, device)
 

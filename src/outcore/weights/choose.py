@@ -18,11 +18,16 @@ The rule (``choose_weights``):
 * placements are planned in the order of their own lower bound
   (``outcore.weights.bound.placement_bound``), and one whose bound is no better than the
   best step found is not planned (it cannot win);
-* among those that fit, the smallest estimated step wins: the simulated schedule (copies
-  overlapped with compute) plus the optimizer step (``outcore.weights.spec.
-  optimizer_seconds``, at the rates ``outcore.weights.step_cost`` reads from the hardware
-  profile: the host's measured or catalogued AdamW rate, the device's memory bandwidth;
-  ``host_adam_rate``/``device_adam_rate`` override them);
+* among those that fit, the smallest estimated step wins (within ``TIE`` of it, the one
+  holding fewer bytes). With ``overlap`` (what ``outcore.plan`` uses) the step is the
+  simulated schedule with each host-stepped parameter's optimizer step on the CPU as soon
+  as its gradient has landed, overlapped with the rest of backward
+  (``outcore.weights.step_cost.host_steps``, ``outcore.sim.host_steps``); without it, the
+  simulated schedule plus the whole optimizer step after it
+  (``outcore.weights.spec.optimizer_seconds``). The rates are read by
+  ``outcore.weights.step_cost`` from the hardware profile (the host's measured or
+  catalogued AdamW rate, the device's memory bandwidth); ``host_adam_rate`` overrides the
+  host's;
 * ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
   ``WeightChoice.gap`` is the chosen step's distance to it.
 
@@ -35,6 +40,7 @@ lives with its parameter. ``WeightChoice.tried`` records every candidate for the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,7 +52,7 @@ from outcore.errors import (
     ProfileError,
     ScheduleError,
 )
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, Phase
 from outcore.plan.lower import lower
 from outcore.plan.memory import predicted_peak
 from outcore.plan.plan import Plan
@@ -56,6 +62,7 @@ from outcore.units import format_bytes
 from outcore.weights import search
 from outcore.weights.bound import (
     JointBound,
+    Overlap,
     ParamFacts,
     joint_lower_bound,
     op_times,
@@ -69,6 +76,8 @@ __all__ = ["DEVICE_ADAM_RATE", "HOST_ADAM_RATE", "MODES", "Candidate", "WeightCh
            "state_bytes_of"]
 
 MODES = ("auto", "device", "host")
+#: steps within this fraction of each other are a tie, won by the fewer held bytes
+TIE = 1e-3
 Planner = Callable[[Graph, int, Any, Callable[[Graph, Plan], Schedule]], tuple[Plan, Schedule]]
 
 
@@ -86,6 +95,10 @@ class Candidate:
     error: str = ""
     ranking: str = ""
     required: int | None = None
+    #: not planned: its own bound is no better than the best step found
+    pruned: bool = False
+    host_numel: int = 0
+    device_numel: int = 0
 
     @property
     def fits(self) -> bool:
@@ -172,6 +185,23 @@ def _rates(profile: Any, host: float | None, device: float | None) -> tuple[floa
             read(step_cost.device_adam_rate, DEVICE_ADAM_RATE) if device is None else device)
 
 
+def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float
+             ) -> tuple[Any, Overlap]:
+    """The profile the overlapped simulation prices the optimizer with (its host rate set
+    to the chooser's), and the bound's ``Overlap`` at the same rates."""
+    from outcore.cost.profiles import HardwareProfile
+    from outcore.weights import step_cost
+
+    prof = getattr(profile, "profile", None) or profile
+    if not isinstance(prof, HardwareProfile):
+        raise InvalidArgumentError(profile, "a hardware profile to simulate the optimizer "
+                                   "overlapped with backward", "Pass cost= or profile=.")
+    priced = dataclasses.replace(prof, host_adam_rate=host_rate)
+    forward = sum(t for op, t in zip(graph.ops, times, strict=True)
+                  if op.phase is Phase.FORWARD)
+    return priced, Overlap(host_rate, step_cost.device_adam_rate(priced), forward)
+
+
 def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
     """Parameter names, largest device bytes freed by holding them first (ties: later
     parameters first, whose backward use comes first)."""
@@ -185,12 +215,17 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    simulate: Callable[[Graph, Schedule], float] | None = None,
                    host_adam_rate: float | None = None,
                    device_adam_rate: float | None = None, mode: str = "auto",
-                   given: Iterable[str] | None = None, profile: Any = None) -> WeightChoice:
+                   given: Iterable[str] | None = None, profile: Any = None,
+                   overlap: bool = False) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
     exactly the placement holding these parameter names (``mode`` is then ignored).
     ``profile``: the hardware profile pricing the optimizer step (default: ``cost``'s; with
-    neither, the rates default to ``outcore.weights.spec``'s constants)."""
+    neither, the rates default to ``outcore.weights.spec``'s constants). ``overlap``: decide
+    by the step with the optimizer overlapped with backward (``outcore.sim.simulate`` with
+    ``outcore.weights.step_cost.host_steps``: each host step as soon as its gradient has
+    landed) instead of the simulated pass plus the optimizer after it; needs ``cost``
+    with a hardware profile (``simulate`` is then not called)."""
     if mode not in MODES:
         raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
     host_adam_rate, device_adam_rate = _rates(cost if profile is None else profile,
@@ -201,13 +236,18 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                                  device_rate=device_adam_rate)
 
     facts = param_facts(graph, state_bytes, cost)
-    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost) \
+    times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
+    timing = _overlap(graph, cost if profile is None else profile, times,
+                      host_adam_rate) if overlap and cost is not None else None
+    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost,
+                              overlap=timing[1] if timing else None) \
         if cost is not None else None
     need = sum(f.freed for f in facts) - budget
-    times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
     exposed = search.exposure(graph, facts, times)
     run = _Runner(graph, budget, cost, facts, planners or default_planners(), simulate,
                   step_cost)
+    if timing is not None:
+        run.priced, run.overlap = timing
     if given is not None:
         names = {n.removeprefix("model.") for n in given}
         unknown = names - {f.name for f in facts if f.holdable}
@@ -237,24 +277,17 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
 
 def _search(run: _Runner, facts: list[ParamFacts], need: int,
             orders: dict[str, list[str]]) -> None:
-    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking from
-    ``need`` up until one fits, then wider, then refined; every parameter held when none
-    fitted (the refusal's lowest figure)."""
+    """The placements of ``outcore.weights.search``, planned by ``run``: per ranking the
+    shortest fitting prefix (``_first_fit``), then wider, then refined; every parameter
+    held when none fitted (the refusal's lowest figure)."""
     freed = {f.name: f.freed for f in facts if f.holdable}
     total = sum(freed.values())
     fitting: dict[str, float] = {}
     tried: dict[str, list[float]] = {r: [] for r in orders}
     for ranking, order in orders.items():
-        target = float(max(0, need))
-        for _ in range(search.STEPS):
-            cand = run.evaluate(search.at(order, freed, target, ranking))
-            tried[ranking].append(target)
-            if cand.fits:
-                fitting[ranking] = target
-                break
-            if cand.required is None or target >= total:
-                break
-            target = min(float(total), target + max(cand.required - run.budget, 1))
+        found = _first_fit(run, order, freed, float(max(0, need)), ranking, tried[ranking])
+        if found is not None:
+            fitting[ranking] = found
     for prop in run.by_bound(search.wider(fitting, total, freed, orders)):
         run.evaluate(prop)
         tried[prop.ranking].append(prop.target)
@@ -265,6 +298,54 @@ def _search(run: _Runner, facts: list[ParamFacts], need: int,
     if best.ranking in orders:
         for prop in run.by_bound(search.refine(best, tried[best.ranking], freed, orders)):
             run.evaluate(prop)
+
+
+def _first_fit(run: _Runner, order: list[str], freed: dict[str, int], target: float,
+               ranking: str, tried: list[float]) -> float | None:
+    """The held bytes of the shortest prefix of ``order`` that fits (or that the bound
+    prunes: no longer prefix can win then), None when even all of it does not.
+
+    From ``target`` (the need) the prefix grows by what the planners lacked, *past the
+    failed prefix's own bytes* (a prefix overshoots its target by up to one parameter, so
+    growing the target alone can name the same prefix again), ``search.STEPS`` times; then
+    it bisects on the prefix length between the longest failed one and the whole ranking
+    (taking fitting as monotone in the prefix: each longer one frees more device bytes,
+    though its prefetches also take room; a non-monotone ranking can make the bisection
+    miss a shorter fitting prefix, never return one that does not fit)."""
+    bytes_of = [0]
+    for name in order:
+        bytes_of.append(bytes_of[-1] + freed[name])
+
+    def length(t: float) -> int:
+        return len(search.prefix(order, freed, t))
+
+    def attempt(k: int) -> Candidate:
+        tried.append(float(bytes_of[k]))
+        return run.evaluate(search.Proposal(tuple(order[:k]), ranking, float(bytes_of[k])))
+
+    failed, k = -1, length(target)
+    for _ in range(search.STEPS):
+        cand = attempt(k)
+        if cand.fits or cand.pruned:
+            return float(bytes_of[k])
+        failed = k
+        if cand.required is None or k == len(order):
+            break
+        k = max(k + 1, length(bytes_of[k] + max(cand.required - run.budget, 1)))
+    if failed >= len(order):
+        return None
+    hi = len(order)
+    cand = attempt(hi)
+    if not (cand.fits or cand.pruned):
+        return None
+    while hi - failed > 1:
+        mid = (failed + hi) // 2
+        cand = attempt(mid)
+        if cand.fits or cand.pruned:
+            hi = mid
+        else:
+            failed = mid
+    return float(bytes_of[hi])
 
 
 class _Runner:
@@ -283,13 +364,15 @@ class _Runner:
         self._seen: dict[frozenset[str], Candidate] = {}
         self.compute: float | None = None  # set: prune by each placement's bound
         self.engines = 2
+        self.priced: Any = None  # with ``overlap``: the profile pricing the host steps
+        self.overlap: Overlap | None = None
 
     def bound(self, prop: search.Proposal) -> float:
         """``placement_bound`` of ``prop`` (0 when not pruning)."""
         if self.compute is None:
             return 0.0
         return placement_bound([self.facts[n] for n in prop.names], list(self.facts.values()),
-                               self.compute, self.engines, self.step_cost)
+                               self.compute, self.engines, self.step_cost, self.overlap)
 
     def by_bound(self, props: list[search.Proposal]) -> list[search.Proposal]:
         """``props``, the lowest bound first (ties: as given), so the pruning bites."""
@@ -308,8 +391,9 @@ class _Runner:
         device_state = sum(f.state for f in device)
         cand = Candidate(held_bytes=sum(f.freed for f in held), params=len(held),
                          device_state=device_state, ranking=prop.ranking)
-        cand.optimizer_seconds = self.step_cost(sum(f.numel for f in held),
-                                                sum(f.numel for f in device))
+        cand.host_numel = sum(f.numel for f in held)
+        cand.device_numel = sum(f.numel for f in device)
+        cand.optimizer_seconds = self.step_cost(cand.host_numel, cand.device_numel)
         self.tried.append(cand)
         self._seen[key] = cand
         floor = self.bound(prop)
@@ -317,6 +401,7 @@ class _Runner:
             cand.error = (f"not planned: no activation plan beats {floor * 1e3:.3f} ms with "
                           f"this placement, the best step found is "
                           f"{self.best.total_seconds * 1e3:.3f} ms")
+            cand.pruned = True
             return cand
         room = self.budget - device_state
         if room <= 0:
@@ -328,7 +413,7 @@ class _Runner:
         if found is None:
             return cand
         plan, schedule = found
-        if self.best is None or cand.total_seconds < self.best.total_seconds:
+        if self.best is None or _better(cand, self.best):
             self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
                                      sum(f.weight + f.state for f in held),
                                      cand.step_seconds, cand.optimizer_seconds,
@@ -361,13 +446,38 @@ class _Runner:
                 need = peak + cand.device_state
                 cand.required = need if cand.required is None else min(cand.required, need)
                 continue
-            seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
-            if best is None or seconds < cand.step_seconds:
-                cand.policy, cand.peak, cand.step_seconds = pname, peak, seconds
+            seconds, optimizer = self._time(schedule, cand)
+            if best is None or seconds + optimizer < cand.total_seconds:
+                cand.policy, cand.peak = pname, peak
+                cand.step_seconds, cand.optimizer_seconds = seconds, optimizer
                 best = (plan, schedule)
         if best is None:
             cand.error = errors[0] if errors else "no planner"
         return best
+
+    def _time(self, schedule: Schedule, cand: Candidate) -> tuple[float, float]:
+        """(the pass, what the optimizer adds after it) of ``schedule``: overlapped with
+        backward by the simulator's host timeline, or the simulated pass and the whole
+        optimizer step after it."""
+        if self.overlap is not None:
+            from outcore.sim import simulate
+            from outcore.weights.step_cost import host_steps
+
+            result = simulate(self.graph, schedule, self.cost,
+                              optimizer=host_steps(self.graph, schedule, self.priced))
+            return result.step_time - result.optimizer_time, result.optimizer_time
+        seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
+        return seconds, self.step_cost(cand.host_numel, cand.device_numel)
+
+
+def _better(cand: Candidate, best: WeightChoice) -> bool:
+    """Whether ``cand`` replaces ``best``: faster by more than ``TIE`` of the step, or
+    within it and holding fewer bytes in host memory (a step that only hides a few
+    microseconds more of the device's optimizer step is not worth pinned host memory)."""
+    held = best.chosen.held_bytes if best.chosen is not None else 0
+    if cand.total_seconds < best.total_seconds * (1 - TIE):
+        return True
+    return cand.total_seconds <= best.total_seconds * (1 + TIE) and cand.held_bytes < held
 
 
 def _refusal(budget: int, tried: list[Candidate], mode: str) -> InfeasibleBudgetError:

@@ -6,7 +6,9 @@ activations, parameters, gradients and the device-held optimizer state. ``plan_w
 sizes the state (``outcore.weights.spec``), lets ``outcore.weights.choose`` decide which
 parameters live in host memory with the activation plan, and returns a ``PlannedStep``
 whose ``weights`` (a ``WeightReport``) says what moved, the host and pinned bytes, the step
-with the optimizer step, the joint lower bound and gap.
+with the optimizer step, the joint lower bound and gap. The chooser decides by the step with
+the optimizer overlapped with backward (each host step as soon as its gradient has landed,
+``outcore.sim.host_steps``) when the cost model has a hardware profile.
 
 ``weights``: "auto" (the default: hold on the host what makes the step fastest within the
 budget; nothing when everything fits), "device" (hold nothing: the budget must hold every
@@ -31,12 +33,16 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
                  host_source: str = "") -> Any:
     """The PlannedStep of ``graph`` with its weights placed (module doc). Raises
     InvalidArgumentError (no budget, another policy, an unknown ``weights``) and
-    InfeasibleBudgetError (no placement fits: the lowest need and the ways out)."""
+    InfeasibleBudgetError (no placement fits: the lowest need and the ways out).
+    ``host_adam_rate``: the host optimizer's parameters per second; None reads the cost
+    model's profile (its measured or catalogued ``host_adam_rate``, else its host
+    bandwidth), and only a profile with neither falls back to ``outcore.weights.spec``'s
+    constant (``choose._rates``)."""
     from outcore.planned import PlannedStep, _offload_sizes
     from outcore.sim import simulate as run_simulation
     from outcore.weights.choose import MODES, choose_weights, default_planners
     from outcore.weights.report import build_report
-    from outcore.weights.spec import HOST_ADAM_RATE, graph_state_bytes, spec_of
+    from outcore.weights.spec import graph_state_bytes, spec_of
 
     mode = weights or "auto"
     if mode not in MODES:
@@ -55,7 +61,8 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         planners = {policy: planners[policy]}
     choice = choose_weights(
         graph, limit, cost, state, planners=planners, mode=mode,
-        host_adam_rate=host_adam_rate or HOST_ADAM_RATE,
+        host_adam_rate=host_adam_rate,
+        overlap=getattr(cost, "profile", None) is not None,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)
     report = build_report(graph, choice, spec.name, mode, trace.host)

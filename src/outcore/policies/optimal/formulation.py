@@ -479,13 +479,14 @@ class Model:
             values[rc] = float(pick[0] == "recompute")
         return values
 
-    def solve(self, *, integral: bool, time_limit: float = 10.0, gap: float = 1e-4,
+    def solve(self, *, integral: bool, gap: float = 1e-4,
               fixed: dict[int, float] | None = None, node_limit: int | None = None
               ) -> Solution:
         """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
-        ``node_limit`` bounds the branch-and-bound work (deterministic, unlike
-        ``time_limit``, which is wall-clock and bounds MILPs only); the matrix is built once
-        per Model."""
+        ``node_limit`` bounds the branch-and-bound work of a MILP in nodes. No wall-clock
+        limit is ever set: HiGHS's MIP solver is deterministic for a given model and node
+        limit, so the same input gives the same answer on a loaded machine and an idle one
+        (data-parallel ranks compare their plans). The matrix is built once per Model."""
         if self._built is None:
             rows, lo0, hi0 = self.build()
             matrix = coo_matrix((rows.v, (rows.r, rows.c)),
@@ -506,12 +507,8 @@ class Model:
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
-        # an LP always ends (and is fast); a wall-clock limit on it only makes a loaded
-        # machine's answer differ from an idle one's
         options: dict[str, float | bool] = {"mip_rel_gap": gap, "presolve": True}
-        if integral:
-            options["time_limit"] = time_limit
-        if node_limit is not None:
+        if node_limit is not None and integral:
             options["node_limit"] = node_limit
         res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
                    constraints=LinearConstraint(matrix, row_lo, row_hi), options=options)

@@ -39,8 +39,7 @@ def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
         with highs_quiet():
             found = stage_bound(problem)
             if len(problem.candidates) <= LARGE_CANDIDATES:
-                found = max(found, _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES,
-                                          20.0))
+                found = max(found, _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES))
         cache[key] = found
     return cache[key]
 

@@ -97,14 +97,16 @@ def lowest_peak(problem: Problem) -> int:
 
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
-                 exact_candidates: int = EXACT_CANDIDATES,
+                 exact_candidates: int | None = None,
                  exact_nodes: int = EXACT_NODES, search_segments: int | None = None,
                  bound: bool = True) -> OptimalResult:
     """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
 
-    ``exact_nodes`` bounds each exact MILP solve in branch-and-bound nodes (HiGHS keeps its
-    best plan and dual bound when it is reached); ``search_segments`` caps the segment re-solves of the local search
-    on graphs too large for the exact model (``_search``; None: one whole pass). The search's
+    ``exact_candidates`` (None: ``EXACT_CANDIDATES``) is the most candidates solved as exact
+    MILPs; ``exact_nodes`` bounds each exact MILP solve in branch-and-bound nodes (HiGHS
+    keeps its best plan and dual bound when it is reached); ``search_segments`` caps the
+    segment re-solves of the local search on graphs too large for the exact model
+    (``_search``; None: one whole pass). The search's
     work is counted in segments and HiGHS nodes, never in seconds, so a plan does not depend
     on the machine's load (data-parallel ranks compare their plans): no solve has a
     wall-clock limit, so the same input gives the same plan on any load. ``bound=False`` skips
@@ -114,6 +116,8 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
     from outcore.sim import simulate
 
     started = time.perf_counter()
+    if exact_candidates is None:
+        exact_candidates = EXACT_CANDIDATES
     problem = build_problem(graph, cost, budget)
     floor = lowest_peak(problem)
     if floor > budget:
@@ -145,9 +149,9 @@ def _greedy(graph: Graph, budget: int, cost: CostModel,
     minutes there; the bound reported is the in-core step), and when the model's plans still
     exceed the budget after ``MAX_CUTS`` cuts. Raises InfeasibleBudgetError when it does not
     fit either."""
-    from outcore.policies.auto import plan_auto
+    from outcore.policies.auto import shared_greedy
 
-    plan, schedule = plan_auto(graph, budget, cost)
+    plan, schedule = shared_greedy(graph, budget, cost)
     note = f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; {why}]"
     plan = dataclasses.replace(plan, policy=NAME,
                                reasons={t: r + note for t, r in plan.reasons.items()})
@@ -268,12 +272,13 @@ def _search(model: Model, start: Solution, segments: int | None,
 
 def _seed_plans(graph: Graph, budget: int, cost: CostModel) -> list[Plan]:
     """Warm starts for the search on large graphs: outcore-checkpoint's and the greedy
-    planner's plans (those that fit; both take well under a second on the planner table's
-    graphs, unlike PoocH's search)."""
-    from outcore.policies.auto import plan_auto, plan_checkpoint
+    planner's plans (those that fit; PoocH's search is left out, it is the slow one). Inside
+    outcore-auto's portfolio both are the very runs its own candidates return
+    (``shared_checkpoint``, ``shared_greedy``): each planner runs once per plan."""
+    from outcore.policies.auto import shared_checkpoint, shared_greedy
 
     plans = []
-    for make in (plan_checkpoint, plan_auto):
+    for make in (shared_checkpoint, shared_greedy):
         try:
             plans.append(make(graph, budget, cost)[0])
         except InfeasibleBudgetError:

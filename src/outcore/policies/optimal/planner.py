@@ -20,6 +20,12 @@ Steps (``plan_optimal``):
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
 
+Deterministic: no HiGHS solve is given a wall-clock limit. Exact MILPs stop at
+``EXACT_NODES`` branch-and-bound nodes, the search's MILPs at ``NODE_LIMIT``, LPs run to the
+end; HiGHS's answer for a given model and node limit does not depend on the machine's load,
+so the same input gives the same plan idle or loaded (data-parallel ranks compare plans).
+The price: a MILP's seconds are not capped (``EXACT_CANDIDATES`` keeps exact models small).
+
 Beyond ``LARGE_CANDIDATES`` movable activations the plan is the greedy planner's and the
 bound the in-core step (``_greedy``).
 """

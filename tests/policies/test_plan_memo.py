@@ -81,3 +81,16 @@ def test_memo_remembers_an_infeasible_budget_and_keys_by_budget():
             assert memoized("t", graph, 3, cost, lambda: "again") == "other budget"
     assert runs == [1]
     assert memoized("t", graph, 3, cost, lambda: "fresh") == "fresh"
+
+
+def test_one_checkpoint_run_per_outcore_plan_call(monkeypatch):
+    import outcore
+
+    monkeypatch.setattr(optimal_planner, "EXACT_CANDIDATES", 0)
+    checkpoint = _counting(monkeypatch, segments, "plan_checkpoint")
+    graph, cost, budget = _case()
+    for _ in range(2):  # and nothing is kept between calls: the second call plans again
+        planned = outcore.plan(graph, budget, policy="outcore-auto", cost=cost, cache=False,
+                               host_budget=None)
+        assert planned.plan.policy.startswith("outcore-auto")
+    assert checkpoint == [budget, budget]

@@ -48,3 +48,18 @@ def test_stage_bound_on_a_thousand_unit_chain_is_quick_and_valid():
     problem = build_problem(graph, COST, int(reference_peaks(graph).liveness * 0.5))
     assert len(problem.candidates) > 1000
     assert stage_bound(problem) >= problem.in_core_time * (1 - 1e-9)
+
+
+def test_lower_bound_is_exactly_the_in_core_step_when_the_in_core_plan_fits():
+    """Summation order must not lift the bound a few ulps above the in-core plan's
+    simulated step (outcore.plan would then drop the bound as beaten)."""
+    import outcore
+    from outcore.policies.optimal import lower_bound
+
+    graph = residual_chain(4, activation_bytes=1 << 28, conv_flops=2e10)  # stage bound +1 ulp
+    budget = reference_peaks(graph).liveness
+    found = lower_bound(graph, budget, COST)
+    step = outcore.plan(graph, budget, policy="outcore-optimal", cost=COST, cache=False,
+                        host_budget=None).simulation.step_time
+    assert found == build_problem(graph, COST, budget).in_core_time
+    assert found <= step

@@ -228,8 +228,11 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 
 
 def greedy_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    """outcore's own greedy planner (``plan_auto``) as a portfolio candidate."""
-    plan, schedule = plan_auto(graph, ctx.budget, ctx.cost)
+    """outcore's own greedy planner (``plan_auto``) as a portfolio candidate (run once per
+    portfolio run: outcore-optimal's warm start reads the same plan, ``memo``)."""
+    from outcore.policies.auto.memo import shared_greedy
+
+    plan, schedule = shared_greedy(graph, ctx.budget, ctx.cost)
     return PolicyOutput(plan, schedule, graph)
 
 

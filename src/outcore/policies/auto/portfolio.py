@@ -54,6 +54,7 @@ from typing import Any
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
+from outcore.policies.auto.memo import plan_memo
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, get
 from outcore.units import format_bytes
@@ -175,16 +176,28 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
     ``runners[name]`` when given (outcore-auto's greedy planner is given so), else by the
     registered policy of that name. ``LATE`` candidates run last and are skipped once a
     plan at the compute floor is known (module doc; ``skip=False`` runs every one, in order);
-    entries keep ``candidates``' order."""
-    from outcore import progress
-    from outcore.sim import simulate
-
+    entries keep ``candidates``' order. Inside, each planner that another one warm-starts
+    from runs once (``memo.plan_memo``)."""
     runners = runners or {}
     late = LATE if skip else ()
     order = [n for n in candidates if n not in late] + [n for n in candidates if n in late]
     floor = (None if allow_variants or ctx.cost is None or not skip
              else compute_floor(graph, ctx.cost))
     large = skip and len(movable_activations(graph)) > LARGE_GRAPH
+    with plan_memo():  # outcore-optimal's warm starts and the candidates share one run each
+        entries = _run(graph, ctx, order, runners, floor, large, allow_variants)
+        if large and not any(e.fits for e in entries.values()):  # none fits: try every one
+            return run_portfolio(graph, ctx, candidates, runners,
+                                 allow_variants=allow_variants, skip=False)
+    return PortfolioResult(tuple(entries[n] for n in candidates))
+
+
+def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mapping[str, Runner],
+         floor: float | None, large: bool, allow_variants: bool) -> dict[str, Entry]:
+    """Each candidate of ``order``'s Entry (``run_portfolio``'s loop)."""
+    from outcore import progress
+    from outcore.sim import simulate
+
     best = math.inf
     entries: dict[str, Entry] = {}
     for name in order:
@@ -221,10 +234,7 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
         best = min(best, seconds)
         entries[name] = Entry(name, dataclasses.replace(out, predicted_peak=peak,
                                                         step_time=seconds), seconds)
-    if large and not any(e.fits for e in entries.values()):  # none fits: try every one
-        return run_portfolio(graph, ctx, candidates, runners, allow_variants=allow_variants,
-                             skip=False)
-    return PortfolioResult(tuple(entries[n] for n in candidates))
+    return entries
 
 
 def _without_variants(out: PolicyOutput) -> PolicyOutput:

@@ -227,6 +227,8 @@ def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
           "dropout replayed bit-exact), then the most expensive recomputes kept back while "
           "the budget holds; never offloads")
 def checkpoint_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
+    from outcore.policies.auto.memo import shared_checkpoint
+
     ctx.config_as(PolicyConfig)  # no options
-    plan, schedule = plan_checkpoint(graph, ctx.budget, ctx.cost)
+    plan, schedule = shared_checkpoint(graph, ctx.budget, ctx.cost)  # once per portfolio
     return PolicyOutput(plan, schedule, graph)

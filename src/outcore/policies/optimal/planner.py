@@ -20,6 +20,12 @@ Steps (``plan_optimal``):
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
 
+Deterministic: no HiGHS solve is given a wall-clock limit. Exact MILPs stop at
+``EXACT_NODES`` branch-and-bound nodes, the search's MILPs at ``NODE_LIMIT``, LPs run to the
+end; HiGHS's answer for a given model and node limit does not depend on the machine's load,
+so the same input gives the same plan idle or loaded (data-parallel ranks compare plans).
+The price: a MILP's seconds are not capped (``EXACT_CANDIDATES`` keeps exact models small).
+
 Beyond ``LARGE_CANDIDATES`` movable activations the plan is the greedy planner's and the
 bound the in-core step (``_greedy``).
 """
@@ -54,9 +60,9 @@ LARGE_CANDIDATES = 2000
 SEGMENT = 40
 #: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
 NODE_LIMIT = 200
-#: Wall-clock net under those node-limited MILPs: high, so that a loaded machine still
-#: gets the same answer as an idle one (where ``NODE_LIMIT`` ends them in about a second).
-SAFETY_LIMIT = 120.0
+#: Branch-and-bound nodes per exact MILP (at most ``EXACT_CANDIDATES`` candidates). Work is
+#: bounded in nodes, never in seconds, so a plan does not depend on the machine's load.
+EXACT_NODES = 1000
 
 
 @dataclass
@@ -97,22 +103,27 @@ def lowest_peak(problem: Problem) -> int:
 
 
 def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
-                 exact_candidates: int = EXACT_CANDIDATES,
-                 time_limit: float = 20.0, search_segments: int | None = None,
+                 exact_candidates: int | None = None,
+                 exact_nodes: int = EXACT_NODES, search_segments: int | None = None,
                  bound: bool = True) -> OptimalResult:
     """Plan ``graph`` within ``budget`` bytes on ``cost`` (see the module doc).
 
-    ``time_limit`` bounds each exact MILP solve (HiGHS keeps its best plan and dual bound
-    when it is reached); ``search_segments`` caps the segment re-solves of the local search
-    on graphs too large for the exact model (``_search``; None: one whole pass). The search's
+    ``exact_candidates`` (None: ``EXACT_CANDIDATES``) is the most candidates solved as exact
+    MILPs; ``exact_nodes`` bounds each exact MILP solve in branch-and-bound nodes (HiGHS
+    keeps its best plan and dual bound when it is reached); ``search_segments`` caps the
+    segment re-solves of the local search on graphs too large for the exact model
+    (``_search``; None: one whole pass). The search's
     work is counted in segments and HiGHS nodes, never in seconds, so a plan does not depend
-    on the machine's load (data-parallel ranks compare their plans). ``bound=False`` skips
+    on the machine's load (data-parallel ranks compare their plans): no solve has a
+    wall-clock limit, so the same input gives the same plan on any load. ``bound=False`` skips
     the bound model (the result's ``lower_bound`` is then the in-core step, still a valid
     bound): outcore-auto's portfolio ranks plans by their simulated step and needs no bound.
     """
     from outcore.sim import simulate
 
     started = time.perf_counter()
+    if exact_candidates is None:
+        exact_candidates = EXACT_CANDIDATES
     problem = build_problem(graph, cost, budget)
     floor = lowest_peak(problem)
     if floor > budget:
@@ -126,8 +137,8 @@ def plan_optimal(graph: Graph, budget: int, cost: CostModel, *,
         return OptimalResult(plan, schedule, simulate(graph, schedule, cost).step_time,
                              problem.in_core_time, False, time.perf_counter() - started,
                              len(problem.candidates))
-    floor_time = _bound(problem, exact, time_limit) if bound else problem.in_core_time
-    plan, schedule, solved_exact = _primal(graph, problem, cost, exact, time_limit,
+    floor_time = _bound(problem, exact, exact_nodes) if bound else problem.in_core_time
+    plan, schedule, solved_exact = _primal(graph, problem, cost, exact, exact_nodes,
                                            search_segments)
     step = simulate(graph, schedule, cost).step_time
     return OptimalResult(plan, schedule, step, floor_time, solved_exact,
@@ -144,24 +155,24 @@ def _greedy(graph: Graph, budget: int, cost: CostModel,
     minutes there; the bound reported is the in-core step), and when the model's plans still
     exceed the budget after ``MAX_CUTS`` cuts. Raises InfeasibleBudgetError when it does not
     fit either."""
-    from outcore.policies.auto import plan_auto
+    from outcore.policies.auto import shared_greedy
 
-    plan, schedule = plan_auto(graph, budget, cost)
+    plan, schedule = shared_greedy(graph, budget, cost)
     note = f" [{NAME}: {len(plan.decisions)} decisions from the greedy planner; {why}]"
     plan = dataclasses.replace(plan, policy=NAME,
                                reasons={t: r + note for t, r in plan.reasons.items()})
     return plan, dataclasses.replace(schedule, policy=NAME)
 
 
-def _bound(problem: Problem, exact: bool, time_limit: float) -> float:
+def _bound(problem: Problem, exact: bool, exact_nodes: int = EXACT_NODES) -> float:
     in_core = problem.in_core_time
     if max(problem.memory, default=0) <= problem.budget or not problem.candidates:
         return in_core
-    sol = Model(problem, relaxed=True).solve(integral=exact, time_limit=time_limit)
+    sol = Model(problem, relaxed=True).solve(integral=exact, node_limit=exact_nodes)
     return max(in_core, sol.bound)
 
 
-def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_limit: float,
+def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_nodes: int,
             search_segments: int | None, starts: list[list[tuple]] | None = None
             ) -> tuple[Plan, Schedule, bool]:
     from outcore.sim import simulate
@@ -175,7 +186,7 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
     last: tuple[Plan, Schedule] | None = None
     for _ in range(MAX_CUTS):
         model = Model(problem, relaxed=False, cuts=cuts)
-        sol = model.solve(integral=exact, time_limit=time_limit)
+        sol = model.solve(integral=exact, node_limit=exact_nodes)
         if not sol.choice:
             break
         if not exact and starts is None:
@@ -202,8 +213,8 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, time_l
     if last is None:
         raise InfeasibleBudgetError(
             NAME, budget, lowest_peak(problem),
-            f"HiGHS found no plan within {time_limit:.0f} s ({sol.status}); raise the budget "
-            "or the time limit, or use outcore-auto's other candidates.")
+            f"HiGHS found no plan within {exact_nodes} nodes ({sol.status}); raise the budget "
+            "or exact_nodes, or use outcore-auto's other candidates.")
     try:  # the cuts did not converge (each moved the excess elsewhere): a plan that fits
         plan, schedule = _greedy(graph, budget, cost, "the model's plans still exceeded the "
                                  f"budget after {MAX_CUTS} cuts")
@@ -226,14 +237,13 @@ def _search(model: Model, start: Solution, segments: int | None,
     model's step: each ``SEGMENT`` of candidates in production order is re-solved as a MILP
     with every other candidate fixed, and kept when the model's step falls, for one pass
     (at most ``segments`` re-solves). Every MILP is bounded by ``NODE_LIMIT`` nodes
-    (deterministic work) and ``SAFETY_LIMIT`` seconds (a net that an ordinary solve never
-    reaches)."""
+    (deterministic work; no wall-clock limit)."""
     out = [start]
     fixed: dict[int, float] = {}
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, time_limit=SAFETY_LIMIT, node_limit=NODE_LIMIT)
+    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT)
     incumbent = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
@@ -241,8 +251,7 @@ def _search(model: Model, start: Solution, segments: int | None,
         pins: dict[int, float] = {}
         for k, pick in enumerate(seed):
             pins.update(model.fix(k, pick))
-        warm = model.solve(integral=True, fixed=pins, time_limit=SAFETY_LIMIT,
-                           node_limit=NODE_LIMIT)
+        warm = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT)
         if warm.choice and math.isfinite(warm.objective):
             out.append(warm)
             if incumbent is None or warm.objective < incumbent.objective:
@@ -259,8 +268,7 @@ def _search(model: Model, start: Solution, segments: int | None,
         for k, pick in enumerate(incumbent.choice):
             if k not in free:
                 pins.update(model.fix(k, pick))
-        step = model.solve(integral=True, fixed=pins, time_limit=SAFETY_LIMIT,
-                           node_limit=NODE_LIMIT)
+        step = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT)
         if step.choice and step.objective < incumbent.objective * (1 - 1e-6):
             incumbent, improved = step, True
     if improved:
@@ -270,12 +278,13 @@ def _search(model: Model, start: Solution, segments: int | None,
 
 def _seed_plans(graph: Graph, budget: int, cost: CostModel) -> list[Plan]:
     """Warm starts for the search on large graphs: outcore-checkpoint's and the greedy
-    planner's plans (those that fit; both take well under a second on the planner table's
-    graphs, unlike PoocH's search)."""
-    from outcore.policies.auto import plan_auto, plan_checkpoint
+    planner's plans (those that fit; PoocH's search is left out, it is the slow one). Inside
+    outcore-auto's portfolio both are the very runs its own candidates return
+    (``shared_checkpoint``, ``shared_greedy``): each planner runs once per plan."""
+    from outcore.policies.auto import shared_checkpoint, shared_greedy
 
     plans = []
-    for make in (plan_checkpoint, plan_auto):
+    for make in (shared_checkpoint, shared_greedy):
         try:
             plans.append(make(graph, budget, cost)[0])
         except InfeasibleBudgetError:

@@ -19,6 +19,8 @@ from outcore.policies.optimal.stage_bound import stage_bound
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
 _CACHE_KEY = "_outcore_optimal_bounds"
+#: Relative float noise of summing the same op times in another order.
+ROUNDING = 1e-9
 
 
 def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
@@ -39,8 +41,11 @@ def lower_bound(graph: Graph, budget: int | None, cost: Any) -> float | None:
         with highs_quiet():
             found = stage_bound(problem)
             if len(problem.candidates) <= LARGE_CANDIDATES:
-                found = max(found, _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES,
-                                          20.0))
+                found = max(found, _bound(problem, len(problem.candidates) <= EXACT_CANDIDATES))
+        if found <= problem.in_core_time * (1 + ROUNDING):
+            # the in-core step summed in another order: no bound above the step of a plan
+            # that keeps everything (lowering it to the in-core step keeps it a bound)
+            found = problem.in_core_time
         cache[key] = found
     return cache[key]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import outcore.api
 from outcore import zoo
@@ -91,3 +92,22 @@ def grads_close(work: CudaWork, rtol: float = 1e-4, atol: float = 1e-7) -> list[
     return [n for (n, p), q in zip(named, work.grads, strict=True)
             if p.grad is None
             or float((p.grad - q).abs().max()) > rtol * float(q.abs().max()) + atol]
+
+
+class OpTemporaries(TorchDispatchMode):
+    """W: the most bytes any single op held beyond its inputs and outputs while it ran (its
+    in-kernel temporaries: cuDNN/cuBLAS workspaces, reduction buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worst = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = func(*args, **(kwargs or {}))
+        torch.cuda.synchronize()
+        inside = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
+        self.worst = max(self.worst, inside)
+        return out

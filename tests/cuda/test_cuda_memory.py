@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from outcore.errors import DeviceOutOfMemory
 from outcore.plan.lower import lower
@@ -25,33 +24,15 @@ from outcore.policies import baseline
 from outcore.runtime.devices.cuda import CudaDevice
 from outcore.runtime.executor import Executor
 
-from cuda_helpers import SEED, cuda_work
+from cuda_helpers import SEED, OpTemporaries, cuda_work
 
 ROUND = 512
-
-
-class _OpTemporaries(TorchDispatchMode):
-    """The most bytes any single op held beyond its inputs and outputs while it ran."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.worst = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = func(*args, **(kwargs or {}))
-        torch.cuda.synchronize()
-        inside = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
-        self.worst = max(self.worst, inside)
-        return out
 
 
 def _workspace(work) -> int:
     """W: the largest in-kernel temporary of the eager step's ops (see module doc)."""
     work.reset()
-    probe = _OpTemporaries()
+    probe = OpTemporaries()
     torch.manual_seed(SEED)
     with probe:
         loss = work.loss_fn(work.model(work.batch[0]), work.batch[1])

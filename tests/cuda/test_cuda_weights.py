@@ -33,10 +33,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from outcore.weights import compile as compile_weights
 from outcore.zoo.transformer import build_transformer
+
+from cuda_helpers import OpTemporaries
 
 VOCAB, SEQ, BATCH = 512, 16, 2
 LR = 3e-3
@@ -91,27 +92,9 @@ def resident(model, opt, batch) -> int:
     return cuda_bytes([*model.parameters(), *model.buffers(), *state, *batch])
 
 
-class _OpTemporaries(TorchDispatchMode):
-    """W: the most bytes any single op held beyond its inputs and outputs while it ran."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.worst = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = func(*args, **(kwargs or {}))
-        torch.cuda.synchronize()
-        inside = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
-        self.worst = max(self.worst, inside)
-        return out
-
-
 def workspace(model, batch) -> int:
     ref = copy.deepcopy(model)
-    probe = _OpTemporaries()
+    probe = OpTemporaries()
     with probe:
         token_loss(ref(batch[0]), batch[1]).backward()
     return probe.worst

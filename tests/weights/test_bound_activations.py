@@ -7,10 +7,8 @@ overlapped with backward."""
 import itertools
 
 import pytest
-import torch
+from weights_helpers import mlp_case
 
-import outcore
-from outcore.api import cost_model_for
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Phase
 from outcore.sim import simulate
@@ -22,7 +20,7 @@ from outcore.weights.bound import (
     param_facts,
 )
 from outcore.weights.choose import choose_weights
-from outcore.weights.spec import graph_state_bytes, optimizer_seconds
+from outcore.weights.spec import optimizer_seconds
 from outcore.weights.step_cost import device_adam_rate
 
 RATE = 2e7  # a slow host optimizer: holding has a price
@@ -31,13 +29,7 @@ RATE = 2e7  # a slow host optimizer: holding has a price
 @pytest.fixture(scope="module")
 def wide():
     """Activations (batch 512 x 256) larger than the gradients: the per-op term bites."""
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 8))
-    batch = (torch.randn(512, 64), torch.randint(0, 8, (512,)))
-    graph = outcore.capture(net, torch.nn.functional.cross_entropy, batch)
-    return graph, cost_model_for("a100-40gb", graph), graph_state_bytes(graph, "adamw")
+    return mlp_case(512)
 
 
 def _bounds(graph, cost, state, budget):

@@ -1,12 +1,11 @@
 """The weights planned jointly with the activations: the lower bound against every placement
 of a tiny model, the search, and ``outcore.plan(..., optimizer=...)``'s report."""
 
-import itertools
 import math
 
 import pytest
 import torch
-from weights_helpers import make_gpt, token_loss
+from weights_helpers import every_placement, make_gpt, mlp_case, token_loss
 
 import outcore
 from outcore.api import cost_model_for
@@ -20,15 +19,7 @@ from outcore.weights.spec import OptimizerSpec, graph_state_bytes, spec_of
 
 @pytest.fixture(scope="module")
 def mlp():
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 8))
-    batch = (torch.randn(32, 64), torch.randint(0, 8, (32,)))
-    graph = outcore.capture(net, torch.nn.functional.cross_entropy, batch)
-    cost = cost_model_for("a100-40gb", graph)
-    state = graph_state_bytes(graph, "adamw")
-    return graph, cost, state
+    return mlp_case()
 
 
 def _sim(cost):
@@ -43,15 +34,9 @@ def test_bound_is_below_every_placement_of_a_tiny_model(mlp, fraction):
     facts = param_facts(graph, state, cost)
     budget = int(sum(f.freed for f in facts) * fraction)
     rate = 2e7  # a slow host optimizer: holding has a price
-    totals = {}
-    for k in range(len(facts) + 1):
-        for held in itertools.combinations([f.name for f in facts], k):
-            try:
-                c = choose_weights(graph, budget, cost, state, simulate=_sim(cost),
-                                   host_adam_rate=rate, given=held)
-            except InfeasibleBudgetError:
-                continue
-            totals[held] = c.total_seconds
+    totals = {held: c.total_seconds for held, c in every_placement(
+        facts, lambda held: choose_weights(graph, budget, cost, state, simulate=_sim(cost),
+                                           host_adam_rate=rate, given=held))}
     assert totals, "some placement fits"
     best = min(totals.values())
     chosen = choose_weights(graph, budget, cost, state, simulate=_sim(cost),

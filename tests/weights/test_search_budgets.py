@@ -6,8 +6,7 @@ import dataclasses
 import itertools
 
 import pytest
-import torch
-from weights_helpers import make_gpt, token_loss
+from weights_helpers import every_placement, make_gpt, mlp_case, token_loss
 
 import outcore
 from outcore.api import cost_model_for
@@ -136,13 +135,7 @@ def test_plan_prices_the_host_optimizer_from_the_profile(gpt):
 
 @pytest.fixture(scope="module")
 def mlp():
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                              torch.nn.Linear(256, 8))
-    batch = (torch.randn(32, 64), torch.randint(0, 8, (32,)))
-    graph = outcore.capture(net, torch.nn.functional.cross_entropy, batch)
-    return graph, cost_model_for("a100-40gb", graph), graph_state_bytes(graph, "adamw")
+    return mlp_case()
 
 
 def test_overlap_changes_the_decision_and_the_chooser_follows_it(mlp):
@@ -155,17 +148,13 @@ def test_overlap_changes_the_decision_and_the_chooser_follows_it(mlp):
     budget = int(sum(f.freed for f in facts) * 0.9)
     rate = 3e8
     additive, overlapped = {}, {}
-    for k in range(len(facts) + 1):
-        for held in itertools.combinations([f.name for f in facts], k):
-            try:
-                a = choose_weights(graph, budget, cost, state, simulate=_sim(cost),
-                                   host_adam_rate=rate, given=held)
-            except InfeasibleBudgetError:
-                continue
-            o = choose_weights(graph, budget, cost, state, host_adam_rate=rate, given=held,
-                               overlap=True)
-            assert o.total_seconds <= a.total_seconds * (1 + 1e-9)  # overlap only hides
-            additive[held], overlapped[held] = a.total_seconds, o.total_seconds
+    for held, a in every_placement(
+            facts, lambda held: choose_weights(graph, budget, cost, state, simulate=_sim(cost),
+                                               host_adam_rate=rate, given=held)):
+        o = choose_weights(graph, budget, cost, state, host_adam_rate=rate, given=held,
+                           overlap=True)
+        assert o.total_seconds <= a.total_seconds * (1 + 1e-9)  # overlap only hides
+        additive[held], overlapped[held] = a.total_seconds, o.total_seconds
     by_additive = min(additive, key=additive.get)
     best = min(overlapped.values())
     assert overlapped[by_additive] > best * (1 + 1e-3), "overlap changes the decision here"

@@ -301,15 +301,15 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
 Tool = tuple[Callable[[], Any], tuple[int, int], str]
 
 
-#: ``outcore.inductor_backend``'s ``fused_pricing`` (``--inductor-fused`` turns it on).
-FUSED_PRICING = [False]
+#: ``outcore.inductor_backend``'s ``fusion`` (``--inductor-no-fusion`` turns it off).
+FUSION = [True]
 
 
 def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
     """A fresh copy of the model compiled with ``outcore.inductor_backend(budget)``, its first
     step run (the compile); returns the step, the copy and the graph's ``Partition``."""
     m = copy.deepcopy(w.model)
-    be = outcore.inductor_backend(budget, gpu="this-cpu", fused_pricing=FUSED_PRICING[0])
+    be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)
@@ -508,14 +508,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-inductor", action="store_true",
                         help="leave out the outcore+inductor rows (each is a compile)")
-    parser.add_argument("--inductor-fused", action="store_true",
-                        help="outcore+inductor with fused_pricing=True")
+    parser.add_argument("--inductor-no-fusion", action="store_true",
+                        help="outcore+inductor planned op by op (fusion=False)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    FUSED_PRICING[0] = args.inductor_fused
+    FUSION[0] = not args.inductor_no_fusion
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)
     torch._dynamo.config.recompile_limit = 256

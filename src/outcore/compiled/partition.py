@@ -45,11 +45,12 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from outcore.capture.convert import NodeMap, build_graph
 from outcore.errors import CaptureError, ScheduleError
-from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
+from outcore.graph.ir import Graph, Phase, TensorKind
 from outcore.plan.schedule import Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
+from .fusion import fuse_elementwise
 from .saved import kept_at_cut, kept_names, saved_nodes
 
 #: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
@@ -107,19 +108,6 @@ def _phases_from_dataflow(graph: Graph, nodes: NodeMap, info: tp.NodeInfo) -> No
                 graph.tensors[tid].kind = wanted
 
 
-#: Op families Inductor fuses into a neighbour's kernel (element-wise, dropout's masking).
-FUSED = (OpCategory.ELEMENTWISE, OpCategory.DROPOUT)
-
-
-def _price_as_fused(graph: Graph) -> None:
-    """Price element-wise ops as Inductor runs them: fused into a neighbouring kernel, they
-    read and write nothing of their own, so running one again costs about a launch. Their
-    outputs keep their bytes (a saved one is materialised). Without this the planner prices
-    each as a separate memory-bound kernel and prefers recomputing a matmul instead."""
-    for op in graph.ops:
-        if op.category in FUSED:
-            op.flops = 0.0
-            op.bytes_touched = 0
 
 
 def pytree_leaves(module: fx.GraphModule) -> list[Any]:
@@ -152,14 +140,16 @@ class OutcorePartitioner(CustomPartitionerFn):
         budget: device bytes per compiled graph (None: unbounded), as ``outcore.plan`` takes.
         policy: an ``outcore.policies()`` name ("auto": outcore-auto).
         gpu: the hardware profile the plan is priced on ("this-cpu", "a100", ...).
-        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default off.
+        fusion: plan the graph as Inductor fuses it (``fusion.fuse_elementwise``: element-wise
+            values read once by a point-wise op or a reduction are not materialised); on by
+            default. False plans the decomposed graph op by op, every value a buffer.
         options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
     """
 
     def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
-                 *, fused_pricing: bool = False, **options: Any) -> None:
+                 *, fusion: bool = True, **options: Any) -> None:
         self.budget = budget
-        self.fused_pricing = fused_pricing
+        self.fusion = fusion
         self.policy = policy
         self.gpu = gpu
         self.options = {"host_budget": 0, **options}
@@ -191,10 +181,13 @@ class OutcorePartitioner(CustomPartitionerFn):
         info = tp.classify_nodes(gm, static_lifetime_input_indices or [], num_fwd_outputs)
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
         _phases_from_dataflow(graph, nodes, info)
-        if self.fused_pricing:
-            _price_as_fused(graph)
-        planned = self._plan(graph)
-        kept = kept_at_cut(planned)
+        if self.fusion:
+            fused = fuse_elementwise(graph)
+            planned = self._plan(fused.graph)
+            kept = {fused.original[t] for t in kept_at_cut(planned)}
+        else:
+            planned = self._plan(graph)
+            kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
         forward = set(info.required_fw_nodes)
         chosen = saved_nodes(nodes, kept, forward, bwd_outputs)
@@ -213,7 +206,7 @@ class OutcorePartitioner(CustomPartitionerFn):
             planned=planned, saved=names,
             kept=[n.name for n in chosen.kept if n.name in names],
             forced=[n.name for n in chosen.forced if n.name in names],
-            plan_kept=kept_names(planned, nodes, kept),
+            plan_kept=kept_names(graph, nodes, kept),
             forward_saved=[n.name for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)],
             recomputed=sum(1 for n in bw_module.graph.nodes
                            if n.op == "call_function" and n.name in fw_ops),

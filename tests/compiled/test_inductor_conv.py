@@ -9,8 +9,6 @@ lowest recompute-only budget of Inductor's graph; the test compiles at that budg
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn

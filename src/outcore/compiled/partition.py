@@ -33,6 +33,7 @@ the backward's transient peak is Inductor's (measured, not bounded, by the plan)
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,7 @@ class Partition:
     outside_plan: list[str] = field(default_factory=list)
     plan_kept_bytes: int = 0  # storages of the activations (and outputs) held at the cut
     recomputed: int = 0  # forward ops the backward graph runs again
+    recomputed_targets: dict[str, int] = field(default_factory=dict)  # their ops, counted
     forced_bytes: int = 0
     saved_bytes: int = 0  # storages of the saved activations (graph inputs' left out)
 
@@ -260,6 +262,8 @@ class OutcorePartitioner(CustomPartitionerFn):
         fw_out = pytree_leaves(fw_module)
         fw_saved = [n for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)]
         fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
+        again = Counter(str(n.target) for n in bw_module.graph.nodes
+                        if n.op == "call_function" and n.name in fw_ops)
         self.partitions.append(Partition(
             planned=planned, saved=names,
             kept=[n.name for n in chosen.kept if n.name in names],
@@ -270,8 +274,7 @@ class OutcorePartitioner(CustomPartitionerFn):
             plan_kept_bytes=sum(graph.tensors[s].nbytes for s in {
                 graph.tensors[t].storage for t in kept}
                 if graph.tensors[s].kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT)),
-            recomputed=sum(1 for n in bw_module.graph.nodes
-                           if n.op == "call_function" and n.name in fw_ops),
+            recomputed=sum(again.values()), recomputed_targets=dict(again),
             forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names),
             saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals],
                                        list(gm.graph.find_nodes(op="placeholder")))))

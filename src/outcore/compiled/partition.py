@@ -8,7 +8,11 @@ partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set b
 heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 
 1. The joint graph (after Inductor's joint-graph passes, dead code removed) is converted to
-   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``).
+   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
+   phases are read from the dataflow, Inductor's seeded random ops are planned as
+   point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
+   (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
+   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op).
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
@@ -23,11 +27,11 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 Every partition is recorded (``Partition``): the plan, the saved, kept and forced node names,
 and the predicted peak, so a test or a user can check what ran against what was planned.
 
-Memory: the plan's predicted peak assumes outcore's executor (one ATen op at a time, in the
-schedule's order, frees as scheduled). Inductor runs the same saved set with fused kernels:
-a fused forward never materialises the intermediates it does not save, and the backward is
-Inductor's order. The saved set (what the forward leaves for the backward) is the plan's;
-the backward's transient peak is Inductor's (measured, not bounded, by the plan).
+Memory: the plan's predicted peak is for the fused graph in the schedule's order. Inductor
+runs the same saved set with its own kernels (its inlining may go beyond ``fusion``'s rule,
+which only errs towards materialising) in its own backward order. The saved set (what the
+forward leaves for the backward) is the plan's; the backward's transient peak is Inductor's
+(measured, not bounded, by the plan).
 """
 
 from __future__ import annotations

@@ -377,7 +377,8 @@ class InductorMatcher:
 
     def at(self, target: int, tries: int = 3, closer: int = 1) -> tuple[Tool, nn.Module]:
         """The compile whose measured peak is the largest found at most ``target``: up to
-        ``tries`` compiles lowering the budget by the measured excess, then up to ``closer``
+        ``tries`` compiles lowering the budget by the measured excess (the last one, or one
+        after a try that measured no lower, at the lowest budget), then up to ``closer``
         raising it by the slack left under ``target`` when that is over 2% (more memory, less
         recomputation); the lowest one, marked, when none is at most ``target``."""
         if self.top[0][1][self.match] <= target:
@@ -388,7 +389,7 @@ class InductorMatcher:
         budget = min(max(target + self.held - self.gap, self.floor), self.ceiling)
         best: tuple[Tool, nn.Module] | None = None
         fits: tuple[tuple[Tool, nn.Module], int] | None = None
-        for _ in range(tries):
+        for attempt in range(tries):
             try:
                 tool, model = self._compiled(budget)
             except outcore.InfeasibleBudgetError as exc:  # the floor was an estimate
@@ -398,12 +399,17 @@ class InductorMatcher:
             if both[self.match] <= target:
                 fits = (tool, model), budget
                 break
+            if best is not None and both[self.match] >= best[0][1][self.match]:
+                budget = self.floor  # a lower budget measured no lower: go to the floor
+                continue
             if best is None or both[self.match] < best[0][1][self.match]:
                 best = (tool[0], tool[1], tool[2].removesuffix("; ABOVE the peer")
                         + "; ABOVE the peer"), model
             if budget == self.floor:
                 break
             budget = max(self.floor, budget - (both[self.match] - target))
+            if attempt == tries - 2:
+                budget = self.floor  # the last try: the lowest plan
         if fits is None:
             assert best is not None
             return best

@@ -124,10 +124,14 @@ def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
                for got, want in zip(ours_grads, _grads(twin), strict=True))
 
 
-def test_the_allocator_peak_is_within_the_plans_prediction():
+def test_the_allocator_peak_is_within_the_op_by_op_plans_prediction():
+    """Planned op by op (``fusion=False``: every value of the decomposed graph a buffer),
+    the prediction bounds what Inductor's step allocates on this model. The fused model
+    (the default) is not a bound: on this model with one thread it measured 2,281,228 B
+    against 2,220,812 predicted (docs/guide.md, "Memory")."""
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
-    be = outcore.inductor_backend(budget=budget, gpu="this-cpu")
+    be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fusion=False)
     compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
 
     def step():

@@ -128,7 +128,9 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             an element-wise value read once by a point-wise op or a reduction of the same
             half is inlined into that kernel, so it costs no memory and its recompute no
             kernel of its own. False plans the decomposed graph op by op (every value a
-            buffer): the plans keep more at the forward/backward cut.
+            buffer): the plans keep more at the forward/backward cut. Neither prediction
+            bounds the allocator's peak under Inductor (docs/guide.md, "Memory"); the fused
+            one measured up to 2.7% under it on the tests' GPT, the op-by-op one above it.
         layout_optimization: Inductor's own ``layout_optimization`` (channels-last
             convolutions). Off by default: on the CPU it is always on for a graph with
             convolutions, and its forward then holds channels-last copies of the

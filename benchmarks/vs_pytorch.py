@@ -17,8 +17,11 @@ GPT-2), one training step per tool:
 * ``outcore+inductor @ <peer>``: the same model under ``torch.compile(model,
   backend=outcore.inductor_backend(budget))``: outcore-auto's recompute-only plan decides
   what the forward saves, Inductor compiles the fused kernels (``outcore.compiled``). Its
-  budget is matched to the peer's measured peak the same way, each try a fresh compile
-  (``match_inductor``); the loss runs eagerly outside the compiled model, as for ``compile``.
+  budget is matched to the peer's measured peak, each try a fresh compile
+  (``InductorMatcher``: down by the measured excess, then once up by the slack left under
+  the peer, keeping the largest peak at most the peer's); the loss runs eagerly outside the
+  compiled model, as for ``compile``. The backend's defaults: the graph planned as Inductor
+  fuses it (``--inductor-no-fusion``: op by op), Inductor's layout optimisation off.
   Gradients match eager's to Inductor's rounding (a warning says so; silenced here).
 
 Two peaks, both from the CPU allocator's own events (``torch.profiler``,
@@ -40,6 +43,7 @@ run. Run:
     python benchmarks/vs_pytorch.py --quick        # scaled down (2-layer GPT), minutes
     python benchmarks/vs_pytorch.py --models gpt --rounds 15 --json out.json
     python benchmarks/vs_pytorch.py --skip-inductor   # without the outcore+inductor rows
+    python benchmarks/vs_pytorch.py --skip-executor   # without the outcore @ rows
 """
 
 from __future__ import annotations
@@ -301,15 +305,15 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
 Tool = tuple[Callable[[], Any], tuple[int, int], str]
 
 
-#: ``outcore.inductor_backend``'s ``fused_pricing`` (``--inductor-fused`` turns it on).
-FUSED_PRICING = [False]
+#: ``outcore.inductor_backend``'s ``fusion`` (``--inductor-no-fusion`` turns it off).
+FUSION = [True]
 
 
 def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
     """A fresh copy of the model compiled with ``outcore.inductor_backend(budget)``, its first
     step run (the compile); returns the step, the copy and the graph's ``Partition``."""
     m = copy.deepcopy(w.model)
-    be = outcore.inductor_backend(budget, gpu="this-cpu", fused_pricing=FUSED_PRICING[0])
+    be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)
@@ -363,7 +367,20 @@ class InductorMatcher:
             f" MiB, lowest budget {self.floor / 2**20:.1f} MiB "
             f"({time.perf_counter() - t0:.0f} s)")
 
-    def at(self, target: int, tries: int = 3) -> tuple[Tool, nn.Module]:
+    def _compiled(self, budget: int) -> tuple[Tool, nn.Module]:
+        """The model compiled and measured at ``budget`` (each budget compiled once)."""
+        if budget not in self.tried:
+            step, model, part = inductor_step(self.w, budget)
+            self.tried[budget] = ((step, peaks(step, model), _inductor_note(budget, part)),
+                                  model)
+        return self.tried[budget]
+
+    def at(self, target: int, tries: int = 3, closer: int = 1) -> tuple[Tool, nn.Module]:
+        """The compile whose measured peak is the largest found at most ``target``: up to
+        ``tries`` compiles lowering the budget by the measured excess (the last one, or one
+        after a try that measured no lower, at the lowest budget), then up to ``closer``
+        raising it by the slack left under ``target`` when that is over 2% (more memory, less
+        recomputation); the lowest one, marked, when none is at most ``target``."""
         if self.top[0][1][self.match] <= target:
             return self.top
         if self.floor >= self.ceiling:  # no plan below the unbounded one
@@ -371,34 +388,52 @@ class InductorMatcher:
             return (step, both, note + "; ABOVE the peer (no lower plan)"), model
         budget = min(max(target + self.held - self.gap, self.floor), self.ceiling)
         best: tuple[Tool, nn.Module] | None = None
-        for _ in range(tries):
-            if budget not in self.tried:  # a budget already compiled is measured already
-                try:
-                    step, model, part = inductor_step(self.w, budget)
-                except outcore.InfeasibleBudgetError as exc:  # the floor was an estimate
-                    self.floor = budget = min(max(budget + 1, int(exc.required)), self.ceiling)
-                    continue
-                self.tried[budget] = ((step, peaks(step, model), _inductor_note(budget, part)),
-                                      model)
-            tool, model = self.tried[budget]
+        fits: tuple[tuple[Tool, nn.Module], int] | None = None
+        for attempt in range(tries):
+            try:
+                tool, model = self._compiled(budget)
+            except outcore.InfeasibleBudgetError as exc:  # the floor was an estimate
+                self.floor = budget = min(max(budget + 1, int(exc.required)), self.ceiling)
+                continue
             both = tool[1]
             if both[self.match] <= target:
-                return tool, model
+                fits = (tool, model), budget
+                break
+            if best is not None and both[self.match] >= best[0][1][self.match]:
+                budget = self.floor  # a lower budget measured no lower: go to the floor
+                continue
             if best is None or both[self.match] < best[0][1][self.match]:
                 best = (tool[0], tool[1], tool[2].removesuffix("; ABOVE the peer")
                         + "; ABOVE the peer"), model
             if budget == self.floor:
                 break
             budget = max(self.floor, budget - (both[self.match] - target))
-        assert best is not None
-        return best
+            if attempt == tries - 2:
+                budget = self.floor  # the last try: the lowest plan
+        if fits is None:
+            assert best is not None
+            return best
+        for _ in range(closer):
+            (tool, model), budget = fits
+            slack = target - tool[1][self.match]
+            if slack <= 0.02 * target or budget >= self.ceiling:
+                break
+            higher = min(budget + slack, self.ceiling)
+            try:
+                tried = self._compiled(higher)
+            except outcore.InfeasibleBudgetError:
+                break
+            if tried[0][1][self.match] > target:
+                break
+            fits = tried, higher
+        return fits[0]
 
 
 # ---- the run --------------------------------------------------------------------------------
 
 def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: bool,
               log: Callable[[str], None], match: int = MATCH["step"],
-              skip_inductor: bool = False) -> list[Row]:
+              skip_inductor: bool = False, skip_executor: bool = False) -> list[Row]:
     tools: dict[str, tuple[Callable[[], Any], tuple[int, int], str]] = {}
     models: dict[str, nn.Module] = {}
     eager_model = w.model
@@ -425,13 +460,15 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         models[f"compile {compile_budget}"] = m
     log("  " + ", ".join(f"{k}: {v[1][0] / 2**20:.1f} / {v[1][1] / 2**20:.1f} MiB"
                          for k, v in tools.items()) + " (activation / step peak)")
-    graph = outcore.capture(w.model, w.loss_fn, w.batch)
-    measure_temporaries(graph, w.batch)  # the plans budget the kernels' temporaries
-    static = sum(p.numel() * p.element_size() for p in w.model.parameters())
-    lo = lowest_budget(graph, static)
-    hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
-                           host_budget=0).predicted_peak
-    for peer in [k for k in tools if k != "eager"]:
+    peers = [] if skip_executor else [k for k in tools if k != "eager"]
+    if peers:
+        graph = outcore.capture(w.model, w.loss_fn, w.batch)
+        measure_temporaries(graph, w.batch)  # the plans budget the kernels' temporaries
+        static = sum(p.numel() * p.element_size() for p in w.model.parameters())
+        lo = lowest_budget(graph, static)
+        hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
+                          host_budget=0).predicted_peak
+    for peer in peers:
         t0 = time.perf_counter()
         step, act, note = match_budget(w, graph, tools[peer][1][match], lo, hi, match)
         log(f"  outcore @ {peer}: {act[0] / 2**20:.1f} / {act[1] / 2**20:.1f} MiB ({note}; "
@@ -508,14 +545,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--skip-inductor", action="store_true",
                         help="leave out the outcore+inductor rows (each is a compile)")
-    parser.add_argument("--inductor-fused", action="store_true",
-                        help="outcore+inductor with fused_pricing=True")
+    parser.add_argument("--skip-executor", action="store_true",
+                        help="leave out the outcore @ rows (outcore's own executor)")
+    parser.add_argument("--inductor-no-fusion", action="store_true",
+                        help="outcore+inductor planned op by op (fusion=False)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    FUSED_PRICING[0] = args.inductor_fused
+    FUSION[0] = not args.inductor_no_fusion
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)
     torch._dynamo.config.recompile_limit = 256
@@ -531,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         w = WORKLOADS[name](args.quick)
         log(f"{name}: {w.about}")
         done = run_model(w, rounds, args.compile_budget, args.skip_compile, log,
-                         MATCH[args.match], args.skip_inductor)
+                         MATCH[args.match], args.skip_inductor, args.skip_executor)
         log(table(done))  # each model's table as soon as it is done (long runs get cut)
         rows.extend(done)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")

@@ -86,12 +86,14 @@ def test_gradients_match_eager_and_the_saved_set_is_the_plans():
     assert part.recomputed > 0, "the budget should make the plan recompute"
     # what the forward graph returns beyond the loss is exactly the saved set
     assert set(part.saved) == set(part.forward_saved)
-    # every activation the plan keeps at the cut is saved, and nothing else but the
-    # forced nodes (RNG seeds, none here) and graph inputs
-    assert part.plan_kept == set(part.kept)
+    # the forward saves nothing the plan does not hold at the cut, besides graph inputs and
+    # forced nodes (RNG seeds, none here), and no more bytes than the plan holds there
+    assert not part.outside_plan
     assert not part.forced
+    assert set(part.kept) <= part.plan_kept
     extra = set(part.saved) - set(part.kept)
     assert all(name.startswith("primals") for name in extra), extra
+    assert 0 < part.saved_bytes <= part.plan_kept_bytes
 
 
 def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
@@ -108,7 +110,10 @@ def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
         ours(*w.batch).backward()
     torch.manual_seed(5)
     plain(*w.batch).backward()
-    assert be.partitions[0].recomputed > 0
+    [part] = be.partitions
+    # the dropout masks are recomputed in the backward from the saved seeds
+    assert part.recomputed_targets.get("prims.inductor_random.default", 0) > 0
+    assert set(part.forced) <= {"inductor_seeds_default"}, part.forced
     ours_grads = _grads(w.model)
     for got, want in zip(ours_grads, _grads(twin), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
@@ -119,10 +124,14 @@ def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
                for got, want in zip(ours_grads, _grads(twin), strict=True))
 
 
-def test_the_allocator_peak_is_within_the_plans_prediction():
+def test_the_allocator_peak_is_within_the_op_by_op_plans_prediction():
+    """Planned op by op (``fusion=False``: every value of the decomposed graph a buffer),
+    the prediction bounds what Inductor's step allocates on this model. The fused model
+    (the default) is not a bound: on this model with one thread it measured 2,281,228 B
+    against 2,220,812 predicted (docs/guide.md, "Memory")."""
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
-    be = outcore.inductor_backend(budget=budget, gpu="this-cpu")
+    be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fusion=False)
     compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
 
     def step():

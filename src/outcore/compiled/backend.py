@@ -71,11 +71,15 @@ class InductorBackend:
 
     Attributes:
         partitioner: the ``OutcorePartitioner`` every graph is split with.
+        config_patches: Inductor config settings applied to every graph's compile (besides
+            the partitioner), e.g. ``{"layout_optimization": False}``.
         partitions: one ``Partition`` per joint graph, in compile order (property).
     """
 
-    def __init__(self, partitioner: OutcorePartitioner) -> None:
+    def __init__(self, partitioner: OutcorePartitioner,
+                 config_patches: dict[str, Any] | None = None) -> None:
         self.partitioner = partitioner
+        self.config_patches = dict(config_patches or {})
         self._warned = False
 
     @property
@@ -95,7 +99,8 @@ class InductorBackend:
         try:
             compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
                 gm, list(example_inputs),
-                config_patches={"custom_partitioner_fn": self.partitioner})
+                config_patches={**self.config_patches,
+                                "custom_partitioner_fn": self.partitioner})
             return compiled
         except Exception as err:
             cause = _outcore_cause(err)
@@ -106,7 +111,8 @@ class InductorBackend:
 
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
-                     fused_pricing: bool = False, **options: Any) -> InductorBackend:
+                     fusion: bool = True, layout_optimization: bool = False,
+                     **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -118,12 +124,19 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
         gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
         host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
             that still uses host memory is refused (``OffloadNotCompiledError``).
-        fused_pricing: price element-wise ops as Inductor runs them, fused into a
-            neighbour's kernel (a recompute costs about a launch), so the plan recomputes
-            them before a matmul. Off by default: on the GPT and GPT-2 of
-            ``benchmarks/vs_pytorch.py`` it raised the allocator's peak at equal budgets
-            (Inductor holds the extra recomputed values longer than outcore's order would)
-            and the lowest reachable peak, for no time gain beyond the run-to-run spread.
+        fusion: plan the joint graph as Inductor fuses it (``outcore.compiled.fusion``):
+            an element-wise value read once by a point-wise op or a reduction of the same
+            half is inlined into that kernel, so it costs no memory and its recompute no
+            kernel of its own. False plans the decomposed graph op by op (every value a
+            buffer): the plans keep more at the forward/backward cut. Neither prediction
+            bounds the allocator's peak under Inductor (docs/guide.md, "Memory"); the fused
+            one measured up to 2.7% under it on the tests' GPT, the op-by-op one above it.
+        layout_optimization: Inductor's own ``layout_optimization`` (channels-last
+            convolutions). Off by default: on the CPU it is always on for a graph with
+            convolutions, and its forward then holds channels-last copies of the
+            convolution weights into the backward, outside the saved set the plan chose
+            (ResNet-18, 32x32, batch 8: the step's allocator peak 72.7 MiB with it, 44.9
+            MiB without, against a plan that predicts 45.2). True lets Inductor decide.
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -141,6 +154,7 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
 
     limit = check_budget(budget)
     check_policy(policy, options)
+    patches = {} if layout_optimization else {"layout_optimization": False}
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
-                                              host_budget=host_budget,
-                                              fused_pricing=fused_pricing, **options))
+                                              host_budget=host_budget, fusion=fusion,
+                                              **options), patches)

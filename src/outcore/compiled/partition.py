@@ -8,7 +8,11 @@ partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set b
 heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 
 1. The joint graph (after Inductor's joint-graph passes, dead code removed) is converted to
-   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``).
+   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
+   phases are read from the dataflow, Inductor's seeded random ops are planned as
+   point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
+   (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
+   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op).
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
@@ -23,16 +27,17 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 Every partition is recorded (``Partition``): the plan, the saved, kept and forced node names,
 and the predicted peak, so a test or a user can check what ran against what was planned.
 
-Memory: the plan's predicted peak assumes outcore's executor (one ATen op at a time, in the
-schedule's order, frees as scheduled). Inductor runs the same saved set with fused kernels:
-a fused forward never materialises the intermediates it does not save, and the backward is
-Inductor's order. The saved set (what the forward leaves for the backward) is the plan's;
-the backward's transient peak is Inductor's (measured, not bounded, by the plan).
+Memory: the plan's predicted peak is for the fused graph in the schedule's order. Inductor
+runs the same saved set with its own kernels (its inlining may go beyond ``fusion``'s rule,
+which only errs towards materialising) in its own backward order. The saved set (what the
+forward leaves for the backward) is the plan's; the backward's transient peak is Inductor's
+(measured, not bounded, by the plan).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +55,9 @@ from outcore.plan.schedule import Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
+from .fusion import fuse_elementwise
 from .saved import kept_at_cut, kept_names, saved_nodes
+from .temporaries import measure_extern
 
 #: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
 _AUTO = ("auto", "outcore-auto")
@@ -71,9 +78,14 @@ class Partition:
     forced: list[str]  # saved although the plan does not keep them (``saved.is_forced``)
     plan_kept: set[str] = field(default_factory=set)  # every activation the plan keeps
     forward_saved: list[str] = field(default_factory=list)  # read off the forward graph
+    # forward_saved activations (neither graph inputs nor forced) whose storage the plan
+    # does not hold at the cut: empty when the compiled forward saves only what was planned
+    outside_plan: list[str] = field(default_factory=list)
+    plan_kept_bytes: int = 0  # storages of the activations (and outputs) held at the cut
     recomputed: int = 0  # forward ops the backward graph runs again
+    recomputed_targets: dict[str, int] = field(default_factory=dict)  # their ops, counted
     forced_bytes: int = 0
-    saved_bytes: int = 0  # storages of the saved activations (graph inputs left out)
+    saved_bytes: int = 0  # storages of the saved activations (graph inputs' left out)
 
     @property
     def predicted_peak(self) -> int:
@@ -107,19 +119,28 @@ def _phases_from_dataflow(graph: Graph, nodes: NodeMap, info: tp.NodeInfo) -> No
                 graph.tensors[tid].kind = wanted
 
 
-#: Op families Inductor fuses into a neighbour's kernel (element-wise, dropout's masking).
-FUSED = (OpCategory.ELEMENTWISE, OpCategory.DROPOUT)
 
 
-def _price_as_fused(graph: Graph) -> None:
-    """Price element-wise ops as Inductor runs them: fused into a neighbouring kernel, they
-    read and write nothing of their own, so running one again costs about a launch. Their
-    outputs keep their bytes (a saved one is materialised). Without this the planner prices
-    each as a separate memory-bound kernel and prefers recomputing a matmul instead."""
-    for op in graph.ops:
-        if op.category in FUSED:
-            op.flops = 0.0
-            op.bytes_touched = 0
+def _seeded_ops() -> tuple[Any, ...]:
+    import torch._inductor.inductor_prims
+
+    prims = torch.ops.prims
+    return (prims.inductor_lookup_seed.default, prims.inductor_random.default,
+            prims.inductor_randint.default)
+
+
+def _seeded_as_pointwise(graph: Graph, nodes: NodeMap) -> None:
+    """Inductor's random ops draw from an explicit seed tensor (``inductor_lookup_seed`` of
+    the one ``inductor_seeds`` draw): a pure function of that seed, generated inline in a
+    point-wise kernel. Plan them so: not random (no RNG state to replay; recomputing one
+    from the saved seed gives the same draw), element-wise (fused, so a dropout mask is
+    recomputed from a few bytes of seed instead of being kept). ``inductor_seeds`` itself
+    stays random and is saved (``saved.is_forced``)."""
+    seeded = _seeded_ops()
+    for op, node in zip(graph.ops, nodes.op_nodes, strict=True):
+        if node.target in seeded:
+            op.random = False
+            op.category = OpCategory.ELEMENTWISE
 
 
 def pytree_leaves(module: fx.GraphModule) -> list[Any]:
@@ -128,14 +149,37 @@ def pytree_leaves(module: fx.GraphModule) -> list[Any]:
     return list(torch.utils._pytree.arg_tree_leaves(*out.args))
 
 
-def _storage_bytes(saved: list[fx.Node]) -> int:
-    """Bytes of the distinct storages ``saved`` live in."""
-    storages = {}
-    for node in saved:
+def _storage_bytes(saved: list[fx.Node], inputs: list[fx.Node]) -> int:
+    """Bytes of the distinct storages ``saved`` live in, less those of ``inputs`` (a saved
+    view of a parameter, say a transposed weight, costs nothing beyond the parameter)."""
+    def key(node: fx.Node) -> tuple[int, int] | None:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            storages[val.untyped_storage()._cdata] = int(val.untyped_storage().nbytes())
+            storage = val.untyped_storage()
+            return storage._cdata, int(storage.nbytes())
+        return None
+
+    held = {k[0] for k in map(key, inputs) if k is not None}
+    storages = dict(k for k in map(key, saved) if k is not None and k[0] not in held)
     return sum(storages.values())
+
+
+def _outside_plan(graph: Graph, nodes: NodeMap, kept: set[int], fw_saved: list[fx.Node],
+                  forced: list[fx.Node]) -> list[str]:
+    """Names of the forward graph's saved activations whose storage the plan does not hold
+    at the cut (graph inputs and forced nodes left out). ``fw_saved`` are the forward
+    module's nodes; they are matched to the joint graph's by name."""
+    storages = {graph.tensors[t].storage for t in kept}
+    by_name = {node.name: tid for node, tid in nodes.node_tensors.items()}
+    skip = {n.name for n in forced}
+    out = []
+    for node in fw_saved:
+        tid = by_name.get(node.name)
+        if node.name in skip or tid is None or graph.tensors[tid].kind is not TensorKind.ACTIVATION:
+            continue
+        if graph.tensors[tid].storage not in storages:
+            out.append(node.name)
+    return out
 
 
 def _nbytes(node: fx.Node) -> int:
@@ -152,14 +196,20 @@ class OutcorePartitioner(CustomPartitionerFn):
         budget: device bytes per compiled graph (None: unbounded), as ``outcore.plan`` takes.
         policy: an ``outcore.policies()`` name ("auto": outcore-auto).
         gpu: the hardware profile the plan is priced on ("this-cpu", "a100", ...).
-        fused_pricing: price element-wise ops as fused (``_price_as_fused``); default off.
+        fusion: plan the graph as Inductor fuses it (``fusion.fuse_elementwise``: element-wise
+            values read once by a point-wise op or a reduction are not materialised); on by
+            default. False plans the decomposed graph op by op, every value a buffer.
+        measure: measure the scratch of the library kernels Inductor calls (convolutions,
+            matrix products, attention; ``temporaries.measure_extern``), so the predicted
+            peak counts it; on by default (each such op run once alone, on the CPU).
         options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
     """
 
     def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
-                 *, fused_pricing: bool = False, **options: Any) -> None:
+                 *, fusion: bool = True, measure: bool = True, **options: Any) -> None:
         self.budget = budget
-        self.fused_pricing = fused_pricing
+        self.fusion = fusion
+        self.measure = measure
         self.policy = policy
         self.gpu = gpu
         self.options = {"host_budget": 0, **options}
@@ -191,10 +241,16 @@ class OutcorePartitioner(CustomPartitionerFn):
         info = tp.classify_nodes(gm, static_lifetime_input_indices or [], num_fwd_outputs)
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
         _phases_from_dataflow(graph, nodes, info)
-        if self.fused_pricing:
-            _price_as_fused(graph)
-        planned = self._plan(graph)
-        kept = kept_at_cut(planned)
+        _seeded_as_pointwise(graph, nodes)
+        if self.measure:
+            measure_extern(graph, nodes)
+        if self.fusion:
+            fused = fuse_elementwise(graph)
+            planned = self._plan(fused.graph)
+            kept = {fused.original[t] for t in kept_at_cut(planned)}
+        else:
+            planned = self._plan(graph)
+            kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
         forward = set(info.required_fw_nodes)
         chosen = saved_nodes(nodes, kept, forward, bwd_outputs)
@@ -208,17 +264,24 @@ class OutcorePartitioner(CustomPartitionerFn):
         bw_module = tp.raise_getitems(bw_module)
         names = [n.name for n in saved]  # pruned by the extraction to what the backward reads
         fw_out = pytree_leaves(fw_module)
+        fw_saved = [n for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)]
         fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
+        again = Counter(str(n.target) for n in bw_module.graph.nodes
+                        if n.op == "call_function" and n.name in fw_ops)
         self.partitions.append(Partition(
             planned=planned, saved=names,
             kept=[n.name for n in chosen.kept if n.name in names],
             forced=[n.name for n in chosen.forced if n.name in names],
-            plan_kept=kept_names(planned, nodes, kept),
-            forward_saved=[n.name for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)],
-            recomputed=sum(1 for n in bw_module.graph.nodes
-                           if n.op == "call_function" and n.name in fw_ops),
+            plan_kept=kept_names(graph, nodes, kept),
+            forward_saved=[n.name for n in fw_saved],
+            outside_plan=_outside_plan(graph, nodes, kept, fw_saved, chosen.forced),
+            plan_kept_bytes=sum(graph.tensors[s].nbytes for s in {
+                graph.tensors[t].storage for t in kept}
+                if graph.tensors[s].kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT)),
+            recomputed=sum(again.values()), recomputed_targets=dict(again),
             forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names),
-            saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals])))
+            saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals],
+                                       list(gm.graph.find_nodes(op="placeholder")))))
         return fw_module, bw_module
 
     def _plan(self, graph: Any) -> PlannedStep:

@@ -23,7 +23,7 @@ from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from outcore.capture.convert import NodeMap
-from outcore.graph.ir import TensorKind
+from outcore.graph.ir import Graph, TensorKind
 from outcore.plan.residency import Replay, no_workspace
 from outcore.planned import PlannedStep
 from outcore.runtime.split import split_point
@@ -92,8 +92,9 @@ def saved_nodes(nodes: NodeMap, kept: set[int], forward: set[fx.Node],
     return result
 
 
-def kept_names(planned: PlannedStep, nodes: NodeMap, kept: set[int]) -> set[str]:
-    """FX names of the plan's kept forward activations (not graph inputs nor outputs)."""
+def kept_names(graph: Graph, nodes: NodeMap, kept: set[int]) -> set[str]:
+    """FX names of the plan's kept forward activations (not graph inputs nor outputs);
+    ``graph`` and ``kept`` in the ids of ``build_graph``'s graph (``nodes``'s)."""
     by_tid = {tid: node.name for node, tid in nodes.node_tensors.items()}
     return {by_tid[t] for t in kept if t in by_tid
-            and planned.graph.tensors[t].kind is TensorKind.ACTIVATION}
+            and graph.tensors[t].kind is TensorKind.ACTIVATION}

@@ -22,7 +22,7 @@ from it in backward. This planner does that on the Graph, without module boundar
    backward reads are kept again one by one, most recompute time per byte first (matmul,
    convolution and attention outputs before element-wise ones, as selective checkpointing
    saves them), whenever the peak still fits: the plan uses the memory it is given
-   (``outcore.policies.auto.keep_back``, which rejects most trials without lowering them).
+   (``outcore.policies.auto.keepback``, which rejects most trials without lowering them).
 
 Peaks are the memory rule's (``plan.memory``), so the plan's predicted peak is what the
 executor measures. A budget below every segment plan's peak raises InfeasibleBudgetError
@@ -42,7 +42,7 @@ from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
-from outcore.policies.auto.keep_back import keep_back
+from outcore.policies.auto.keepback import keep_back
 from outcore.policies.baseline import movable_activations
 from outcore.policies.config import PolicyConfig
 from outcore.policies.registry import PolicyContext, PolicyOutput, register

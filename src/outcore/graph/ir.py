@@ -179,15 +179,12 @@ class Graph:
 
         These are the tensors a policy decides about (keep, offload or recompute).
         """
-        groups = self.aliases()
-        result = []
-        for t in self.tensors:
-            if t.is_view or t.producer is None or self.ops[t.producer].phase is not Phase.FORWARD:
-                continue
-            readers = (c for a in groups[t.id] for c in self.tensors[a].consumers)
-            if any(self.ops[c].phase is Phase.BACKWARD for c in readers):
-                result.append(t)
-        return result
+        tensors, ops, backward = self.tensors, self.ops, Phase.BACKWARD
+        read_back = {t.storage for t in tensors  # storages a backward op reads, via any alias
+                     if any(ops[c].phase is backward for c in t.consumers)}
+        return [t for t in tensors
+                if t.id in read_back and not t.is_view and t.producer is not None
+                and self.ops[t.producer].phase is Phase.FORWARD]
 
     # ---- checks --------------------------------------------------------------------------
     def validate(self) -> None:

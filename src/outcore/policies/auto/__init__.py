@@ -6,12 +6,14 @@ Policies registered: ``outcore-auto`` (options: ``AutoConfig``) and ``outcore-ch
 """
 
 from outcore.policies.auto import (  # segments registers outcore-checkpoint
+    keepback,
     memo,
     policy,
     portfolio,
     segments,
 )
 from outcore.policies.auto.config import AutoConfig
+from outcore.policies.auto.keepback import Screen, keep_back, peak_and_screen
 from outcore.policies.auto.memo import memoized, plan_memo, shared_checkpoint, shared_greedy
 from outcore.policies.auto.policy import Choice, greedy_policy, plan_auto
 from outcore.policies.auto.portfolio import (
@@ -27,6 +29,7 @@ from outcore.policies.auto.portfolio import (
 from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
 
 __all__ = ["CANDIDATES", "LATE", "LINEAR", "AutoConfig", "Choice", "Entry", "PortfolioResult",
-           "compute_floor", "crowned", "find_cuts", "greedy_policy", "memo", "memoized",
-           "plan_auto", "plan_checkpoint", "plan_memo", "policy", "portfolio", "run_portfolio",
-           "segment_plan", "segments", "shared_checkpoint", "shared_greedy"]
+           "Screen", "compute_floor", "crowned", "find_cuts", "greedy_policy", "keep_back",
+           "keepback", "memo", "memoized", "peak_and_screen", "plan_auto", "plan_checkpoint",
+           "plan_memo", "policy", "portfolio", "run_portfolio", "segment_plan", "segments",
+           "shared_checkpoint", "shared_greedy"]

@@ -21,7 +21,8 @@ from it in backward. This planner does that on the Graph, without module boundar
 3. **Keep back what fits.** From the fastest segment plan that fits the budget, activations
    backward reads are kept again one by one, most recompute time per byte first (matmul,
    convolution and attention outputs before element-wise ones, as selective checkpointing
-   saves them), whenever the peak still fits: the plan uses the memory it is given.
+   saves them), whenever the peak still fits: the plan uses the memory it is given
+   (``outcore.policies.auto.keepback``, which rejects most trials without lowering them).
 
 Peaks are the memory rule's (``plan.memory``), so the plan's predicted peak is what the
 executor measures. A budget below every segment plan's peak raises InfeasibleBudgetError
@@ -40,8 +41,8 @@ from outcore.graph.ir import STATIC_KINDS, Graph, Phase
 from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
-from outcore.plan.residency import residency_steps
 from outcore.plan.schedule import Schedule
+from outcore.policies.auto.keepback import keep_back
 from outcore.policies.baseline import movable_activations
 from outcore.policies.config import PolicyConfig
 from outcore.policies.registry import PolicyContext, PolicyOutput, register
@@ -51,8 +52,6 @@ NAME = "outcore-checkpoint"
 STRIDES = (1, 2, 3, 4, 6, 8)
 #: Offsets tried per stride (where the first segment boundary falls).
 MAX_OFFSETS = 3
-#: Activations tried at once when keeping back (a chunk that does not fit is halved).
-KEEP_CHUNK = 8
 #: A tensor read across more than this share of the forward's positions (and more than
 #: ``LONG_LIVED_MIN`` of them) is long-lived: it does not stop a position from being a cut.
 LONG_LIVED = 0.25
@@ -133,12 +132,6 @@ def segment_plan(graph: Graph, keep: Iterable[int], budget: int | None = None) -
     return plan
 
 
-def _op_seconds(graph: Graph, cost: CostModel | None) -> list[float]:
-    if cost is None:
-        return [float(op.flops) * 1e-12 + 1e-6 for op in graph.ops]
-    return [float(cost.op_time(op)) for op in graph.ops]
-
-
 def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
                     lowerer: Callable[[Graph, Plan], Schedule] = lower
                     ) -> tuple[Plan, Schedule]:
@@ -170,56 +163,7 @@ def plan_checkpoint(graph: Graph, budget: int | None, cost: CostModel | None,
             "Even recomputing every activation from its segment's input does not fit; raise "
             "the budget, let outcore-auto offload, or split the batch (modnn).")
     _, plan, sched = best
-    return _keep_back(graph, plan, sched, budget, cost, lowerer)
-
-
-def fits(graph: Graph, schedule: Schedule, budget: int) -> bool:
-    """Whether ``schedule``'s peak (``memory_curve(...).peak``, the same replay) is within
-    ``budget``; the replay stops at the first instruction above it."""
-    steps = residency_steps(graph, schedule)
-    static = next(steps).device  # the state before the first instruction: no sample of it
-    empty = True
-    for step in steps:
-        if step.device > budget:
-            return False
-        empty = False
-    return not empty or static <= budget
-
-
-def _keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
-               cost: CostModel | None, lowerer: Callable[[Graph, Plan], Schedule]
-               ) -> tuple[Plan, Schedule]:
-    """Keep again, most recompute seconds per byte first, every recomputed activation that
-    backward reads while the peak stays within ``budget``."""
-    seconds = _op_seconds(graph, cost)
-    saved = [t for t in movable_activations(graph)
-             if plan.decisions.get(t) is Decision.RECOMPUTE]
-
-    def value(tid: int) -> float:
-        producer = graph.producer_op(tid)
-        return seconds[producer.id] / max(graph.tensors[tid].nbytes, 1)
-
-    order = [t for t in sorted(saved, key=value, reverse=True)
-             if seconds[graph.producer_op(t).id] > 0]
-    pending = [order[i:i + KEEP_CHUNK] for i in range(0, len(order), KEEP_CHUNK)]
-    while pending:  # group testing: a chunk that fits is kept whole, else split in halves
-        chunk = pending.pop(0)
-        for tid in chunk:
-            del plan.decisions[tid]
-        trial = lowerer(graph, plan)
-        if fits(graph, trial, budget):
-            schedule = trial
-            for tid in chunk:
-                plan.reasons[tid] = ("kept: recomputing it would cost "
-                                     f"{seconds[graph.producer_op(tid).id] * 1e3:.3f} ms and "
-                                     "the budget holds it")
-            continue
-        for tid in chunk:
-            plan.decisions[tid] = Decision.RECOMPUTE
-        if len(chunk) > 1:
-            half = len(chunk) // 2
-            pending[:0] = [chunk[:half], chunk[half:]]
-    return plan, schedule
+    return keep_back(graph, plan, sched, budget, cost, lowerer)
 
 
 @register(NAME, "recompute-only checkpoint segments found on the graph (the only tensor "

@@ -218,11 +218,11 @@ def earliest_fit(profile: Profile, x: int, lo: int, need: int, memory: np.ndarra
     window = memory[lo:need + 1]
     if not len(window):
         return need
-    over = np.flatnonzero(window + profile.size[x] > budget)
-    if not over.size:
+    over = (window + profile.size[x] > budget)[::-1]  # from the end: the last overflow first
+    k = int(over.argmax())
+    if not over[k]:
         return lo
-    last = int(over[-1])
-    return need if last == len(window) - 1 else lo + last + 1
+    return need if k == 0 else lo + len(window) - k
 
 
 def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,

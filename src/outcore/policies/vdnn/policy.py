@@ -107,9 +107,9 @@ def _movable(graph: Graph) -> list[int]:
     return [t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT]
 
 
-def _first_forward_layer(graph: Graph, storage: int) -> str | None:
-    groups = graph.aliases()[storage]
-    for tid in groups:
+def _first_forward_layer(graph: Graph, group: list[int]) -> str | None:
+    """The first forward non-view op reading a tensor of ``group`` (one storage's tensors)."""
+    for tid in group:
         for oid in graph.tensors[tid].consumers:
             op = graph.ops[oid]
             if op.phase is Phase.FORWARD and op.category is not OpCategory.VIEW:
@@ -125,8 +125,9 @@ def offload_set(graph: Graph, mode: VdnnMode | str) -> dict[int, str]:
         return {}
     if mode is VdnnMode.ALL:
         result = {}
+        groups = graph.aliases()  # once: it walks every tensor
         for tid in movable:
-            layer = _first_forward_layer(graph, tid)
+            layer = _first_forward_layer(graph, groups[tid])
             made_by = graph.tensors[tid].producer
             maker = graph.ops[made_by].name if made_by is not None else "?"
             result[tid] = (f"vDNN-all: X of layer {layer}" if layer else

@@ -58,6 +58,9 @@ MAX_CUTS = 8
 LARGE_CANDIDATES = 2000
 #: Candidates re-solved together in one step of the local search.
 SEGMENT = 40
+#: Passes of the segment local search at most (it stops earlier at a fixed point: a
+#: whole pass of segments without a better plan).
+SEARCH_PASSES = 1
 #: Branch-and-bound nodes per MILP of the search on large graphs (deterministic work).
 NODE_LIMIT = 200
 #: Relative gap at which the search's MILPs stop (a local search step needs a better plan,
@@ -248,7 +251,8 @@ def _search(model: Model, start: Solution, segments: int | None,
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP)
+    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
+                      light=True)
     incumbent = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
@@ -267,7 +271,11 @@ def _search(model: Model, start: Solution, segments: int | None,
     order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
     improved = False
     starts = list(range(0, len(order), SEGMENT))
-    for lo in starts if segments is None else starts[:segments]:
+    sweep = [lo for _ in range(SEARCH_PASSES) for lo in starts]
+    idle = 0  # segments re-solved since the incumbent last changed
+    for lo in sweep if segments is None else sweep[:segments]:
+        if idle >= len(starts):
+            break  # every segment was re-solved against this incumbent: a fixed point
         free = set(order[lo:lo + SEGMENT])
         pins = {}
         for k, pick in enumerate(incumbent.choice):
@@ -275,9 +283,10 @@ def _search(model: Model, start: Solution, segments: int | None,
                 pins.update(model.fix(k, pick))
         better = incumbent.objective * (1 - 1e-6)
         step = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
-                           cutoff=better)
+                           cutoff=better, light=True)
+        idle += 1
         if step.choice and step.objective < better:
-            incumbent, improved = step, True
+            incumbent, improved, idle = step, True, 0
     if improved:
         out.append(incumbent)
     return out

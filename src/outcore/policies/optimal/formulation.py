@@ -81,7 +81,11 @@ Two models share this code:
   first, at ``b_k``, and held until ``b_u``: ``n_ku >= r_k + r_u - 1`` adds its bytes over
   ``[b_k, b_u)``. One level only (``n_ku + n_uw <= 1``, and ``u``'s own leaves resident at
   ``b_k``: ``n_ku + sum_{q_wj > b_k} x_wj <= 1``); ``u``'s time stays charged at ``b_u``
-  (the primal model's plans are simulated anyway; only the bound must be a bound).
+  (the primal model's plans are simulated anyway; only the bound must be a bound). An
+  offloaded leaf is waited for by the recompute, so its prefetch and the recompute end
+  before Compute of ``b_k`` (``_leaf_arrives``, a big-M row per prefetch option at or
+  before ``b_k``). Random producers (dropout) may be recomputed: lowering replays their
+  forward RNG state.
 """
 
 from __future__ import annotations

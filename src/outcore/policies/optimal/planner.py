@@ -13,6 +13,8 @@ Steps (``plan_optimal``):
    prefetch share, recompute when its share is the largest), the node-limited MILP over the
    LP's fractional candidates, outcore-checkpoint's and the greedy planner's plans mapped to
    the model (warm starts, ``_seed_plans``), and a segment local search from the best.
+   The search's MILPs stop at ``SEARCH_GAP``, run without HiGHS's RINS/RENS heuristics,
+   and a segment's MILP is cut off at the incumbent's step (it only looks for better).
    Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)

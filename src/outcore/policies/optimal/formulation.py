@@ -36,7 +36,7 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   options and no earlier copy may be waited for after ``f_k + 1``, else the earlier copies'
   total time plus ``d_k``). Those big-M rows are weak in the LP: a fraction ``eps`` of a
   later release switches off ``eps * M`` of the Wait. Big-M-free windows carry the LP
-  bound instead (``_d2h_windows``): for a start stage ``s`` and an end stage ``w``, the
+  bound instead (``d2h_windows``): for a start stage ``s`` and an end stage ``w``, the
   copies issued after Compute of ``s`` and waited for before Compute of ``w`` fit on the
   engine in between, ``A_w - A_s >= c_s + sum_m d_m (o_m - v_m(j_m+1))`` (``j_m``: the last
   release choice of ``m`` waited for by ``w``), so a fractional release only removes its
@@ -81,7 +81,11 @@ Two models share this code:
   first, at ``b_k``, and held until ``b_u``: ``n_ku >= r_k + r_u - 1`` adds its bytes over
   ``[b_k, b_u)``. One level only (``n_ku + n_uw <= 1``, and ``u``'s own leaves resident at
   ``b_k``: ``n_ku + sum_{q_wj > b_k} x_wj <= 1``); ``u``'s time stays charged at ``b_u``
-  (the primal model's plans are simulated anyway; only the bound must be a bound).
+  (the primal model's plans are simulated anyway; only the bound must be a bound). An
+  offloaded leaf is waited for by the recompute, so its prefetch and the recompute end
+  before Compute of ``b_k`` (``_leaf_arrives``, a big-M row per prefetch option at or
+  before ``b_k``). Random producers (dropout) may be recomputed: lowering replays their
+  forward RNG state.
 """
 
 from __future__ import annotations
@@ -89,26 +93,16 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import-untyped]
 from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
 
+from outcore.policies.optimal.d2h_windows import WINDOW_CAP, add_d2h_windows
 from outcore.policies.optimal.problem import Candidate, Problem
-
-#: Most copies one window row lists (truncated windows are still valid constraints).
-WINDOW_CAP = 40
-#: D2H windows ending at a stage start this many candidates' producers back (``_d2h_windows``).
-WINDOW_BACK = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-#: Windows reaching at least this many producers back list every copy (no ``WINDOW_CAP``);
-#: they end at ``LONG_ENDS`` stages spread over the ends, the last one among them.
-WINDOW_LONG = 16
-LONG_ENDS = 24
-#: The model counts bytes in GiB and seconds in milliseconds, so that its coefficients stay
-#: near 1 (HiGHS misjudges feasibility when bytes and seconds meet in one model unscaled).
-BYTES = 2.0**-30
-SECONDS = 1e3
+from outcore.policies.optimal.rows import BYTES, SECONDS, Rows
 
 
 @dataclass
@@ -123,27 +117,6 @@ class Solution:
     optimal: bool = False
     status: str = ""
     settled: list[bool] = field(default_factory=list)
-
-
-class _Rows:
-    """A sparse constraint matrix built row by row."""
-
-    def __init__(self) -> None:
-        self.r: list[int] = []
-        self.c: list[int] = []
-        self.v: list[float] = []
-        self.lo: list[float] = []
-        self.hi: list[float] = []
-
-    def add(self, entries: dict[int, float], lo: float, hi: float = math.inf) -> None:
-        row = len(self.lo)
-        for col, val in entries.items():
-            if val:
-                self.r.append(row)
-                self.c.append(col)
-                self.v.append(val)
-        self.lo.append(lo)
-        self.hi.append(hi)
 
 
 class Model:
@@ -238,8 +211,8 @@ class Model:
         return opts[j - 1] + 1 if j > 0 else c.last_forward + 1
 
     # -- building ---------------------------------------------------------------------------
-    def build(self) -> tuple[_Rows, np.ndarray, np.ndarray]:
-        rows = _Rows()
+    def build(self) -> tuple[Rows, np.ndarray, np.ndarray]:
+        rows = Rows()
         self._stream(rows)
         self._memory(rows)
         self._d2h(rows)
@@ -266,7 +239,7 @@ class Model:
             hi[col] = 1.0
         return rows, lo, hi
 
-    def _stream(self, rows: _Rows) -> None:
+    def _stream(self, rows: Rows) -> None:
         rec: dict[int, list[int]] = {}
         for k, c in enumerate(self.p.candidates):
             if self.r[k] is not None:
@@ -282,7 +255,7 @@ class Model:
                 entries[col] = -SECONDS * floor
             rows.add(entries, SECONDS * cs)
 
-    def _memory(self, rows: _Rows) -> None:
+    def _memory(self, rows: Rows) -> None:
         delta: list[dict[int, float]] = [{} for _ in range(self.p.stages)]
         for k, c in enumerate(self.p.candidates):
             size = BYTES * c.nbytes
@@ -322,7 +295,7 @@ class Model:
                 entries[self.D + t - 1] = -1.0
             rows.add(entries, 0.0, 0.0)
 
-    def _d2h(self, rows: _Rows) -> None:
+    def _d2h(self, rows: Rows) -> None:
         cands = self.p.candidates
         order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
         prev: int | None = None
@@ -350,72 +323,9 @@ class Model:
                          else c.last_forward)
             total += d
             prev = k
-        self._d2h_windows(rows, order)
+        add_d2h_windows(self, rows, order)
 
-    def wait_stages(self, k: int) -> list[int]:
-        """The stages before whose Compute ``k``'s copy-out may be waited for, by release
-        choice: ``last_forward + 1`` (no release column), then each release option's."""
-        c = self.p.candidates[k]
-        return [c.last_forward + 1] + [self.release_stages(k, i)[1]
-                                       for i in range(len(self.v[k]))]
-
-    def _waited_by(self, k: int, w: int) -> dict[int, float]:
-        """Columns whose sum is 1 when ``k`` is offloaded and its copy-out waited for at or
-        before stage ``w`` (``o_k - v_k(j+1)``, ``j`` the last release choice waited for by
-        ``w``), else 0; empty when no choice waits by ``w``."""
-        waits = self.wait_stages(k)
-        j = bisect.bisect_right(waits, w) - 1  # choices 0..j wait by w (j = 0: at f + 1)
-        if j < 0:
-            return {}
-        out = {self.x[k][0]: 1.0}
-        if j < len(self.v[k]):
-            out[self.v[k][j]] = -1.0
-        return out
-
-    def _d2h_windows(self, rows: _Rows, order: list[int]) -> None:
-        """Big-M-free D2H rows (they carry the LP's bound): for a start stage ``s`` (a
-        candidate's producer) and an end stage ``w``, every copy-out issued after Compute of
-        ``s`` (producer at or after ``s``) and waited for before Compute of ``w`` runs on
-        the D2H engine inside ``[A_s + c_s, A_w]``:
-        ``A_w - A_s >= c_s + sum_m d_m (o_m - v_m(j_m+1))``. Valid for every plan: copies are
-        issued after their producer ends, one engine serves them one at a time (a shared
-        engine's prefetches only delay them), and a Wait before Compute of ``w`` holds that
-        Compute until the copy ends. Ends: every stage a copy-out may be waited at; starts:
-        the producers of the ``WINDOW_BACK`` powers-of-two nearest candidates produced
-        before the end (so a backlog from earlier copies counts too); at most
-        ``WINDOW_CAP`` copies a row (a subset is still valid)."""
-        cands = self.p.candidates
-        produce = [cands[k].produce for k in order]
-        ends = sorted({w for k in order for w in self.wait_stages(k)})
-        starts_of = sorted(set(produce))
-        step = max(1, len(ends) // LONG_ENDS)
-        long_ends = set(ends[::-1][::step])  # the last end (the end of forward) included
-        seen: set[tuple[int, int]] = set()
-        for w in ends:
-            last = bisect.bisect_left(starts_of, w) - 1  # the last producer stage before w
-            backs = [b for b in WINDOW_BACK if b <= last and (b < WINDOW_LONG or w in long_ends)]
-            backs += [last] if w in long_ends else []
-            for back in backs:
-                if last - back < 0:
-                    break
-                s = starts_of[last - back]
-                cap = WINDOW_CAP if back < WINDOW_LONG else len(order)
-                if (s, w) in seen:
-                    continue
-                seen.add((s, w))
-                entries: dict[int, float] = {self.A + w: 1.0, self.A + s: -1.0}
-                listed = 0
-                for m in order[bisect.bisect_left(produce, s):]:
-                    if cands[m].produce >= w or listed >= cap:
-                        break
-                    weights = self._waited_by(m, w)
-                    for col, sign in weights.items():
-                        entries[col] = entries.get(col, 0.0) - sign * SECONDS * cands[m].d2h
-                    listed += bool(weights)
-                if listed:
-                    rows.add(entries, SECONDS * self.p.op_time[s])
-
-    def _h2d(self, rows: _Rows) -> None:
+    def _h2d(self, rows: Rows) -> None:
         cands = self.p.candidates
         order = sorted(range(len(cands)), key=lambda k: cands[k].first_backward)
         due = [cands[k].first_backward for k in order]
@@ -445,7 +355,7 @@ class Model:
                 return j
         return None
 
-    def _choices(self, rows: _Rows) -> None:
+    def _choices(self, rows: Rows) -> None:
         cands = self.p.candidates
         index = {c.tensor: k for k, c in enumerate(cands)}
         for k in range(len(cands)):
@@ -475,9 +385,31 @@ class Model:
                 if later:
                     entries[self.x[u][later[0]]] = 1.0
                 rows.add(entries, -math.inf, 1.0)
+                self._leaf_arrives(rows, k, u)
         self._nesting(rows, index)
 
-    def _nesting(self, rows: _Rows, index: dict[int, int]) -> None:
+    def _leaf_arrives(self, rows: Rows, k: int, u: int) -> None:
+        """Primal: an offloaded leaf ``u`` of a recomputed ``k`` is waited for by ``k``'s
+        recompute before stage ``b_k``, not at ``b_u``: its prefetch (option ``j``, issued
+        after Compute of ``q_j - 1``) ends before the recompute, which ends before Compute of
+        ``b_k``: ``A_(b_k) - A_(q_j - 1) >= c_(q_j - 1) + h_u + R_k`` when ``r_k = x_uj = 1``
+        (big-M off otherwise; the H2D windows only hold ``u`` to ``b_u``, so without this
+        row the model missed that stall: 42 ms on ResNet-50 b256 at 30%)."""
+        cands = self.p.candidates
+        b = cands[k].first_backward
+        rk = self.r[k]
+        assert rk is not None
+        ys = self.x[u]
+        for j, q in enumerate(self.options(cands[u])):
+            if q > b:
+                break
+            need = SECONDS * (self.p.op_time[q - 1] + cands[u].h2d) + self.recompute_cost(k)
+            entries = {self.A + b: 1.0, self.A + q - 1: -1.0, rk: -need, ys[j]: -need}
+            if j + 1 < len(ys):
+                entries[ys[j + 1]] = need  # x_uj = y_uj - y_u(j+1)
+            rows.add(entries, -need)
+
+    def _nesting(self, rows: Rows, index: dict[int, int]) -> None:
         """One level only: a leaf re-made early is not itself re-made from a recomputed leaf
         (``n_(k,u) + n_(u,w) <= 1``), and its own leaves are resident at ``b_k`` already
         (``n_(k,u) + sum_{q_wj > b_k} x_wj <= 1``)."""
@@ -492,7 +424,7 @@ class Model:
                 if later:
                     rows.add({col: 1.0, self.x[w][later[0]]: 1.0}, -math.inf, 1.0)
 
-    def _dead_inputs(self, rows: _Rows) -> None:
+    def _dead_inputs(self, rows: Rows) -> None:
         """What needs a freed input ``d`` (k's recompute, or re-running ``d.needed_by``
         before ``b_k``) has it: kept alive (``y``) or re-made at or before ``b_k`` (the
         ``z`` of its maker's runs)."""
@@ -510,7 +442,7 @@ class Model:
                     entries.update({z: 1.0 for when, z in remakes[d.maker] if when <= b})
                 rows.add(entries, 0.0)
 
-    def _bound_leaves(self, rows: _Rows, index: dict[int, int]) -> None:
+    def _bound_leaves(self, rows: Rows, index: dict[int, int]) -> None:
         """A recompute before ``b_k`` finds each leaf ``u`` resident, or recomputes it then,
         or prefetches it then (``lower``'s just-in-time bring-back, a prefetch at ``b_k``):
         ``r_k + (u still freed at b_k) - r_u <= 1``."""
@@ -543,13 +475,18 @@ class Model:
         return values
 
     def solve(self, *, integral: bool, gap: float = 1e-4,
-              fixed: dict[int, float] | None = None, node_limit: int | None = None
-              ) -> Solution:
+              fixed: dict[int, float] | None = None, node_limit: int | None = None,
+              cutoff: float | None = None, light: bool = False) -> Solution:
         """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
         ``node_limit`` bounds the branch-and-bound work of a MILP in nodes. No wall-clock
         limit is ever set: HiGHS's MIP solver is deterministic for a given model and node
         limit, so the same input gives the same answer on a loaded machine and an idle one
-        (data-parallel ranks compare their plans). The matrix is built once per Model."""
+        (data-parallel ranks compare their plans). The matrix is built once per Model.
+        ``cutoff`` (seconds, MILPs only): HiGHS prunes every node whose bound is not below
+        it (``objective_bound``), so a local search that only wants a better plan than its
+        incumbent stops as soon as none can exist (the answer is then empty). ``light``
+        turns HiGHS's RINS and RENS sub-MIP heuristics off (both deterministic): on
+        ResNet-152's segment MILPs they took half the CPU and found no better plans."""
         if self._built is None:
             rows, lo0, hi0 = self.build()
             matrix = coo_matrix((rows.v, (rows.r, rows.c)),
@@ -573,8 +510,15 @@ class Model:
         options: dict[str, float | bool] = {"mip_rel_gap": gap, "presolve": True}
         if node_limit is not None and integral:
             options["node_limit"] = node_limit
-        res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
-                   constraints=LinearConstraint(matrix, row_lo, row_hi), options=options)
+        if cutoff is not None and integral and math.isfinite(cutoff):
+            options["objective_bound"] = cutoff * SECONDS
+        if light and integral:
+            options["mip_heuristic_run_rins"] = False
+            options["mip_heuristic_run_rens"] = False
+        with warnings.catch_warnings():  # scipy passes HiGHS's own options on with a warning
+            warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
+            res = milp(cost, integrality=integrality, bounds=Bounds(lo, hi),
+                       constraints=LinearConstraint(matrix, row_lo, row_hi), options=options)
         sol = Solution(status=str(res.message))
         if res.x is None:
             return sol

@@ -70,8 +70,10 @@ class Candidate:
     model, where option ``j`` stands for every stage in ``(bound_options[j-1],
     bound_options[j]]``. ``recompute`` is the primal price of
     recomputing it (its producer's time) or None when the primal model may not recompute it
-    (a random producer, or an input that is not resident at ``first_backward`` in the
-    in-core schedule: lowering would extend that input's life); ``recompute_floor`` is a
+    (a view, or an input that is not resident at ``first_backward`` in the in-core schedule
+    and not re-made by a chain: lowering would extend that input's life; a random producer,
+    dropout, is recomputed with its forward RNG state replayed, as outcore-checkpoint's
+    plans are, and the state's bytes are in the memory rule); ``recompute_floor`` is a
     price no plan can beat (the producer's time shared among its movable outputs).
     ``leaves`` are the candidates (by tensor id) among the producer's inputs whose gap
     contains ``first_backward``: they must be resident when the recompute runs.
@@ -233,7 +235,7 @@ def _recompute_price(graph: Graph, producer: int, b: int, op_time: tuple[float, 
     ``CHAIN_DEPTH`` levels, until inputs alive at ``b``; otherwise the primal model may not
     recompute (None)."""
     op = graph.ops[producer]
-    if op.random or op.category is OpCategory.VIEW:
+    if op.category is OpCategory.VIEW:  # random ops re-run with their forward RNG state
         return None, (), ()
     price = op_time[stage_of[producer]]
     leaves: list[int] = []
@@ -250,8 +252,7 @@ def _recompute_price(graph: Graph, producer: int, b: int, op_time: tuple[float, 
                     _add_leaf(leaves, gaps, t.storage, b)
                     continue
                 maker = graph.tensors[t.storage].producer
-                if (depth == CHAIN_DEPTH or t.storage not in rebuildable or maker is None
-                        or graph.ops[maker].random):
+                if depth == CHAIN_DEPTH or t.storage not in rebuildable or maker is None:
                     return None, (), ()  # lowering would keep it alive instead
                 chain.append(t.storage)
                 price += op_time[stage_of[maker]]

@@ -13,8 +13,9 @@ Steps (``plan_optimal``):
    prefetch share, recompute when its share is the largest), the node-limited MILP over the
    LP's fractional candidates, outcore-checkpoint's and the greedy planner's plans mapped to
    the model (warm starts, ``_seed_plans``), and a segment local search from the best.
-   The search's MILPs stop at ``SEARCH_GAP``, run without HiGHS's RINS/RENS heuristics,
-   and a segment's MILP is cut off at the incumbent's step (it only looks for better).
+   The search's MILPs stop at ``SEARCH_GAP`` (HiGHS's RINS/RENS heuristics stay on:
+   ``SEARCH_LIGHT``), and a segment's MILP is cut off at the incumbent's step (it only
+   looks for better).
    Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
@@ -68,6 +69,10 @@ NODE_LIMIT = 200
 #: Relative gap at which the search's MILPs stop (a local search step needs a better plan,
 #: not a proof; 1e-3 of a 2.4 s step is 2.4 ms). Exact MILPs use ``Model.solve``'s 1e-4.
 SEARCH_GAP = 1e-3
+#: Whether the search's MILPs run without HiGHS's RINS/RENS heuristics. Off: on ResNet-50
+#: b640 v100-pcie they find the better plan (2.152 s with them, 2.209 s without; the bound
+#: is 2.135 s) for about 1.7x the search's time (planner_table.py, 26 Nov 2026).
+SEARCH_LIGHT = False
 #: Branch-and-bound nodes per exact MILP (at most ``EXACT_CANDIDATES`` candidates). Work is
 #: bounded in nodes, never in seconds, so a plan does not depend on the machine's load.
 EXACT_NODES = 1000
@@ -254,7 +259,7 @@ def _search(model: Model, start: Solution, segments: int | None,
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
     sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
-                      light=True)
+                      light=SEARCH_LIGHT)
     incumbent = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
@@ -285,7 +290,7 @@ def _search(model: Model, start: Solution, segments: int | None,
                 pins.update(model.fix(k, pick))
         better = incumbent.objective * (1 - 1e-6)
         step = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
-                           cutoff=better, light=True)
+                           cutoff=better, light=SEARCH_LIGHT)
         idle += 1
         if step.choice and step.objective < better:
             incumbent, improved, idle = step, True, 0

@@ -5,8 +5,7 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.policies.optimal import build_problem
-from outcore.policies.optimal import formulation
+from outcore.policies.optimal import build_problem, formulation
 from outcore.policies.optimal.formulation import Model
 from outcore.sim.synthetic import residual_chain
 

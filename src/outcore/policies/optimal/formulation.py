@@ -515,7 +515,7 @@ class Model:
             for rc in self.r:
                 if rc is not None:
                     integrality[rc] = 1
-        options: dict[str, float | bool] = {"mip_rel_gap": gap, "presolve": True}
+        options: dict[str, float | bool | str] = {"mip_rel_gap": gap, "presolve": True}
         if node_limit is not None and integral:
             options["node_limit"] = node_limit
         if cutoff is not None and integral and math.isfinite(cutoff):

@@ -1,5 +1,5 @@
-"""The LPs (bound model and primal relaxation) run on HiGHS's interior point method with
-crossover: same optimum as the dual simplex, and a vertex (integral columns read as settled)."""
+"""The bound model's LP runs on HiGHS's interior point method with crossover: same optimum as
+the dual simplex. The primal relaxation (whose vertex seeds the search) stays on the simplex."""
 
 import pytest
 
@@ -14,22 +14,30 @@ COST = cost_model_for("v100-pcie")
 PEAK = reference_peaks(GRAPH).liveness
 
 
-@pytest.mark.parametrize("relaxed", [True, False])
 @pytest.mark.parametrize("fraction", [0.5, 0.7, 0.9])
-def test_ipm_lp_value_equals_the_simplex_lp_value(monkeypatch, relaxed, fraction):
+def test_ipm_bound_lp_value_equals_the_simplex_lp_value(monkeypatch, fraction):
     problem = build_problem(GRAPH, COST, int(PEAK * fraction))
     assert formulation.LP_SOLVER == "ipm"
-    ipm = Model(problem, relaxed=relaxed).solve(integral=False)
+    ipm = Model(problem, relaxed=True).solve(integral=False)
     monkeypatch.setattr(formulation, "LP_SOLVER", "simplex")
-    simplex = Model(problem, relaxed=relaxed).solve(integral=False)
+    simplex = Model(problem, relaxed=True).solve(integral=False)
     assert ipm.optimal and simplex.optimal
     assert ipm.objective == pytest.approx(simplex.objective, rel=1e-6)
     assert ipm.bound == pytest.approx(simplex.bound, rel=1e-6)
     assert ipm.objective >= problem.in_core_time * (1 - 1e-9)
 
 
-def test_ipm_lp_answer_is_read_into_a_choice_per_candidate():
+def test_only_the_bound_lp_is_sent_to_the_ipm(monkeypatch):
     problem = build_problem(GRAPH, COST, int(PEAK * 0.6))
-    sol = Model(problem, relaxed=False).solve(integral=False)
-    assert len(sol.choice) == len(problem.candidates) == len(sol.settled)
-    assert all(pick[0] in ("keep", "offload", "recompute") for pick in sol.choice)
+    seen: list[dict] = []
+    real = formulation.milp
+
+    def spy(*args, options, **kwargs):
+        seen.append(dict(options))
+        return real(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(formulation, "milp", spy)
+    Model(problem, relaxed=True).solve(integral=False)
+    Model(problem, relaxed=False).solve(integral=False)
+    Model(problem, relaxed=True).solve(integral=True, node_limit=10)
+    assert [o.get("solver") for o in seen] == ["ipm", None, None]

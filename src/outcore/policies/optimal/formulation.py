@@ -105,11 +105,13 @@ from outcore.policies.optimal.problem import Candidate, Problem
 from outcore.policies.optimal.rows import BYTES, SECONDS, Rows
 
 LP_SOLVER = "ipm"
-"""HiGHS's solver for pure LPs (``integral=False``): its interior point method with crossover
-(on by default), so the answer is still a vertex whose integral columns ``_settled`` reads.
-On ResNet-152 b256 (v100-pcie 16 GiB, one thread) it solves the bound LP in 4.7 s against
-the dual simplex's ~26 s, and the primal relaxation in 2.2 s against ~3.6 s, with the same
-optimum. Deterministic (no time limit). MILPs keep HiGHS's MIP solver."""
+"""HiGHS's solver for the bound model's LP (``relaxed=True, integral=False``): its interior
+point method with crossover (on by default). Only that LP's value is read (a lower bound).
+On ResNet-152 b256 (v100-pcie 16 GiB, one thread) it takes 4.7 s against the dual simplex's
+12.0 s, with the same optimum. The primal relaxation stays on the dual simplex. IPM is faster
+there too (2.2 s against 4.1 s), but it ends on another optimal vertex with fewer integral
+candidates, and the search starts from that vertex: r50-pcie's plan went from 2.152 to 2.187 s.
+Deterministic (no time limit). MILPs keep HiGHS's MIP solver."""
 
 
 @dataclass
@@ -493,8 +495,8 @@ class Model:
         it (``objective_bound``), so a local search that only wants a better plan than its
         incumbent stops as soon as none can exist (the answer is then empty). ``light``
         turns HiGHS's RINS and RENS sub-MIP heuristics off (both deterministic): on
-        ResNet-152's segment MILPs they took half the CPU and found no better plans. An LP
-        (``integral=False``) is solved by ``LP_SOLVER``."""
+        ResNet-152's segment MILPs they took half the CPU and found no better plans. The bound
+        model's LP (``relaxed`` and not ``integral``) is solved by ``LP_SOLVER``."""
         if self._built is None:
             rows, lo0, hi0 = self.build()
             matrix = coo_matrix((rows.v, (rows.r, rows.c)),
@@ -520,7 +522,7 @@ class Model:
             options["node_limit"] = node_limit
         if cutoff is not None and integral and math.isfinite(cutoff):
             options["objective_bound"] = cutoff * SECONDS
-        if not integral:
+        if not integral and self.relaxed:
             options["solver"] = LP_SOLVER
         if light and integral:
             options["mip_heuristic_run_rins"] = False

@@ -35,9 +35,16 @@ Two peaks, both from the CPU allocator's own events (``torch.profiler``,
   planner that uses its budget holds activations early in backward, where few gradients
   exist yet, so this measure penalises it for memory the peers leave empty at that point
   and fill with gradients later; it is shown beside the step peak.
-**Step time**: the median of ``--rounds`` interleaved rounds (every tool once per round,
-in a shuffled order), with the spread (min-max) over rounds; ratios are to eager in the same
-run. Run:
+**Step time**: the median of ``--rounds`` interleaved rounds (every tool once per round;
+each peer and the outcore rows matched to it run back to back as one block, the blocks and
+each block's members in a shuffled order), with the spread (min-max) over rounds; ratios are
+to eager in the same run. The verdicts give, per peer, two comparisons of outcore's time:
+the old **spread** test (resolved when outcore's slowest round beats the peer's fastest, or
+the reverse) and the **paired** statistic (``paired.py``): the per-round ratio outcore/peer
+over every round, its median and an order-statistic confidence interval for that median
+(95%, or the whole range's coverage when there are too few rounds: 93.8% at 5 rounds);
+resolved when the interval excludes 1. Pairing by round removes machine-load drift between
+rounds, which the spread test counts as noise. Run:
 
     python benchmarks/vs_pytorch.py                # the three models, full size
     python benchmarks/vs_pytorch.py --quick        # scaled down (2-layer GPT), minutes
@@ -51,7 +58,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import random
 import statistics
 import sys
 import time
@@ -76,6 +82,9 @@ from outcore.compiled import InductorRoundingWarning
 from outcore.cost.measure_temporaries import measure_temporaries
 from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
 from outcore.runtime.executor import Executor
+
+sys.path.insert(0, str(Path(__file__).parent))
+from paired import paired_ratio, round_order  # a sibling module of this script
 
 #: ATen ops whose outputs selective checkpointing saves (torchtitan-style op list).
 SAVE_OPS = {
@@ -487,10 +496,8 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
             models[f"outcore+inductor @ {peer}"] = model
     rows = {k: Row(w.name, k, act, whole, note=note)
             for k, (_, (act, whole), note) in tools.items()}
-    names = list(tools)
     for _ in range(rounds):
-        random.shuffle(names)
-        for k in names:
+        for k in round_order(list(tools)):
             zero_grad(models.get(k, w.model))
             t0 = time.perf_counter()
             tools[k][0]()
@@ -515,7 +522,8 @@ def table(rows: list[Row]) -> str:
 
 def verdicts(rows: list[Row], match: str = "step") -> list[str]:
     """Per peer: is outcore's peak (the ``match`` measure) <= the peer's, and its time <= the
-    peer's beyond the spread (its slowest round faster than the peer's fastest = resolved)?"""
+    peer's beyond the spread (its slowest round faster than the peer's fastest = resolved),
+    and the paired per-round ratio's median with its interval (``paired.py``)?"""
     lines = []
     by = {(r.model, r.tool): r for r in rows}
     measure = (lambda r: r.step_peak) if match == "step" else (lambda r: r.activation)
@@ -530,8 +538,10 @@ def verdicts(rows: list[Row], match: str = "step") -> list[str]:
         else:
             speed = "within the spread (median " + (
                 "faster" if o.median < r.median else "slower") + ")"
+        pair = paired_ratio(o.seconds, r.seconds)
         lines.append(f"{r.model} @ {r.tool}: {kind} memory {mem} peer, time {speed} "
-                     f"({o.median / r.median:.2f}x the peer's median)")
+                     f"({o.median / r.median:.2f}x the peer's median); paired "
+                     f"{pair.verdict}: {pair.text()}")
     return lines
 
 

@@ -26,6 +26,7 @@ from torch import fx
 
 from outcore.errors import CaptureError
 from outcore.graph.categories import categorize
+from outcore.graph.dtypes import itemsize
 from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
 
 _RANDOM_MARKERS = ("dropout", "bernoulli", "rand", "normal", "multinomial", "uniform")
@@ -159,7 +160,7 @@ class _Builder:
             numel = 1
             for s in t.shape:
                 numel *= s
-            total += numel * _itemsize(t.dtype)
+            total += numel * itemsize(t.dtype)
         return total
 
     def output(self, node: fx.Node) -> list[int]:
@@ -311,10 +312,6 @@ def _node_error(node: fx.Node, what: str) -> CaptureError:
         f"{_module_of(node)}: it {what}. Way out: run that part outside the model (e.g. in the "
         "data loader), rewrite it with plain torch operations, or report the node kind to "
         "outcore with this message.")
-
-
-def _itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
 def _flops(node: fx.Node) -> float:

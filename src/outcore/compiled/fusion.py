@@ -33,8 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
+from outcore.graph.dtypes import itemsize
 from outcore.graph.ir import STATIC_KINDS, Graph, Op, OpCategory, Phase, Tensor, TensorKind
 
 #: Consumers Inductor inlines a point-wise producer into.
@@ -53,8 +52,7 @@ class Fused:
 
 def _element_bytes(t: Tensor) -> int:
     """Bytes of the elements ``t`` itself spans (a view's too, unlike ``nbytes``)."""
-    size = torch.empty((), dtype=getattr(torch, t.dtype)).element_size()
-    return math.prod(t.shape) * size
+    return math.prod(t.shape) * itemsize(t.dtype)
 
 
 class _Wiring:

@@ -6,7 +6,6 @@ import pytest
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
 from outcore.policies.optimal import build_problem, formulation
-from outcore.policies.optimal.formulation import Model
 from outcore.sim.synthetic import residual_chain
 
 GRAPH = residual_chain(4, activation_bytes=1 << 30, conv_flops=2e10)
@@ -18,9 +17,9 @@ PEAK = reference_peaks(GRAPH).liveness
 def test_ipm_bound_lp_value_equals_the_simplex_lp_value(monkeypatch, fraction):
     problem = build_problem(GRAPH, COST, int(PEAK * fraction))
     assert formulation.LP_SOLVER == "ipm"
-    ipm = Model(problem, relaxed=True).solve(integral=False)
+    ipm = formulation.Model(problem, relaxed=True).solve(integral=False)
     monkeypatch.setattr(formulation, "LP_SOLVER", "simplex")
-    simplex = Model(problem, relaxed=True).solve(integral=False)
+    simplex = formulation.Model(problem, relaxed=True).solve(integral=False)
     assert ipm.optimal and simplex.optimal
     assert ipm.objective == pytest.approx(simplex.objective, rel=1e-6)
     assert ipm.bound == pytest.approx(simplex.bound, rel=1e-6)
@@ -37,7 +36,7 @@ def test_only_the_bound_lp_is_sent_to_the_ipm(monkeypatch):
         return real(*args, options=options, **kwargs)
 
     monkeypatch.setattr(formulation, "milp", spy)
-    Model(problem, relaxed=True).solve(integral=False)
-    Model(problem, relaxed=False).solve(integral=False)
-    Model(problem, relaxed=True).solve(integral=True, node_limit=10)
+    formulation.Model(problem, relaxed=True).solve(integral=False)
+    formulation.Model(problem, relaxed=False).solve(integral=False)
+    formulation.Model(problem, relaxed=True).solve(integral=True, node_limit=10)
     assert [o.get("solver") for o in seen] == ["ipm", None, None]

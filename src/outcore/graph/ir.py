@@ -184,7 +184,7 @@ class Graph:
                      if any(ops[c].phase is backward for c in t.consumers)}
         return [t for t in tensors
                 if t.id in read_back and not t.is_view and t.producer is not None
-                and self.ops[t.producer].phase is Phase.FORWARD]
+                and ops[t.producer].phase is Phase.FORWARD]
 
     # ---- checks --------------------------------------------------------------------------
     def validate(self) -> None:

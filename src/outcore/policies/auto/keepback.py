@@ -291,7 +291,6 @@ def keep_back(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
     current = peak_and_screen(graph, schedule)[1] if screen and pending else None
     while pending:  # group testing: a chunk that fits is kept whole, else split in halves
         chunk = pending.pop(0)
-        trial = None
         if current is None or not current.rejects(chunk, budget):
             for tid in chunk:
                 del plan.decisions[tid]

@@ -120,20 +120,24 @@ class Case:
         """The seed plans that are not outcore-auto's own schedule."""
         return [e for e in self.entries if e.policy != "outcore-auto" and not e.same_as_auto]
 
-    def resolved_pairs(self) -> tuple[int, int]:
+    def resolved_pairs(self) -> tuple[int, int, list[str]]:
         """(pairs of distinct plans whose measured order is resolved, of them ordered alike
-        by the simulator)."""
+        by the simulator, the others as "measured faster < measured slower")."""
         distinct = [e for e in self.entries if not e.same_as_auto]
         resolved = agree = 0
+        wrong: list[str] = []
         for i, a in enumerate(distinct):
             for b in distinct[i + 1:]:
                 verdict = paired_ratio(a.seconds, b.seconds).verdict
                 if verdict == "unresolved":
                     continue
                 resolved += 1
-                faster_sim = a.simulated < b.simulated
-                agree += faster_sim == (verdict == "faster") and a.simulated != b.simulated
-        return resolved, agree
+                faster, slower = (a, b) if verdict == "faster" else (b, a)
+                if faster.simulated < slower.simulated:
+                    agree += 1
+                else:
+                    wrong.append(f"{faster.policy} < {slower.policy}")
+        return resolved, agree, wrong
 
 
 def cost_of(graph: Graph, batch: Any, repeats: int) -> Any:
@@ -287,11 +291,12 @@ def report(cases: list[Case]) -> None:
         meas = [e.measured for e in case.entries]
         same = [e.policy for e in case.entries if e.same_as_auto]
         faster = sum(case.versus_auto(e).verdict == "faster" for e in case.seeds())
-        resolved, agree = case.resolved_pairs()
+        resolved, agree, wrong = case.resolved_pairs()
+        unlike = f" (measured, not simulated: {'; '.join(wrong)})" if wrong else ""
         print(f"| {case.model} | {case.fraction:.0%} | {len(case.entries)} | "
               f"{', '.join(same) or '-'} | {', '.join(case.refused) or '-'} | "
               f"{'yes' if case.auto_not_slower() else 'NO'} | {faster} of "
-              f"{len(case.seeds())} | {agree} of {resolved} | {spearman(sim, meas):.2f} | "
+              f"{len(case.seeds())} | {agree} of {resolved}{unlike} | {spearman(sim, meas):.2f} | "
               f"{pairwise(sim, meas):.0%} |", flush=True)
 
 

@@ -93,8 +93,9 @@ def test_paired_verdicts_leave_out_same_plans_and_count_resolved_pairs():
     assert [e.policy for e in case.seeds()] == ["dymem", "modnn"]
     assert case.versus_auto(slow).verdict == "faster"
     assert not case.auto_not_slower()  # modnn is resolved faster than auto
-    resolved, agree = case.resolved_pairs()
+    resolved, agree, unlike = case.resolved_pairs()
     assert (resolved, agree) == (3, 2)  # auto<dymem, modnn<dymem agree; auto vs modnn not
+    assert unlike == ["modnn < outcore-auto"]
     case.entries.remove(wrong)
     assert case.auto_not_slower()
 

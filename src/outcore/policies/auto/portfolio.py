@@ -87,6 +87,15 @@ TIE = 1e-9
 #: Run after the other candidates and skipped when a plan at the compute floor is known.
 LATE: tuple[str, ...] = ("pooch", "outcore-checkpoint", "outcore-optimal")
 
+#: A ``LATE`` candidate is also skipped once the best plan so far is within this fraction of
+#: a proven lower bound on that candidate's plans (``_near_bound``): it could gain at most
+#: this much. 3%: issue 15's gap target.
+NEAR_BOUND = 0.03
+#: ``LATE`` candidates whose schedules are ``outcore.plan.lower``'s (one sub-batch,
+#: framework kernels): the stage bound covers them. PoocH builds its own schedule (it frees
+#: forward intermediates ``lower`` keeps), so only the compute floor covers it.
+LOWERED: tuple[str, ...] = ("outcore-checkpoint", "outcore-optimal")
+
 #: Beyond this many movable activations only ``LINEAR`` candidates run (module doc).
 LARGE_GRAPH = 2000
 LINEAR: tuple[str, ...] = ("outcore-auto", "superneurons", "offload-all")
@@ -200,6 +209,7 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
 
     best = math.inf
     entries: dict[str, Entry] = {}
+    bounds: dict[str, float] = {}  # the stage bound, computed once when first needed
     for name in order:
         if large and name not in LINEAR:
             entries[name] = Entry(name, skipped=f"more than {LARGE_GRAPH} movable activations: "
@@ -209,6 +219,11 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
             entries[name] = Entry(name, skipped=f"a plan at the compute floor, "
                                   f"{floor * 1e3:.3f} ms, was already found")
             continue
+        if name in LATE and floor is not None and math.isfinite(best):
+            near = _near_bound(name, best, floor, bounds, graph, ctx)
+            if near is not None:
+                entries[name] = Entry(name, skipped=near)
+                continue
         fresh = PolicyContext(budget=ctx.budget, cost=ctx.cost, recapture=ctx.recapture,
                               host_budget=ctx.host_budget,
                               split_changes_ok=ctx.split_changes_ok)
@@ -235,6 +250,30 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
         entries[name] = Entry(name, dataclasses.replace(out, predicted_peak=peak,
                                                         step_time=seconds), seconds)
     return entries
+
+
+def _near_bound(name: str, best: float, floor: float, bounds: dict[str, float],
+                graph: Graph, ctx: PolicyContext) -> str | None:
+    """Why ``name`` (a ``LATE`` candidate) is skipped when the best plan so far, ``best``
+    seconds, is within ``NEAR_BOUND`` of a proven lower bound on every plan ``name`` can
+    return, else None. The bound: the compute floor for every candidate, and for
+    ``LOWERED`` ones also outcore-optimal's stage bound (``stage_bound``, one small LP
+    per stage of largest excess; computed once, into ``bounds``). Deterministic: a
+    comparison of simulated and model seconds, never a clock."""
+    bound, what = floor, "the compute floor"
+    if name in LOWERED and best > floor * (1 + NEAR_BOUND) and ctx.budget is not None:
+        if "stage" not in bounds:
+            from outcore.policies.optimal import build_problem, highs_quiet, stage_bound
+
+            with highs_quiet():
+                bounds["stage"] = stage_bound(build_problem(graph, ctx.cost, int(ctx.budget)))
+        if bounds["stage"] > bound:
+            bound, what = bounds["stage"], "the stage bound of plans lowered by outcore"
+    if best > bound * (1 + NEAR_BOUND):
+        return None
+    return (f"the best plan so far, {best * 1e3:.3f} ms, is within {NEAR_BOUND:.0%} of "
+            f"{what}, {bound * 1e3:.3f} ms, so {name} could gain at most "
+            f"{(best / bound - 1) * 100:.1f}%")
 
 
 def _without_variants(out: PolicyOutput) -> PolicyOutput:

@@ -87,14 +87,17 @@ TIE = 1e-9
 #: Run after the other candidates and skipped when a plan at the compute floor is known.
 LATE: tuple[str, ...] = ("pooch", "outcore-checkpoint", "outcore-optimal")
 
-#: A ``LATE`` candidate is also skipped once the best plan so far is within this fraction of
-#: a proven lower bound on that candidate's plans (``_near_bound``): it could gain at most
-#: this much. 3%: issue 15's gap target.
+#: These ``LATE`` candidates (they run after outcore-optimal) are also skipped once the best
+#: plan so far is within ``NEAR_BOUND`` of a proven lower bound on their plans
+#: (``_near_bound``): each could gain at most that much. 3%: issue 15's gap target.
+#: outcore-optimal itself is never skipped so (its exact model's 1% is the finer target).
+NEAR_SKIP: tuple[str, ...] = ("outcore-checkpoint", "pooch")
 NEAR_BOUND = 0.03
-#: ``LATE`` candidates whose schedules are ``outcore.plan.lower``'s (one sub-batch,
-#: framework kernels): the stage bound covers them. PoocH builds its own schedule (it frees
-#: forward intermediates ``lower`` keeps), so only the compute floor covers it.
-LOWERED: tuple[str, ...] = ("outcore-checkpoint", "outcore-optimal")
+#: Of ``NEAR_SKIP``, the candidates whose schedules are ``outcore.plan.lower``'s (one
+#: sub-batch, framework kernels): the stage bound covers them. PoocH builds its own
+#: schedule (it frees forward intermediates ``lower`` keeps), so only the compute floor
+#: covers it.
+LOWERED: tuple[str, ...] = ("outcore-checkpoint",)
 
 #: Beyond this many movable activations only ``LINEAR`` candidates run (module doc).
 LARGE_GRAPH = 2000
@@ -219,7 +222,7 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
             entries[name] = Entry(name, skipped=f"a plan at the compute floor, "
                                   f"{floor * 1e3:.3f} ms, was already found")
             continue
-        if name in LATE and floor is not None and math.isfinite(best):
+        if name in NEAR_SKIP and floor is not None and math.isfinite(best):
             near = _near_bound(name, best, floor, bounds, graph, ctx)
             if near is not None:
                 entries[name] = Entry(name, skipped=near)
@@ -254,7 +257,7 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
 
 def _near_bound(name: str, best: float, floor: float, bounds: dict[str, float],
                 graph: Graph, ctx: PolicyContext) -> str | None:
-    """Why ``name`` (a ``LATE`` candidate) is skipped when the best plan so far, ``best``
+    """Why ``name`` (of ``NEAR_SKIP``) is skipped when the best plan so far, ``best``
     seconds, is within ``NEAR_BOUND`` of a proven lower bound on every plan ``name`` can
     return, else None. The bound: the compute floor for every candidate, and for
     ``LOWERED`` ones also outcore-optimal's stage bound (``stage_bound``, one small LP

@@ -11,8 +11,14 @@ import pytest
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
 from outcore.policies import PolicyContext
-from outcore.policies.auto import CANDIDATES, LATE, compute_floor, greedy_policy, portfolio, \
-    run_portfolio
+from outcore.policies.auto import (
+    CANDIDATES,
+    LATE,
+    compute_floor,
+    greedy_policy,
+    portfolio,
+    run_portfolio,
+)
 from outcore.policies.optimal import build_problem, stage_bound
 from outcore.sim.synthetic import residual_chain
 

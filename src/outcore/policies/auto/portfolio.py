@@ -34,6 +34,18 @@ winner's step is the same as without the skip, though on a tie another candidate
 may be the one returned). The test is a comparison of simulated seconds, never a clock,
 so the plan is the same on every machine (data-parallel ranks compare plans).
 
+**Skipping searches near a bound** (issue 15). outcore-optimal runs first of ``LATE``;
+then each of ``NEAR_SKIP`` (outcore-checkpoint, PoocH) is skipped once the best plan so far
+is within ``NEAR_BOUND`` (3%) of a proven lower bound on every plan that candidate can
+return: the compute floor above, and for ``LOWERED`` planners (outcore-checkpoint, whose
+schedules are ``outcore.plan.lower``'s: one sub-batch, framework kernels) also
+outcore-optimal's stage bound (``stage_bound``; one small LP per stage of largest excess,
+computed once per run and only when the floor alone does not decide). PoocH builds its own
+schedules (it frees forward intermediates ``lower`` keeps; the stage bound does not cover
+them), so only the floor counts for it. A skipped candidate could gain at most
+``NEAR_BOUND`` over the winner, and ``explain()`` says so with the figures. Deterministic
+too (simulated and model seconds, no clock).
+
 **Large graphs.** Beyond ``LARGE_GRAPH`` movable activations (SuperNeurons' 2,500-unit
 ResNet has 5,000) only ``LINEAR`` candidates run, planners whose work grows about linearly
 with the graph; the others are skipped and say so (PoocH, moDNN, Dymem, vDNN-dyn and

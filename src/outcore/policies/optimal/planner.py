@@ -15,7 +15,13 @@ Steps (``plan_optimal``):
    the model (warm starts, ``_seed_plans``), and a segment local search from the best.
    The search's MILPs stop at ``SEARCH_GAP`` (HiGHS's RINS/RENS heuristics stay on:
    ``SEARCH_LIGHT``), and a segment's MILP is cut off at the incumbent's step (it only
-   looks for better).
+   looks for better). Stopping rule: the LP value is a lower bound on every integral
+   solution of the primal model, so once the incumbent's model step is within ``STOP_GAP``
+   of it the search ends (the seeds are then never planned, ``_LazySeeds``): no further
+   search could gain more than ``STOP_GAP`` on the model. Where the time goes (ResNet-152
+   b256 v100-pcie, 619 candidates, 23,649 rows; one thread): building the model 0.1 s,
+   the primal LP 4.1-4.5 s, each MILP on the whole model 1.5 s or more (HiGHS's presolve,
+   root and ~50 ms per node; Python is negligible).
    Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)

@@ -106,3 +106,13 @@ def test_the_plan_is_the_same_twice_at_any_stop_gap(monkeypatch, stop_gap):
     assert (first.plan.decisions, first.plan.prefetch_at, first.plan.release_at,
             first.step_time) == (again.plan.decisions, again.plan.prefetch_at,
                                  again.plan.release_at, again.step_time)
+
+
+def test_plan_optimal_plans_no_seed_when_the_fractional_milp_is_close_enough(monkeypatch):
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", 10.0)
+
+    def no_seeds(*args, **kwargs):
+        raise AssertionError("the seed planners ran")
+    monkeypatch.setattr(optimal_planner, "_seed_plans", no_seeds)
+    result = plan_optimal(GRAPH, BUDGET, COST, exact_candidates=0, bound=False)
+    assert result.plan.decisions

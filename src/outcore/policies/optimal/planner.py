@@ -223,7 +223,8 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
             break
         if not exact and starts is None:
             starts = _LazySeeds(graph, problem, cost)
-        tries = [sol] if exact else _search(model, sol, search_segments, starts or [])
+        tries = [sol] if exact else _search(model, sol, search_segments,
+                                               [] if starts is None else starts)
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:

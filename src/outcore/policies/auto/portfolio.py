@@ -35,14 +35,15 @@ may be the one returned). The test is a comparison of simulated seconds, never a
 so the plan is the same on every machine (data-parallel ranks compare plans).
 
 **Skipping searches near a bound** (issue 15). outcore-optimal runs first of ``LATE``;
-then each of ``NEAR_SKIP`` (outcore-checkpoint, PoocH) is skipped once the best plan so far
+then each of ``NEAR_SKIP`` (outcore-checkpoint) is skipped once the best plan so far
 is within ``NEAR_BOUND`` (3%) of a proven lower bound on every plan that candidate can
 return: the compute floor above, and for ``LOWERED`` planners (outcore-checkpoint, whose
 schedules are ``outcore.plan.lower``'s: one sub-batch, framework kernels) also
 outcore-optimal's stage bound (``stage_bound``; one small LP per stage of largest excess,
-computed once per run and only when the floor alone does not decide). PoocH builds its own
-schedules (it frees forward intermediates ``lower`` keeps; the stage bound does not cover
-them), so only the floor counts for it. A skipped candidate could gain at most
+computed once per run and only when the floor alone does not decide). PoocH is never
+skipped so: it builds its own schedules (it frees forward intermediates ``lower`` keeps;
+the stage bound does not cover them), the floor alone is too weak (``NEAR_SKIP``'s note).
+A skipped candidate could gain at most
 ``NEAR_BOUND`` over the winner, and ``explain()`` says so with the figures. Deterministic
 too (simulated and model seconds, no clock).
 
@@ -103,7 +104,11 @@ LATE: tuple[str, ...] = ("pooch", "outcore-checkpoint", "outcore-optimal")
 #: plan so far is within ``NEAR_BOUND`` of a proven lower bound on their plans
 #: (``_near_bound``): each could gain at most that much. 3%: issue 15's gap target.
 #: outcore-optimal itself is never skipped so (its exact model's 1% is the finer target).
-NEAR_SKIP: tuple[str, ...] = ("outcore-checkpoint", "pooch")
+#: PoocH is not in it: only the compute floor covers its schedules, and on the small zoo
+#: transformer (``planning_speed.py --rows transformer``) its plan, 0.2% faster than the
+#: best other one, lies within 3% of the floor, so skipping it lost that row's seed
+#: parity (issue 15: outcore-auto at least as fast as every seed policy).
+NEAR_SKIP: tuple[str, ...] = ("outcore-checkpoint",)
 NEAR_BOUND = 0.03
 #: Of ``NEAR_SKIP``, the candidates whose schedules are ``outcore.plan.lower``'s (one
 #: sub-batch, framework kernels): the stage bound covers them. PoocH builds its own

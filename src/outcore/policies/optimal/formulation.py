@@ -94,7 +94,6 @@ import bisect
 import itertools
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,7 +126,6 @@ class Solution:
     optimal: bool = False
     status: str = ""
     settled: list[bool] = field(default_factory=list)
-    values: np.ndarray | None = field(default=None, repr=False)
 
 
 class Model:
@@ -487,8 +485,7 @@ class Model:
 
     def solve(self, *, integral: bool, gap: float = 1e-4,
               fixed: dict[int, float] | None = None, node_limit: int | None = None,
-              cutoff: float | None = None, light: bool = False,
-              integer: Sequence[int] | None = None) -> Solution:
+              cutoff: float | None = None, light: bool = False) -> Solution:
         """Solve with HiGHS; ``fixed`` pins columns (see ``fix``) for a local search.
         ``node_limit`` bounds the branch-and-bound work of a MILP in nodes. No wall-clock
         limit is ever set: HiGHS's MIP solver is deterministic for a given model and node
@@ -513,11 +510,13 @@ class Model:
         cost[self.A + self.p.stages] = 1.0
         integrality = np.zeros(self.ncols)
         if integral:
-            for k in range(len(self.x)) if integer is None else integer:
-                integrality[self.x[k]] = 1
-                integrality[self.v[k]] = 1
-                if self.r[k] is not None:
-                    integrality[self.r[k]] = 1
+            for xs in self.x:
+                integrality[xs] = 1
+            for vs in self.v:
+                integrality[vs] = 1
+            for rc in self.r:
+                if rc is not None:
+                    integrality[rc] = 1
         options: dict[str, float | bool | str] = {"mip_rel_gap": gap, "presolve": True}
         if node_limit is not None and integral:
             options["node_limit"] = node_limit
@@ -542,7 +541,6 @@ class Model:
         sol.optimal = res.status == 0
         sol.choice = self._read(res.x)
         sol.settled = self._settled(res.x)
-        sol.values = res.x
         return sol
 
     def _settled(self, values: np.ndarray, tol: float = 1e-6) -> list[bool]:

@@ -176,4 +176,5 @@ BUILTIN_MODULES = [
     "outcore.policies.dymem",
     "outcore.policies.optimal.policy",
     "outcore.policies.auto",
+    "outcore.policies.fused_first",
 ]

@@ -19,11 +19,13 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
    (``portfolio=False``), as ``outcore.backend`` does. Under outcore-auto the plan of
    ``fused-first`` (``outcore.policies.fused_first``: fused element-wise work recomputed
    first, a matrix product only when memory forces it) is planned too, and the plan that
-   recomputes fewer heavy flops (matmul, convolution, attention; ties: the faster simulated
-   step) is taken: on Inductor's fused graph a recomputed element-wise op is a pass over
-   memory inside a fused kernel, a recomputed matrix product its whole flops again, which
-   the cost model's per-op prices do not see. A plan that still holds a tensor in host
-   memory is refused (``OffloadNotCompiledError``): Inductor's graphs run no copies.
+   recomputes fewer heavy flops (matmul, convolution, attention; ties: fewer random elements
+   drawn again by Inductor's generator, then the faster simulated step) is taken: on
+   Inductor's fused graph a recomputed element-wise op is a pass over memory inside a fused
+   kernel, a recomputed matrix product its whole flops again and a re-drawn dropout mask
+   tens of ns per element, which the cost model's per-op prices do not see. A plan that
+   still holds a tensor in host memory is refused (``OffloadNotCompiledError``): Inductor's
+   graphs run no copies.
 3. The tensors resident at the schedule's forward/backward cut (``saved.kept_at_cut``) are the
    saved set; forward nodes the backward cannot recompute (RNG seeds, mutations) are added
    and reported as *forced* (``saved.saved_nodes``). torch's ``_extract_fwd_bwd_modules``
@@ -42,6 +44,7 @@ forward leaves for the backward) is the plan's; the backward's transient peak is
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -59,6 +62,7 @@ from outcore.errors import CaptureError, InfeasibleBudgetError, ScheduleError
 from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
+from outcore.policies.fused_first import INLINE_DRAWS
 from outcore.runtime.split import split_point
 
 from .fusion import fuse_elementwise
@@ -155,6 +159,25 @@ def _seeded_as_pointwise(graph: Graph, nodes: NodeMap) -> None:
             op.category = OpCategory.ELEMENTWISE
 
 
+#: The IR targets of Inductor's inline random draws (``_seeded_ops`` but the seed lookup).
+_DRAW_TARGETS = ("prims.inductor_random.default", "prims.inductor_randint.default")
+
+
+def _draws(graph: Graph, merged: dict[int, list[int]] | None = None) -> dict[int, int]:
+    """Op id -> random elements the op draws inline (Inductor's seeded random ops, counted
+    on ``graph``; ``merged`` maps a fused graph's op ids to ``graph``'s, whose draws are
+    summed). On this CPU Inductor's generator costs tens of ns per element on one thread
+    (the full-size GPT's forward kernels: 0.71 s, against 0.17 s for eager's
+    ``bernoulli_``), so fused-first keeps what re-drawing would rebuild first
+    (``outcore.policies.fused_first.INLINE_DRAWS``)."""
+    own = {op.id: math.prod(graph.tensors[op.outputs[0]].shape) for op in graph.ops
+           if op.target in _DRAW_TARGETS}
+    if merged is None:
+        return own
+    return {new: sum(own.get(m, 0) for m in old) for new, old in merged.items()
+            if any(m in own for m in old)}
+
+
 def pytree_leaves(module: fx.GraphModule) -> list[Any]:
     """The values a graph module returns, flattened."""
     [out] = module.graph.find_nodes(op="output")
@@ -208,12 +231,23 @@ def planned_heavy_flops(planned: PlannedStep) -> float:
                if isinstance(ins, Compute) and ins.recompute and ops[ins.op].category in _HEAVY)
 
 
+def planned_draws(planned: PlannedStep) -> int:
+    """Random elements the schedule's recomputes draw again (``INLINE_DRAWS``)."""
+    draws = planned.graph.meta.get(INLINE_DRAWS, {})
+    return sum(draws.get(ins.op, 0) for ins in planned.schedule.instructions
+               if isinstance(ins, Compute) and ins.recompute)
+
+
 def _lighter(a: PlannedStep, b: PlannedStep) -> bool:
-    """True when ``a`` recomputes fewer heavy flops than ``b``, or as many and its simulated
-    step is faster (a plan without a simulation is not faster)."""
+    """True when ``a`` recomputes fewer heavy flops than ``b``; on a tie, fewer random
+    draws (``planned_draws``); then a faster simulated step (a plan without a simulation is
+    not faster)."""
     fa, fb = planned_heavy_flops(a), planned_heavy_flops(b)
     if fa != fb:
         return fa < fb
+    da, db = planned_draws(a), planned_draws(b)
+    if da != db:
+        return da < db
     ta = a.simulation.step_time if a.simulation is not None else float("inf")
     tb = b.simulation.step_time if b.simulation is not None else float("inf")
     return ta < tb
@@ -276,9 +310,11 @@ class OutcorePartitioner(CustomPartitionerFn):
             measure_extern(graph, nodes)
         if self.fusion:
             fused = fuse_elementwise(graph)
+            fused.graph.meta[INLINE_DRAWS] = _draws(graph, fused.merged)
             planned = self._plan(fused.graph)
             kept = {fused.original[t] for t in kept_at_cut(planned)}
         else:
+            graph.meta[INLINE_DRAWS] = _draws(graph)
             planned = self._plan(graph)
             kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)

@@ -18,9 +18,11 @@ selective checkpointing (torchtitan's "op" policy) never recomputes them at all.
    too (each candidate lowered and measured; recomputing them all would replay the whole
    forward at the backward's start, no lower than keeping them). When none lowers the peak
    and it is still above the budget: ``InfeasibleBudgetError`` with the peak reached.
-3. **Keep back.** Memory the budget leaves is spent on keeping values, those whose
-   recompute costs the most time per byte first: a prefix of that order by bisection,
-   then single values (at most ``KEEP_TRIES`` more lowerings).
+3. **Keep back.** Memory the budget leaves is spent on keeping values: first those whose
+   producer draws random numbers inline (``graph.meta[INLINE_DRAWS]``, most draws per byte
+   first: a dropout mask kept as one byte per element spares the generator its whole
+   draw), then those whose recompute costs the most time per byte: a prefix of that order
+   by bisection, then single values (at most ``KEEP_TRIES`` more lowerings).
 
 Invariants: the plan only recomputes (nothing offloaded, no sub-batches), so a fusing
 compiler's partition can run it; the returned schedule's peak is at most the budget (the
@@ -46,6 +48,9 @@ HEAVY = frozenset({OpCategory.MATMUL, OpCategory.CONV, OpCategory.ATTENTION})
 #: Single-value keep-back tries after the bisected prefix (each one a lowering).
 KEEP_TRIES = 64
 NAME = "fused-first"
+#: ``graph.meta`` key: op id -> random elements the op draws inline (set by
+#: ``outcore.compiled``: Inductor's generator is far slower per element than a memory pass).
+INLINE_DRAWS = "inline_draws"
 
 
 def _price(graph: Graph, cost: object) -> Callable[[int], float]:
@@ -141,7 +146,12 @@ def fused_first_plan(graph: Graph, budget: int | None, cost: object) -> tuple[Pl
     recompute = {t for t in rebuild if graph.producer_op(t).category not in HEAVY}
     low = _Lowering(graph, budget)
     fitted = _force_heavy(low, recompute, heavy)
-    order = sorted(recompute, key=lambda t: (-price(t), t))
+    draws = graph.meta.get(INLINE_DRAWS, {})
+
+    def drawn(tid: int) -> float:
+        return draws.get(graph.tensors[tid].producer, 0) / max(graph.tensors[tid].nbytes, 1)
+
+    order = sorted(recompute, key=lambda t: (-drawn(t), -price(t), t))
     chosen, schedule = _keep_back(low, recompute, order, fitted)
     plan = _plan(chosen)
     plan.budget = budget

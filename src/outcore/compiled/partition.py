@@ -309,7 +309,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         if self.measure:
             measure_extern(graph, nodes)
         if self.fusion:
-            fused = fuse_elementwise(graph)
+            fused = fuse_elementwise(graph, frozenset(_draws(graph)))
             fused.graph.meta[INLINE_DRAWS] = _draws(graph, fused.merged)
             planned = self._plan(fused.graph)
             kept = {fused.original[t] for t in kept_at_cut(planned)}

@@ -119,8 +119,9 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
         budget: device memory per compiled graph (bytes, "64MB", "11.5GiB"), parameters and
             inputs included, as ``outcore.plan``'s; None = unbounded (outcore keeps what
             makes the step fastest).
-        policy: a name from ``outcore.policies()``; "auto" = outcore-auto (recompute chains
-            of any depth).
+        policy: a name from ``outcore.policies()``; "auto": outcore-auto's plan (recompute
+            chains of any depth) or fused-first's, whichever recomputes fewer matmul,
+            convolution and attention flops (``outcore.compiled.partition``).
         gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
         host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
             that still uses host memory is refused (``OffloadNotCompiledError``).

@@ -1,4 +1,4 @@
-"""``fused-first`` (outcore.policies.fused_first) and the inductor backend's use of it.
+"""``fused-first`` (outcore.compiled.fused_first) and the inductor backend's use of it.
 
 Pure-IR tests plan a captured tiny transformer (seconds); the backend test compiles one with
 Inductor (a few compiles) and checks gradients against eager PyTorch, the plan the backend
@@ -14,13 +14,13 @@ import torch
 
 import outcore
 from outcore.compiled import InductorRoundingWarning
+from outcore.compiled.fused_first import HEAVY, plan_fused_first
 from outcore.compiled.heavy import MinCutRecorder
 from outcore.compiled.partition import planned_heavy_flops
 from outcore.graph.ir import Graph
 from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
-from outcore.policies.fused_first import HEAVY
 
 TINY = {"seq_len": 64, "n_layer": 2, "n_head": 2, "d_model": 64}
 
@@ -41,6 +41,8 @@ def _cheap_peak(graph: Graph) -> int:
 
 
 def _plan(graph: Graph, budget: int | None, policy: str = "fused-first"):
+    if policy == "fused-first":
+        return plan_fused_first(graph, budget, "this-cpu")
     return outcore.plan(graph, budget, policy=policy, gpu="this-cpu", host_budget=0)
 
 

@@ -17,7 +17,7 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
    (``portfolio=False``), as ``outcore.backend`` does. Under outcore-auto the plan of
-   ``fused-first`` (``outcore.policies.fused_first``: fused element-wise work recomputed
+   ``fused-first`` (``fused_first``: fused element-wise work recomputed
    first, a matrix product only when memory forces it) is planned too, and the plan that
    recomputes fewer heavy flops (matmul, convolution, attention; ties: fewer random elements
    drawn again by Inductor's generator, then the faster simulated step) is taken: on
@@ -62,9 +62,9 @@ from outcore.errors import CaptureError, InfeasibleBudgetError, ScheduleError
 from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
-from outcore.policies.fused_first import INLINE_DRAWS
 from outcore.runtime.split import split_point
 
+from .fused_first import INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
 from .saved import kept_at_cut, kept_names, saved_nodes
@@ -72,8 +72,6 @@ from .temporaries import measure_extern
 
 #: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
 _AUTO = ("auto", "outcore-auto")
-#: The planner tried beside outcore-auto (step 2 of the module docstring).
-_FUSED_FIRST = "fused-first"
 #: Op categories whose recompute costs flops, not a memory pass, on a fused graph.
 _HEAVY = (OpCategory.MATMUL, OpCategory.CONV, OpCategory.ATTENTION)
 
@@ -169,7 +167,7 @@ def _draws(graph: Graph, merged: dict[int, list[int]] | None = None) -> dict[int
     summed). On this CPU Inductor's generator costs tens of ns per element on one thread
     (the full-size GPT's forward kernels: 0.71 s, against 0.17 s for eager's
     ``bernoulli_``), so fused-first keeps what re-drawing would rebuild first
-    (``outcore.policies.fused_first.INLINE_DRAWS``)."""
+    (``fused_first.INLINE_DRAWS``)."""
     own = {op.id: math.prod(graph.tensors[op.outputs[0]].shape) for op in graph.ops
            if op.target in _DRAW_TARGETS}
     if merged is None:
@@ -363,9 +361,7 @@ class OutcorePartitioner(CustomPartitionerFn):
             planned, refused = None, err
         if self.policy in _AUTO and self.budget is not None:
             try:
-                other = plan(graph, self.budget, policy=_FUSED_FIRST, gpu=self.gpu,
-                             **{k: v for k, v in self.options.items()
-                                if k == "host_budget"})
+                other = plan_fused_first(graph, self.budget, self.gpu)
             except InfeasibleBudgetError:
                 other = None
             if other is not None and (planned is None or _lighter(other, planned)):

@@ -176,5 +176,4 @@ BUILTIN_MODULES = [
     "outcore.policies.dymem",
     "outcore.policies.optimal.policy",
     "outcore.policies.auto",
-    "outcore.policies.fused_first",
 ]

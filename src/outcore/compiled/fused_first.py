@@ -1,8 +1,12 @@
 """``fused-first``: recompute fused element-wise work first, a matrix product only when forced.
 
-A recompute-only planner for graphs as a fusing compiler runs them (Inductor's joint graph,
-``outcore.compiled``). There every element-wise op, reduction and norm is part of one fused
-kernel; recomputing it in the backward costs one pass over memory, while recomputing a
+The inductor backend's own recompute-only planner for graphs as a fusing compiler runs them
+(Inductor's joint graph as ``fusion`` contracts it); ``partition.OutcorePartitioner`` plans
+with it beside outcore-auto (``plan_fused_first``). It is not a registered policy: it knows
+nothing of offloads or sub-batches, and its peak is not monotone in the budget.
+
+On a fused graph every element-wise op, reduction and norm is part of one fused kernel;
+recomputing it in the backward costs one pass over memory, while recomputing a
 matrix product, a convolution or an attention kernel costs its full flops again. Segment
 checkpointing (outcore-checkpoint) replays whole blocks, matrix products included, and
 selective checkpointing (torchtitan's "op" policy) never recomputes them at all.
@@ -40,8 +44,7 @@ from outcore.plan.lower import forward_intermediates, lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Schedule
-from outcore.policies.config import PolicyConfig
-from outcore.policies.registry import PolicyContext, PolicyOutput, register
+from outcore.planned import PlannedStep, cost_model_for
 
 #: Ops whose recompute costs real flops: recomputed only when the budget forces it.
 HEAVY = frozenset({OpCategory.MATMUL, OpCategory.CONV, OpCategory.ATTENTION})
@@ -163,10 +166,12 @@ def fused_first_plan(graph: Graph, budget: int | None, cost: object) -> tuple[Pl
     return plan, schedule
 
 
-@register(NAME, "recompute fused element-wise work first, a matmul/conv/attention output "
-          "only when the budget forces it (for compiled, fused graphs)")
-def fused_first(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
-    """Recompute-only plan of the module docstring under ``ctx.budget``."""
-    ctx.config_as(PolicyConfig)  # no options
-    plan, schedule = fused_first_plan(graph, ctx.budget, ctx.cost)
-    return PolicyOutput(plan, schedule, graph)
+def plan_fused_first(graph: Graph, budget: int | None, gpu: str | None) -> PlannedStep:
+    """``fused_first_plan`` priced on ``gpu``'s profile, as ``outcore.plan`` returns a plan:
+    the schedule's peak under the memory rule and its simulated step."""
+    from outcore.sim import simulate
+
+    model = cost_model_for(gpu, graph)
+    plan, schedule = fused_first_plan(graph, budget, model)
+    return PlannedStep(graph, plan, schedule, memory_curve(graph, schedule).peak, budget,
+                       simulate(graph, schedule, model))

@@ -82,7 +82,7 @@ def _plan(recompute: Iterable[int]) -> Plan:
 
 
 class _Lowering:
-    """Lowers recompute sets of one graph and remembers the last one that fit."""
+    """Lowers recompute sets of one graph under one budget: their peak and schedule."""
 
     def __init__(self, graph: Graph, budget: int) -> None:
         self.graph, self.budget = graph, budget

@@ -135,3 +135,31 @@ def test_the_min_cut_recorder_splits_as_min_cut(fresh_dynamo) -> None:
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
     heavy_targets = {k for k in recorder.targets[0] if "mm" in k}
     assert (recorder.heavy_flops[0] > 0) == bool(heavy_targets)
+
+
+def test_fallback_random_draws_eagers_masks_and_saves_them(fresh_dynamo) -> None:
+    """With ``fallback_random=True`` dropout runs eager's ``native_dropout``: at the same
+    seed the masks are eager's, so the gradients equal eager's to rounding; another seed's
+    are far from them (so the tolerance can fail). The masks are saved (forced), never
+    drawn again in the backward."""
+    w = _workload(0.1)
+    eager = copy.deepcopy(w.model)
+    be = outcore.inductor_backend(None, gpu="this-cpu", fallback_random=True)
+    compiled = torch.compile(w.model, backend=be, dynamic=False)
+    torch.manual_seed(3)
+    with pytest.warns(InductorRoundingWarning):
+        w.loss_fn(compiled(w.batch[0]), w.batch[1]).backward()
+    torch.manual_seed(3)
+    w.loss_fn(eager(w.batch[0]), w.batch[1]).backward()
+    [part] = be.partitions
+    assert part.forced and part.forced_bytes > 0
+    assert not any("dropout" in k or "rand" in k for k in part.recomputed_targets)
+    ours = [p.grad.clone() for p in w.model.parameters()]
+    for got, want in zip(ours, [p.grad for p in eager.parameters()], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    for p in eager.parameters():
+        p.grad = None
+    torch.manual_seed(4)
+    w.loss_fn(eager(w.batch[0]), w.batch[1]).backward()
+    assert any(not torch.allclose(got, p.grad, rtol=1e-4, atol=1e-6)
+               for got, p in zip(ours, eager.parameters(), strict=True))

@@ -316,13 +316,16 @@ Tool = tuple[Callable[[], Any], tuple[int, int], str]
 
 #: ``outcore.inductor_backend``'s ``fusion`` (``--inductor-no-fusion`` turns it off).
 FUSION = [True]
+#: ``outcore.inductor_backend``'s ``fallback_random`` (``--inductor-fallback-random``).
+FALLBACK_RANDOM = [False]
 
 
 def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
     """A fresh copy of the model compiled with ``outcore.inductor_backend(budget)``, its first
     step run (the compile); returns the step, the copy and the graph's ``Partition``."""
     m = copy.deepcopy(w.model)
-    be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0])
+    be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0],
+                                  fallback_random=FALLBACK_RANDOM[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)
@@ -559,12 +562,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the outcore @ rows (outcore's own executor)")
     parser.add_argument("--inductor-no-fusion", action="store_true",
                         help="outcore+inductor planned op by op (fusion=False)")
+    parser.add_argument("--inductor-fallback-random", action="store_true",
+                        help="outcore+inductor rows draw dropout with eager's generator "
+                             "(Inductor's fallback_random; the compile peer keeps Inductor's)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     FUSION[0] = not args.inductor_no_fusion
+    FALLBACK_RANDOM[0] = args.inductor_fallback_random
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)
     torch._dynamo.config.recompile_limit = 256

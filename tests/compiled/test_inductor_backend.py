@@ -17,6 +17,7 @@ from torch import nn
 
 import outcore
 from outcore.compiled import InductorRoundingWarning, OffloadNotCompiledError
+from outcore.compiled.partition import planned_draws
 from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
 
 TINY = {"seq_len": 64, "n_layer": 2, "n_head": 2, "d_model": 64}
@@ -97,9 +98,11 @@ def test_gradients_match_eager_and_the_saved_set_is_the_plans():
 
 
 def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
-    """Both draw from Inductor's RNG; the recomputed dropout masks must be the same draws.
-    The two partitions fuse differently, so the gradients agree to rounding; another seed's
-    masks move them far beyond that tolerance (checked, so the tolerance can fail)."""
+    """Both draw from Inductor's RNG; the dropout masks must be the same draws. The two
+    partitions fuse differently, so the gradients agree to rounding; another seed's masks
+    move them far beyond that tolerance (checked, so the tolerance can fail). At this budget
+    the plan keeps the masks (fused-first keeps what Inductor would draw again first), so
+    the backward re-draws none, where plain torch.compile's min-cut re-draws them."""
     w = _workload(0.1)
     twin = copy.deepcopy(w.model)
     be = outcore.inductor_backend(budget=_lowest_recompute_budget(w), gpu="this-cpu")
@@ -111,8 +114,10 @@ def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
     torch.manual_seed(5)
     plain(*w.batch).backward()
     [part] = be.partitions
-    # the dropout masks are recomputed in the backward from the saved seeds
-    assert part.recomputed_targets.get("prims.inductor_random.default", 0) > 0
+    # the dropout masks are kept: the backward draws no random number again
+    assert part.recomputed_targets.get("prims.inductor_random.default", 0) == 0
+    assert planned_draws(part.planned) == 0
+    assert sum(part.planned.graph.meta["inline_draws"].values()) > 0
     assert set(part.forced) <= {"inductor_seeds_default"}, part.forced
     ours_grads = _grads(w.model)
     for got, want in zip(ours_grads, _grads(twin), strict=True):

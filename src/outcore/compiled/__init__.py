@@ -3,6 +3,10 @@
 * ``partition``: ``OutcorePartitioner``, the aot_autograd partitioner whose saved set is
   outcore's plan (recompute only), and ``Partition``, its record per graph;
 * ``saved``: the plan's kept set at the forward/backward cut, mapped onto FX nodes;
+* ``fused_first``: the backend's own planner (fused work recomputed first, a matrix
+  product only when memory forces it), planned beside outcore-auto;
+* ``heavy``: the matmul/convolution flops a compiled backward recomputes, for outcore's
+  partitions and (``MinCutRecorder``) Inductor's min-cut;
 * ``backend``: ``inductor_backend(budget=...)``, the torch.compile backend (Inductor with
   that partitioner).
 

@@ -112,15 +112,16 @@ class InductorBackend:
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
                      fusion: bool = True, layout_optimization: bool = False,
-                     **options: Any) -> InductorBackend:
+                     fallback_random: bool = False, **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
         budget: device memory per compiled graph (bytes, "64MB", "11.5GiB"), parameters and
             inputs included, as ``outcore.plan``'s; None = unbounded (outcore keeps what
             makes the step fastest).
-        policy: a name from ``outcore.policies()``; "auto" = outcore-auto (recompute chains
-            of any depth).
+        policy: a name from ``outcore.policies()``; "auto": outcore-auto's plan (recompute
+            chains of any depth) or fused-first's, whichever recomputes fewer matmul,
+            convolution and attention flops (``outcore.compiled.partition``).
         gpu: the hardware profile the plan is priced on (``"this-cpu"`` for a CPU run).
         host_budget: as ``outcore.plan``'s; 0 (the default) plans recompute only. A plan
             that still uses host memory is refused (``OffloadNotCompiledError``).
@@ -137,6 +138,13 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             convolution weights into the backward, outside the saved set the plan chose
             (ResNet-18, 32x32, batch 8: the step's allocator peak 72.7 MiB with it, 44.9
             MiB without, against a plan that predicts 45.2). True lets Inductor decide.
+        fallback_random: Inductor's own ``fallback_random``: dropout draws with eager
+            PyTorch's generator (``native_dropout``, the same masks as eager at the same
+            seed) instead of Inductor's inline one, which costs far more per element on the
+            CPU (the full GPT of ``benchmarks/vs_pytorch.py``: plain ``torch.compile`` 0.83x
+            its default step time). Its masks cannot be drawn again in the backward, so each
+            dropout's outputs are saved (reported as ``Partition.forced``). Off by default:
+            on, the draws differ from plain ``torch.compile``'s.
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -154,7 +162,9 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
 
     limit = check_budget(budget)
     check_policy(policy, options)
-    patches = {} if layout_optimization else {"layout_optimization": False}
+    patches: dict[str, Any] = {} if layout_optimization else {"layout_optimization": False}
+    if fallback_random:
+        patches["fallback_random"] = True
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
                                               host_budget=host_budget, fusion=fusion,
                                               **options), patches)

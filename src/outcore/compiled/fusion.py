@@ -24,6 +24,9 @@ planner plans the contracted graph. Invariants:
 * A merged op stands where its last member (the one whose outputs survive) stood, reads
   the group's external inputs, flops are the members' sum, and bytes touched are what one
   fused kernel moves: each external input once and the outputs.
+* Backward inlining never goes through an op of ``draws`` (an inline random draw: on the
+  CPU Inductor's generator costs far more per element than reading a one-byte mask), so a
+  dropout mask the backward reads stays a value the plan keeps or recomputes.
 * Tensor ids are renumbered; ``Fused.original[new_id]`` is the tensor's id in the graph
   ``build_graph`` made (the ids ``NodeMap`` speaks).
 """
@@ -59,8 +62,9 @@ class _Wiring:
     """Each op's inputs after backward inlining, the flops inlined into it, and each
     tensor's reading ops (the graph itself is left as it is)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, draws: frozenset[int] = frozenset()) -> None:
         self.graph = graph
+        self.draws = draws
         self.viewed = {t.storage for t in graph.tensors if t.is_view}
         self.outputs = set(graph.outputs)
         self.inputs = {op.id: list(op.inputs) for op in graph.ops}
@@ -102,6 +106,8 @@ class _Wiring:
                 continue
             tid = op.outputs[0]
             parts = [self.roots(i) for i in op.inputs]
+            if op.id in self.draws or any(o in self.draws for _, chain in parts for o in chain):
+                continue  # re-drawing costs more than reading the value: a buffer of its own
             reads = frozenset().union(*(r for r, _ in parts))
             own = self.graph.tensors[tid].nbytes
             big = [self.graph.storage_bytes(r) for r in reads
@@ -152,9 +158,13 @@ def _groups(wiring: _Wiring) -> tuple[dict[int, int], set[int]]:
     return root, absorbed
 
 
-def fuse_elementwise(graph: Graph) -> Fused:
-    """``graph`` contracted as Inductor fuses it (module docstring); ``graph`` is unchanged."""
-    wiring = _Wiring(graph)
+def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused:
+    """``graph`` contracted as Inductor fuses it (module docstring); ``graph`` is unchanged.
+    ``draws``: ops that draw random numbers inline (Inductor's seeded random ops, planned as
+    point-wise): a backward op never reads a value through them (no backward inlining of a
+    chain that holds one), so the plan decides whether such a value, a dropout mask, is
+    kept or re-drawn."""
+    wiring = _Wiring(graph, draws)
     root, absorbed = _groups(wiring)
     members: dict[int, list[int]] = {}
     for op in graph.ops:

@@ -16,8 +16,16 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
-   (``portfolio=False``), as ``outcore.backend`` does. A plan that still holds a tensor in
-   host memory is refused (``OffloadNotCompiledError``): Inductor's graphs run no copies.
+   (``portfolio=False``), as ``outcore.backend`` does. Under outcore-auto the plan of
+   ``fused-first`` (``fused_first``: fused element-wise work recomputed
+   first, a matrix product only when memory forces it) is planned too, and the plan that
+   recomputes fewer heavy flops (matmul, convolution, attention; ties: fewer random elements
+   drawn again by Inductor's generator, then the faster simulated step) is taken: on
+   Inductor's fused graph a recomputed element-wise op is a pass over memory inside a fused
+   kernel, a recomputed matrix product its whole flops again and a re-drawn dropout mask
+   tens of ns per element, which the cost model's per-op prices do not see. A plan that
+   still holds a tensor in host memory is refused (``OffloadNotCompiledError``): Inductor's
+   graphs run no copies.
 3. The tensors resident at the schedule's forward/backward cut (``saved.kept_at_cut``) are the
    saved set; forward nodes the backward cannot recompute (RNG seeds, mutations) are added
    and reported as *forced* (``saved.saved_nodes``). torch's ``_extract_fwd_bwd_modules``
@@ -36,6 +44,7 @@ forward leaves for the backward) is the plan's; the backward's transient peak is
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -49,18 +58,22 @@ from torch._functorch import partitioners as tp
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from outcore.capture.convert import NodeMap, build_graph
-from outcore.errors import CaptureError, ScheduleError
+from outcore.errors import CaptureError, InfeasibleBudgetError, ScheduleError
 from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
-from outcore.plan.schedule import Offload, Prefetch
+from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
+from .fused_first import INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
+from .heavy import node_flops, recomputed_nodes
 from .saved import kept_at_cut, kept_names, saved_nodes
 from .temporaries import measure_extern
 
 #: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
 _AUTO = ("auto", "outcore-auto")
+#: Op categories whose recompute costs flops, not a memory pass, on a fused graph.
+_HEAVY = (OpCategory.MATMUL, OpCategory.CONV, OpCategory.ATTENTION)
 
 
 class OffloadNotCompiledError(ScheduleError):
@@ -84,6 +97,7 @@ class Partition:
     plan_kept_bytes: int = 0  # storages of the activations (and outputs) held at the cut
     recomputed: int = 0  # forward ops the backward graph runs again
     recomputed_targets: dict[str, int] = field(default_factory=dict)  # their ops, counted
+    recomputed_heavy_flops: int = 0  # flops of the matmuls/convolutions among them (heavy.py)
     forced_bytes: int = 0
     saved_bytes: int = 0  # storages of the saved activations (graph inputs' left out)
 
@@ -143,6 +157,25 @@ def _seeded_as_pointwise(graph: Graph, nodes: NodeMap) -> None:
             op.category = OpCategory.ELEMENTWISE
 
 
+#: The IR targets of Inductor's inline random draws (``_seeded_ops`` but the seed lookup).
+_DRAW_TARGETS = ("prims.inductor_random.default", "prims.inductor_randint.default")
+
+
+def _draws(graph: Graph, merged: dict[int, list[int]] | None = None) -> dict[int, int]:
+    """Op id -> random elements the op draws inline (Inductor's seeded random ops, counted
+    on ``graph``; ``merged`` maps a fused graph's op ids to ``graph``'s, whose draws are
+    summed). On this CPU Inductor's generator costs tens of ns per element on one thread
+    (the full-size GPT's forward kernels: 0.71 s, against 0.17 s for eager's
+    ``bernoulli_``), so fused-first keeps what re-drawing would rebuild first
+    (``fused_first.INLINE_DRAWS``)."""
+    own = {op.id: math.prod(graph.tensors[op.outputs[0]].shape) for op in graph.ops
+           if op.target in _DRAW_TARGETS}
+    if merged is None:
+        return own
+    return {new: sum(own.get(m, 0) for m in old) for new, old in merged.items()
+            if any(m in own for m in old)}
+
+
 def pytree_leaves(module: fx.GraphModule) -> list[Any]:
     """The values a graph module returns, flattened."""
     [out] = module.graph.find_nodes(op="output")
@@ -187,6 +220,35 @@ def _nbytes(node: fx.Node) -> int:
     if isinstance(val, torch.Tensor):
         return int(val.untyped_storage().nbytes())
     return 0
+
+
+def planned_heavy_flops(planned: PlannedStep) -> float:
+    """Flops of the heavy ops (``_HEAVY``) the schedule computes again (its recomputes)."""
+    ops = planned.graph.ops
+    return sum(float(ops[ins.op].flops) for ins in planned.schedule.instructions
+               if isinstance(ins, Compute) and ins.recompute and ops[ins.op].category in _HEAVY)
+
+
+def planned_draws(planned: PlannedStep) -> int:
+    """Random elements the schedule's recomputes draw again (``INLINE_DRAWS``)."""
+    draws = planned.graph.meta.get(INLINE_DRAWS, {})
+    return sum(draws.get(ins.op, 0) for ins in planned.schedule.instructions
+               if isinstance(ins, Compute) and ins.recompute)
+
+
+def _lighter(a: PlannedStep, b: PlannedStep) -> bool:
+    """True when ``a`` recomputes fewer heavy flops than ``b``; on a tie, fewer random
+    draws (``planned_draws``); then a faster simulated step (a plan without a simulation is
+    not faster)."""
+    fa, fb = planned_heavy_flops(a), planned_heavy_flops(b)
+    if fa != fb:
+        return fa < fb
+    da, db = planned_draws(a), planned_draws(b)
+    if da != db:
+        return da < db
+    ta = a.simulation.step_time if a.simulation is not None else float("inf")
+    tb = b.simulation.step_time if b.simulation is not None else float("inf")
+    return ta < tb
 
 
 class OutcorePartitioner(CustomPartitionerFn):
@@ -245,10 +307,12 @@ class OutcorePartitioner(CustomPartitionerFn):
         if self.measure:
             measure_extern(graph, nodes)
         if self.fusion:
-            fused = fuse_elementwise(graph)
+            fused = fuse_elementwise(graph, frozenset(_draws(graph)))
+            fused.graph.meta[INLINE_DRAWS] = _draws(graph, fused.merged)
             planned = self._plan(fused.graph)
             kept = {fused.original[t] for t in kept_at_cut(planned)}
         else:
+            graph.meta[INLINE_DRAWS] = _draws(graph)
             planned = self._plan(graph)
             kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)
@@ -265,9 +329,8 @@ class OutcorePartitioner(CustomPartitionerFn):
         names = [n.name for n in saved]  # pruned by the extraction to what the backward reads
         fw_out = pytree_leaves(fw_module)
         fw_saved = [n for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)]
-        fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
-        again = Counter(str(n.target) for n in bw_module.graph.nodes
-                        if n.op == "call_function" and n.name in fw_ops)
+        redone = recomputed_nodes(fw_module, bw_module)
+        again = Counter(str(n.target) for n in redone)
         self.partitions.append(Partition(
             planned=planned, saved=names,
             kept=[n.name for n in chosen.kept if n.name in names],
@@ -279,6 +342,7 @@ class OutcorePartitioner(CustomPartitionerFn):
                 graph.tensors[t].storage for t in kept}
                 if graph.tensors[s].kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT)),
             recomputed=sum(again.values()), recomputed_targets=dict(again),
+            recomputed_heavy_flops=sum(node_flops(n) for n in redone),
             forced_bytes=sum(_nbytes(n) for n in chosen.forced if n.name in names),
             saved_bytes=_storage_bytes([n for n in saved if n not in chosen.primals],
                                        list(gm.graph.find_nodes(op="placeholder")))))
@@ -286,16 +350,40 @@ class OutcorePartitioner(CustomPartitionerFn):
 
     def _plan(self, graph: Any) -> PlannedStep:
         """Plan ``graph``; under outcore-auto, a plan that cannot be cut into a forward and a
-        backward is replaced by its greedy planner's; a plan that offloads is refused."""
-        planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu, simulate=False,
-                       **self.options)
+        backward is replaced by its greedy planner's, and fused-first's plan is taken when
+        it recomputes fewer heavy flops (module docstring); a plan that offloads is
+        refused."""
+        try:
+            planned: PlannedStep | None = self._plan_auto(graph)
+        except InfeasibleBudgetError as err:
+            if self.policy not in _AUTO:
+                raise
+            planned, refused = None, err
+        if self.policy in _AUTO and self.budget is not None:
+            try:
+                other = plan_fused_first(graph, self.budget, self.gpu)
+            except InfeasibleBudgetError:
+                other = None
+            if other is not None and (planned is None or _lighter(other, planned)):
+                planned = other
+        if planned is None:
+            raise refused
+        return self._recompute_only(planned)
+
+    def _plan_auto(self, graph: Any) -> PlannedStep:
+        """The plan of ``self.policy``, split-able (outcore-auto's greedy plan otherwise)."""
+        planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu, **self.options)
         try:
             split_point(planned.graph, planned.schedule)
         except ScheduleError:
             if self.policy not in _AUTO or self.options.get("portfolio") is False:
                 raise
             planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu,
-                           simulate=False, **{**self.options, "portfolio": False})
+                           **{**self.options, "portfolio": False})
+        return planned
+
+    def _recompute_only(self, planned: PlannedStep) -> PlannedStep:
+        """``planned``, or OffloadNotCompiledError when it moves tensors or splits the batch."""
         moved = sum(1 for ins in planned.schedule.instructions
                     if isinstance(ins, (Offload, Prefetch))) + len(planned.schedule.host_static)
         if moved or planned.plan.sub_batches > 1:

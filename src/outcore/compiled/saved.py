@@ -16,6 +16,7 @@ into FX nodes of aot_autograd's joint graph here. Invariants:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +52,16 @@ def is_forced(node: fx.Node) -> bool:
         or node.meta.get("partitioner_tag") == "must_be_in_forward"
 
 
+def _tuple_source(node: fx.Node) -> fx.Node | None:
+    """The op of which ``node`` is one output (``getitem``) when that op returns several
+    (``native_dropout`` under Inductor's ``fallback_random``): such an output is saved, not
+    the tuple, which a graph cannot return; None for any other node."""
+    if node.target is not operator.getitem or not isinstance(node.args[0], fx.Node):
+        return None
+    source = node.args[0]
+    return source if isinstance(source.meta.get("val"), (tuple, list)) else None
+
+
 @dataclass
 class SavedSet:
     """The nodes passed from the forward to the backward graph, and why."""
@@ -82,6 +93,14 @@ def saved_nodes(nodes: NodeMap, kept: set[int], forward: set[fx.Node],
             continue  # a tangent, or another input the backward receives anyway
         if node in forward:
             tid = nodes.node_tensors.get(node)
+            source = _tuple_source(node)
+            if source is not None:  # one output of an op returning several: save the output
+                if nodes.node_tensors.get(source) in kept or tid in kept:
+                    result.kept.append(node)
+                    continue
+                if is_forced(source):
+                    result.forced.append(node)
+                    continue
             if tid is not None and tid in kept:
                 result.kept.append(node)
                 continue
@@ -89,7 +108,21 @@ def saved_nodes(nodes: NodeMap, kept: set[int], forward: set[fx.Node],
                 result.forced.append(node)
                 continue
         stack.extend(node.all_input_nodes)
+    result.kept = _outputs_of_tuples(result.kept)
+    result.forced = _outputs_of_tuples(result.forced)
     return result
+
+
+def _outputs_of_tuples(saved: list[fx.Node]) -> list[fx.Node]:
+    """``saved`` with each op that returns several values replaced by its ``getitem`` users
+    (a graph returns tensors, not tuples)."""
+    out: list[fx.Node] = []
+    for node in saved:
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            out.extend(u for u in node.users if u.target is operator.getitem)
+        else:
+            out.append(node)
+    return list(dict.fromkeys(out))
 
 
 def kept_names(graph: Graph, nodes: NodeMap, kept: set[int]) -> set[str]:

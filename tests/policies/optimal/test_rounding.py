@@ -11,7 +11,7 @@ from outcore.graph.bounds import reference_peaks
 from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.verify import verify
-from outcore.policies.optimal import build_problem, formulation, planner, plan_optimal, rounding
+from outcore.policies.optimal import build_problem, formulation, plan_optimal, planner, rounding
 from outcore.sim import simulate
 from outcore.sim.synthetic import residual_chain
 

@@ -59,7 +59,8 @@ Two models share this code:
 * **bound** (``relaxed=True``): every true plan maps to a feasible point with objective at most
   its simulated step: option ``j`` stands for every prefetch stage in ``(options_{j-1},
   options_j]``, freed until the later end and issued at the earlier end; any candidate may be
-  recomputed at its ``recompute_floor``; no leaf constraint; but a recompute whose producer
+  recomputed at its ``recompute_floor`` (a producer with several movable outputs: one whole
+  run per op, ``op_runs``); no leaf constraint; but a recompute whose producer
   reads an activation no policy may move and that the in-core schedule has freed by then
   keeps that activation alive until the recompute (``lower`` extends its life) unless the
   plan re-makes it too (a recompute chain), so ``r_k <= y_u + sum_{b' <= b_k} z_(u,b')``:

@@ -12,15 +12,25 @@ one warm-up each); per plan:
 * ``measured``: the median step (wall clock), shown as a ratio to outcore-auto's median;
 * ``simulated``: the simulator's step on the same cost model, as a ratio to outcore-auto's;
 * ``peak``: the tracker's measured peak, which must equal the planned (predicted) peak;
-* per case, whether the simulated ranking of the plans matches the measured one: Spearman's
-  rank correlation and the share of pairs ordered alike (pairs whose measured medians are
-  within ``TIE`` of each other count as agreeing either way: the noise of this machine).
+* ``paired``: outcore-auto against this plan round by round (``paired.paired_ratio``: the
+  median of the per-round ratios auto/plan and its order-statistic interval; resolved when
+  the interval excludes 1). Each round runs the plans in a fresh random order, so no plan
+  always follows another. A seed whose schedule is outcore-auto's own, instruction for
+  instruction, is marked ``same plan``: it is the same program, so it is neither faster nor
+  slower, and it is left out of both verdicts below;
+* per case: whether outcore-auto is **no slower than every seed** (no paired interval lies
+  wholly above 1) and how many seeds it is resolved faster than; whether the simulated
+  ranking **matches the measured one**: among the pairs of distinct plans whose measured
+  order is resolved (their own paired interval excludes 1), how many the simulator orders
+  alike (pairs within the noise are ties and agree with any order); and, as before,
+  Spearman's rank correlation of the medians and the share of pairs ordered alike with
+  medians within ``TIE`` counted as ties.
 
 Seed policies run with their operator variants dropped (framework kernels, as outcore-auto's
 portfolio runs them); moDNN without sub-batches (no recapture). Speed is only reported as
 ratios within one run; timings on a loaded machine are noisy.
 
-    python benchmarks/planner_measured.py [--repeats 5] [--quick]
+    python benchmarks/planner_measured.py [--repeats 15] [--quick]
 """
 
 from __future__ import annotations
@@ -28,11 +38,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import random
 import statistics
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from paired import Paired, paired_ratio
 
 import outcore
 from outcore import zoo
@@ -73,6 +90,7 @@ class Entry:
     simulated: float
     seconds: list[float] = field(default_factory=list)
     measured_peak: int | None = None
+    same_as_auto: bool = False
 
     @property
     def measured(self) -> float:
@@ -89,6 +107,37 @@ class Case:
 
     def auto(self) -> Entry:
         return next(e for e in self.entries if e.policy == "outcore-auto")
+
+    def versus_auto(self, entry: Entry) -> Paired:
+        """outcore-auto's per-round steps over ``entry``'s (below 1: auto faster)."""
+        return paired_ratio(self.auto().seconds, entry.seconds)
+
+    def auto_not_slower(self) -> bool:
+        """No distinct seed plan is resolved faster than outcore-auto."""
+        return all(self.versus_auto(e).verdict != "slower" for e in self.seeds())
+
+    def seeds(self) -> list[Entry]:
+        """The seed plans that are not outcore-auto's own schedule."""
+        return [e for e in self.entries if e.policy != "outcore-auto" and not e.same_as_auto]
+
+    def resolved_pairs(self) -> tuple[int, int, list[str]]:
+        """(pairs of distinct plans whose measured order is resolved, of them ordered alike
+        by the simulator, the others as "measured faster < measured slower")."""
+        distinct = [e for e in self.entries if not e.same_as_auto]
+        resolved = agree = 0
+        wrong: list[str] = []
+        for i, a in enumerate(distinct):
+            for b in distinct[i + 1:]:
+                verdict = paired_ratio(a.seconds, b.seconds).verdict
+                if verdict == "unresolved":
+                    continue
+                resolved += 1
+                faster, slower = (a, b) if verdict == "faster" else (b, a)
+                if faster.simulated < slower.simulated:
+                    agree += 1
+                else:
+                    wrong.append(f"{faster.policy} < {slower.policy}")
+        return resolved, agree, wrong
 
 
 def cost_of(graph: Graph, batch: Any, repeats: int) -> Any:
@@ -127,18 +176,30 @@ def plans(graph: Graph, budget: int, cost: Any) -> tuple[list[Entry], list[str]]
                            host_budget=None)
     entries.append(Entry("outcore-auto", planned.graph, planned.schedule,
                          planned.predicted_peak, planned.simulation.step_time))
+    for e in entries[:-1]:
+        e.same_as_auto = same_program(e.schedule, planned.schedule)
     return entries, refused
+
+
+def same_program(a: Schedule, b: Schedule) -> bool:
+    """Whether two schedules run the same instructions with the same kernels."""
+    return (a.instructions == b.instructions and a.variants == b.variants
+            and a.sub_batches == b.sub_batches)
 
 
 def measure(entries: list[Entry], batch: Any, budget: int, bandwidth: float,
             repeats: int) -> None:
-    """Run every entry on an emulated device of capacity ``budget``, interleaved."""
+    """Run every entry on an emulated device of capacity ``budget``: one step of each per
+    round, in a fresh random order each round (seeded, so a run is repeatable)."""
+    order = random.Random(0)
     with EmulatedDevice(budget, bandwidth, bandwidth, latency_s=LATENCY) as device:
         executors = [Executor(e.graph, e.schedule, device) for e in entries]
         for ex in executors:
             ex.run(batch, apply=False)  # warm-up
+        pairs = list(zip(entries, executors, strict=True))
         for _ in range(repeats):
-            for entry, ex in zip(entries, executors, strict=True):
+            order.shuffle(pairs)
+            for entry, ex in pairs:
                 result = ex.run(batch, apply=False)
                 entry.seconds.append(result.seconds)
                 entry.measured_peak = result.peak_bytes
@@ -152,9 +213,11 @@ def run_case(name: str, batch_size: int, options: dict[str, Any], fractions: tup
     cost = cost_of(graph, work.batch, repeats)
     peak = reference_peaks(graph).liveness
     lowest = lowest_peak(graph, cost)
-    cases = []
+    cases: list[Case] = []
     for wanted in fractions:  # at least a tenth of the way from the floor to the peak
         budget = max(int(wanted * peak), lowest + (peak - lowest) // 10)
+        if any(c.budget == budget for c in cases):  # both raised to the same: half way
+            budget = lowest + (peak - lowest) // 2
         fraction = budget / peak
         entries, refused = plans(graph, budget, cost)
         measure(entries, work.batch, budget, cost.h2d_bandwidth, repeats)
@@ -204,30 +267,43 @@ def pairwise(sim: list[float], measured: list[float], tie: float = TIE) -> float
 
 
 def report(cases: list[Case]) -> None:
-    print("| model | budget | policy | simulated / auto | measured / auto | predicted peak "
-          "| measured peak | equal |\n|---|---|---|---|---|---|---|---|")
+    print("| model | budget | policy | simulated / auto | measured / auto | auto / plan, paired "
+          "| predicted peak | measured peak | equal |\n|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         auto = case.auto()
         for e in sorted(case.entries, key=lambda e: e.measured):
+            if e is auto:
+                versus = "-"
+            elif e.same_as_auto:
+                versus = "same plan"
+            else:
+                p = case.versus_auto(e)
+                versus = f"{p.text()} {p.verdict}"
             print(f"| {case.model} | {case.fraction:.0%} ({case.budget} B) | {e.policy} | "
                   f"{e.simulated / auto.simulated:.3f} | {e.measured / auto.measured:.3f} | "
-                  f"{e.predicted} | {e.measured_peak} | "
+                  f"{versus} | {e.predicted} | {e.measured_peak} | "
                   f"{'yes' if e.predicted == e.measured_peak else 'NO'} |")
-    print("\n| model | budget | plans | refused | Spearman | pairs agreeing | auto fastest "
-          "measured (within tie) |\n|---|---|---|---|---|---|---|")
+    print("\n| model | budget | plans | same as auto | refused | auto no slower than every seed "
+          "(paired) | auto resolved faster than | resolved pairs ordered alike | Spearman "
+          "| pairs agreeing (medians, tie 3%) |\n|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         sim = [e.simulated for e in case.entries]
         meas = [e.measured for e in case.entries]
-        best = min(meas)
-        auto_ok = case.auto().measured <= best * (1 + TIE)
+        same = [e.policy for e in case.entries if e.same_as_auto]
+        faster = sum(case.versus_auto(e).verdict == "faster" for e in case.seeds())
+        resolved, agree, wrong = case.resolved_pairs()
+        unlike = f" (measured, not simulated: {'; '.join(wrong)})" if wrong else ""
         print(f"| {case.model} | {case.fraction:.0%} | {len(case.entries)} | "
-              f"{', '.join(case.refused) or '-'} | {spearman(sim, meas):.2f} | "
-              f"{pairwise(sim, meas):.0%} | {'yes' if auto_ok else 'no'} |", flush=True)
+              f"{', '.join(same) or '-'} | {', '.join(case.refused) or '-'} | "
+              f"{'yes' if case.auto_not_slower() else 'NO'} | {faster} of "
+              f"{len(case.seeds())} | {agree} of {resolved}{unlike} | {spearman(sim, meas):.2f} | "
+              f"{pairwise(sim, meas):.0%} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> list[Case]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15,
+                        help="rounds (15 gives the paired interval 96.5% coverage)")
     parser.add_argument("--quick", action="store_true", help="one tiny case (for tests)")
     parser.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from outcore.errors import GraphError
-from outcore.graph.dtypes import itemsize
+from outcore.graph.dtypes import KNOWN, itemsize
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -22,3 +22,14 @@ def test_itemsize_matches_torch(dtype: torch.dtype) -> None:
 def test_itemsize_refuses_non_dtype(bad: str) -> None:
     with pytest.raises(GraphError, match=repr(bad)):
         itemsize(bad)
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_the_torch_free_table_agrees_with_torch(name: str) -> None:
+    expected = torch.empty((), dtype=getattr(torch, name)).element_size()
+    assert KNOWN[name] == expected
+
+
+def test_a_dtype_outside_the_table_asks_torch() -> None:
+    assert "uint16" not in KNOWN
+    assert itemsize("torch.uint16") == 2

@@ -16,8 +16,10 @@ from torch_knapsack import torch_knapsack_plan
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
+from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision
+from outcore.plan.schedule import Compute, Schedule
 from outcore.plan.verify import verify
 from outcore.policies.optimal import floor
 
@@ -71,3 +73,36 @@ def test_planner_measured_quick_peaks_equal_predicted(capsys):
         assert e.measured_peak == e.predicted <= cases[0].budget, e.policy
         assert len(e.seconds) == 1
     assert "| resnet20-cifar |" in capsys.readouterr().out
+
+
+def _entry(policy, simulated, seconds, same=False):
+    schedule = Schedule(instructions=[])
+    return planner_measured.Entry(policy, Graph([], [], []), schedule, 0, simulated, list(seconds),
+                                  same_as_auto=same)
+
+
+def test_paired_verdicts_leave_out_same_plans_and_count_resolved_pairs():
+    rounds = 9
+    auto = _entry("outcore-auto", 1.0, [1.0 + 0.01 * i for i in range(rounds)])
+    slow = _entry("dymem", 2.0, [2.0 + 0.01 * i for i in range(rounds)])
+    # a "seed" that is auto's own plan, measured faster by noise: left out of the verdicts
+    twin = _entry("pooch", 1.0, [0.9 + 0.01 * i for i in range(rounds)], same=True)
+    # a distinct plan the simulator ranks after auto but measured resolved faster
+    wrong = _entry("modnn", 1.5, [0.8 + 0.01 * i for i in range(rounds)])
+    case = planner_measured.Case("m", 0.5, 1, [auto, slow, twin, wrong], [])
+    assert [e.policy for e in case.seeds()] == ["dymem", "modnn"]
+    assert case.versus_auto(slow).verdict == "faster"
+    assert not case.auto_not_slower()  # modnn is resolved faster than auto
+    resolved, agree, unlike = case.resolved_pairs()
+    assert (resolved, agree) == (3, 2)  # auto<dymem, modnn<dymem agree; auto vs modnn not
+    assert unlike == ["modnn < outcore-auto"]
+    case.entries.remove(wrong)
+    assert case.auto_not_slower()
+
+
+def test_same_program_compares_instructions_and_kernels():
+    a = Schedule(instructions=[Compute(0)])
+    assert planner_measured.same_program(a, Schedule(instructions=[Compute(0)]))
+    assert not planner_measured.same_program(a, Schedule(instructions=[Compute(1)]))
+    assert not planner_measured.same_program(a, Schedule(instructions=[Compute(0)],
+                                                         variants={0: "x"}))

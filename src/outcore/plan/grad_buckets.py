@@ -25,17 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from outcore.graph.dtypes import itemsize
 from outcore.graph.ir import Graph
 from outcore.plan.residency import residency_steps
 from outcore.plan.schedule import Compute, Prefetch, Schedule
 
 #: DDP's default bucket size (25 MiB).
 DEFAULT_BUCKET_CAP = 25 * 1024 * 1024
-
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-             "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1,
-             "float8_e5m2": 1, "complex64": 8, "complex128": 16}
-
 
 @dataclass(frozen=True)
 class GradBucket:
@@ -62,14 +58,6 @@ def _numel(shape: Sequence[int]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _itemsize(dtype: str) -> int:
-    key = dtype.removeprefix("torch.")
-    if key not in _ITEMSIZE:
-        raise ValueError(f"gradient dtype {dtype!r} has no known item size; known: "
-                         f"{sorted(_ITEMSIZE)}")
-    return _ITEMSIZE[key]
 
 
 def final_at(graph: Graph, schedule: Schedule) -> dict[int, int]:
@@ -115,14 +103,14 @@ def assign_buckets(graph: Graph, schedule: Schedule,
             offsets.append(numel)
             numel += _numel(graph.tensors[tid].shape)
         buckets.append(GradBucket(len(buckets), tuple(members), tuple(offsets), numel,
-                                  numel * _itemsize(dtype), dtype,
+                                  numel * itemsize(dtype), dtype,
                                   max(ready[t] for t in members)))
         members.clear()
 
     size = 0
     for tid in order:
         t = graph.tensors[tid]
-        nbytes = _numel(t.shape) * _itemsize(t.dtype)
+        nbytes = _numel(t.shape) * itemsize(t.dtype)
         same = not members or graph.tensors[members[0]].dtype == t.dtype
         if members and (not same or size + nbytes > cap_bytes):
             close()

@@ -13,29 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outcore.graph.dtypes import itemsize
+
 CONV = "aten.convolution.default"
 CONV_BACKWARD = "aten.convolution_backward.default"
 SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 SDPA_BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
 
-_ITEMSIZE = {
-    "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2,
-    "bfloat16": 2, "complex64": 8, "complex128": 16, "int64": 8, "long": 8, "int32": 4,
-    "int": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
-
 
 def dtype_name(dtype: str) -> str:
     """Normalise "torch.float32" to "float32"."""
     return str(dtype).removeprefix("torch.")
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype string; raises ValueError for an unknown dtype."""
-    name = dtype_name(dtype)
-    if name not in _ITEMSIZE:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_ITEMSIZE)}")
-    return _ITEMSIZE[name]
 
 
 @dataclass(frozen=True)

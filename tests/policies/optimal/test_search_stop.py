@@ -1,0 +1,118 @@
+"""The search's stopping rule (``planner.STOP_GAP``): once an integral solution's model step
+is within ``STOP_GAP`` of the primal LP relaxation's value (a lower bound on the model's
+optimum), the search stops: no seed is planned and no segment is re-solved. Without it the
+segment search runs. The rule compares model steps only, so the plan stays deterministic."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from outcore.api import cost_model_for
+from outcore.graph.bounds import reference_peaks
+from outcore.policies.optimal import build_problem, plan_optimal
+from outcore.policies.optimal import formulation as optimal_formulation
+from outcore.policies.optimal import planner as optimal_planner
+from outcore.sim.synthetic import residual_chain
+
+COST = cost_model_for("v100-pcie")
+GRAPH = residual_chain(6, activation_bytes=1 << 28, conv_flops=4e9)
+BUDGET = int(reference_peaks(GRAPH).liveness * 0.6)
+
+
+class _Untouchable(Sequence[list[tuple]]):
+    """Seeds that must not be read (planning them is what the rule saves)."""
+
+    def __len__(self) -> int:
+        raise AssertionError("the seeds were read")
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        raise AssertionError("the seeds were read")
+
+
+class _Seeds(Sequence[list[tuple]]):
+    """Seeds that record being read."""
+
+    def __init__(self) -> None:
+        self.read = False
+
+    def __len__(self) -> int:
+        self.read = True
+        return 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        self.read = True
+        raise IndexError(i)
+
+
+def _model_and_lp():
+    problem = build_problem(GRAPH, COST, BUDGET)
+    model = optimal_formulation.Model(problem, relaxed=False)
+    start = model.solve(integral=False)
+    assert math.isfinite(start.objective)
+    return model, start
+
+
+def _count_solves(monkeypatch) -> list[dict]:
+    calls: list[dict] = []
+    real = optimal_formulation.Model.solve
+
+    def spy(self, **kw):
+        calls.append(kw)
+        return real(self, **kw)
+    monkeypatch.setattr(optimal_formulation.Model, "solve", spy)
+    return calls
+
+
+def test_the_search_stops_once_within_stop_gap_of_the_lp(monkeypatch):
+    model, start = _model_and_lp()
+    calls = _count_solves(monkeypatch)
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", 10.0)  # any integral solution is enough
+    found = optimal_planner._search(model, start, None, _Untouchable())
+    assert len(calls) == 1, "only the fractional MILP ran: no seed, no segment"
+    assert found[0] is start
+    best = min(s.objective for s in found[1:])
+    assert best <= start.objective * (1 + 10.0)
+
+
+def test_without_the_rule_the_segments_run_and_the_seeds_are_read(monkeypatch):
+    model, start = _model_and_lp()
+    calls = _count_solves(monkeypatch)
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", -1.0)  # never close enough
+    seeds = _Seeds()
+    optimal_planner._search(model, start, None, seeds)
+    assert seeds.read
+    segments = [kw for kw in calls if kw.get("cutoff") is not None]
+    assert segments, "the segment search ran"
+
+
+def test_a_stopped_search_is_never_better_than_the_full_one_on_the_model(monkeypatch):
+    model, start = _model_and_lp()
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", -1.0)
+    full = min(s.objective for s in optimal_planner._search(model, start, None, ())[1:])
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", 10.0)
+    stopped = min(s.objective for s in optimal_planner._search(model, start, None, ())[1:])
+    assert start.objective <= full * (1 + 1e-9) <= stopped * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("stop_gap", [0.0, 0.01, 10.0])
+def test_the_plan_is_the_same_twice_at_any_stop_gap(monkeypatch, stop_gap):
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", stop_gap)
+    first = plan_optimal(GRAPH, BUDGET, COST, exact_candidates=0, bound=False)
+    again = plan_optimal(GRAPH, BUDGET, COST, exact_candidates=0, bound=False)
+    assert first.plan.decisions, "the budget needs decisions (a non-trivial plan)"
+    assert (first.plan.decisions, first.plan.prefetch_at, first.plan.release_at,
+            first.step_time) == (again.plan.decisions, again.plan.prefetch_at,
+                                 again.plan.release_at, again.step_time)
+
+
+def test_plan_optimal_plans_no_seed_when_the_fractional_milp_is_close_enough(monkeypatch):
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", 10.0)
+
+    def no_seeds(*args, **kwargs):
+        raise AssertionError("the seed planners ran")
+    monkeypatch.setattr(optimal_planner, "_seed_plans", no_seeds)
+    result = plan_optimal(GRAPH, BUDGET, COST, exact_candidates=0, bound=False)
+    assert result.plan.decisions

@@ -59,7 +59,8 @@ Two models share this code:
 * **bound** (``relaxed=True``): every true plan maps to a feasible point with objective at most
   its simulated step: option ``j`` stands for every prefetch stage in ``(options_{j-1},
   options_j]``, freed until the later end and issued at the earlier end; any candidate may be
-  recomputed at its ``recompute_floor``; no leaf constraint; but a recompute whose producer
+  recomputed at its ``recompute_floor`` (a producer with several movable outputs: one whole
+  run per op, ``op_runs``); no leaf constraint; but a recompute whose producer
   reads an activation no policy may move and that the in-core schedule has freed by then
   keeps that activation alive until the recompute (``lower`` extends its life) unless the
   plan re-makes it too (a recompute chain), so ``r_k <= y_u + sum_{b' <= b_k} z_(u,b')``:
@@ -101,6 +102,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import
 from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
 
 from outcore.policies.optimal.d2h_windows import WINDOW_CAP, add_d2h_windows
+from outcore.policies.optimal.op_runs import OpRuns, op_runs
 from outcore.policies.optimal.problem import Candidate, Problem
 from outcore.policies.optimal.rows import BYTES, SECONDS, Rows
 
@@ -185,6 +187,12 @@ class Model:
                     if self.r[k] is not None and self.r[u] is not None:
                         self.nest[(k, u)] = col
                         col += 1
+        # bound: u_(m,b) = producer m re-run whole before stage b (``op_runs``)
+        self.runs = OpRuns()
+        if relaxed:
+            self.runs = op_runs(problem, {m for m, _ in self.remake}, col)
+            col += len(self.runs.cols)
+        self._grouped = self.runs.grouped
         self.ncols = col
         self.cuts = dict(cuts or {})
         self._built: tuple | None = None
@@ -209,6 +217,8 @@ class Model:
 
     def recompute_cost(self, k: int) -> float:
         c = self.p.candidates[k]
+        if self.relaxed and k in self._grouped:
+            return 0.0  # charged through its producer's run (``op_runs``)
         return SECONDS * (c.recompute_floor if self.relaxed else float(c.recompute or 0.0))
 
     def time_stage(self, k: int, j: int) -> int:
@@ -246,6 +256,8 @@ class Model:
             hi[col] = 1.0
         for col in self.nest.values():
             hi[col] = 1.0
+        for col in self.runs.cols.values():
+            hi[col] = 1.0
         return rows, lo, hi
 
     def _stream(self, rows: Rows) -> None:
@@ -256,6 +268,8 @@ class Model:
         remade: dict[int, list[tuple[int, float]]] = {}
         for (_, b), (col, floor) in self.remake.items():
             remade.setdefault(b, []).append((col, floor))
+        for b, charged in self.runs.charges().items():
+            remade.setdefault(b, []).extend(charged)
         for s, cs in enumerate(self.p.op_time):
             entries = {self.A + s + 1: 1.0, self.A + s: -1.0}
             for k in rec.get(s + 1, []):
@@ -379,6 +393,7 @@ class Model:
         if self.relaxed:
             self._dead_inputs(rows)
             self._bound_leaves(rows, index)
+            self.runs.add_rows(rows, self.r, self.p)
             return
         for k, c in enumerate(cands):
             rk = self.r[k]

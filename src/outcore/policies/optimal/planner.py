@@ -57,6 +57,7 @@ from outcore.plan.schedule import Compute, Schedule
 from outcore.plan.verify import verify
 from outcore.policies.optimal.formulation import Model, Solution
 from outcore.policies.optimal.problem import Problem, build_problem
+from outcore.policies.optimal.rounding import improve
 
 NAME = "outcore-optimal"
 #: Up to this many candidates the primal and bound models are solved as MILPs.
@@ -225,6 +226,7 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
             starts = _LazySeeds(graph, problem, cost)
         tries = [sol] if exact else _search(model, sol, search_segments,
                                                [] if starts is None else starts)
+        tries += [] if exact else improve(model, sol, tries)  # rounding.py: the root MILP
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:

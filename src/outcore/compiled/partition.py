@@ -64,7 +64,7 @@ from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
-from .fused_first import INLINE_DRAWS, plan_fused_first
+from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
 from .saved import kept_at_cut, kept_names, saved_nodes
@@ -72,8 +72,6 @@ from .temporaries import measure_extern
 
 #: Names of outcore-auto (whose portfolio may pick a plan the forward/backward cut refuses).
 _AUTO = ("auto", "outcore-auto")
-#: Op categories whose recompute costs flops, not a memory pass, on a fused graph.
-_HEAVY = (OpCategory.MATMUL, OpCategory.CONV, OpCategory.ATTENTION)
 
 
 class OffloadNotCompiledError(ScheduleError):
@@ -223,10 +221,10 @@ def _nbytes(node: fx.Node) -> int:
 
 
 def planned_heavy_flops(planned: PlannedStep) -> float:
-    """Flops of the heavy ops (``_HEAVY``) the schedule computes again (its recomputes)."""
+    """Flops of the heavy ops (``fused_first.HEAVY``) the schedule computes again."""
     ops = planned.graph.ops
     return sum(float(ops[ins.op].flops) for ins in planned.schedule.instructions
-               if isinstance(ins, Compute) and ins.recompute and ops[ins.op].category in _HEAVY)
+               if isinstance(ins, Compute) and ins.recompute and ops[ins.op].category in HEAVY)
 
 
 def planned_draws(planned: PlannedStep) -> int:

@@ -138,7 +138,7 @@ class _Builder:
                 self.tensors[tid].consumers.append(oid)
         self.ops.append(Op(id=oid, name=node.name, target=target, phase=phase,
                            category=category, inputs=inputs, outputs=outputs,
-                           flops=_flops(node), bytes_touched=self._bytes(inputs, outputs),
+                           flops=fx_flops(node), bytes_touched=self._bytes(inputs, outputs),
                            random=_is_random(node, target),
                            variant_options=_variant_options(node, target)))
         self.map.op_nodes.append(node)
@@ -314,8 +314,9 @@ def _node_error(node: fx.Node, what: str) -> CaptureError:
         "outcore with this message.")
 
 
-def _flops(node: fx.Node) -> float:
-    """FLOPs from torch's flop registry (matmul, conv, attention); else one per element."""
+def fx_flops(node: fx.Node) -> float:
+    """FLOPs of an FX call node from torch's flop registry (matmul, conv, attention), read
+    off its arguments' ``meta["val"]``; else one per output element."""
     from torch.utils.flop_counter import flop_registry
 
     packet = getattr(node.target, "overloadpacket", None)

@@ -7,15 +7,15 @@ forward/backward pair of FX graphs, so outcore's partition and Inductor's min-cu
 are measured by the same rule (a forward node's name that the backward graph also computes
 is a recompute; names are kept by ``_extract_fwd_bwd_modules`` for both partitioners).
 
-Invariant: flops are 2 * multiply-adds from the nodes' fake-tensor shapes (``meta["val"]``);
-a node without shapes counts 0, never a guess.
+Invariant: flops are torch's flop registry's (2 * multiply-adds) from the nodes' fake-tensor
+shapes (``meta["val"]``), the same count capture gives an op; a node without shapes counts
+0, never a guess.
 
 ``MinCutRecorder`` runs Inductor's own min-cut partitioner and records the same count.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -25,33 +25,29 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from outcore.capture.convert import fx_flops
+
 _aten = torch.ops.aten
-#: Matrix products: flops = 2 * (output elements) * (contracted size of the first operand).
-_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
-            _aten.baddbmm.default}
+#: The heavy targets counted: matrix products and convolutions.
+_HEAVY_TARGETS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+                  _aten.baddbmm.default, _aten.convolution.default}
 
 
-def _shape(node: object) -> tuple[int, ...] | None:
+def _shaped(node: object) -> bool:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
-        return tuple(int(s) for s in val.shape)
-    return None
+    return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape)
 
 
 def node_flops(node: fx.Node) -> int:
-    """Flops of one heavy node (``_MATMULS`` or ``convolution``); 0 for any other node."""
-    out = _shape(node)
-    if out is None:
+    """Flops of one heavy node (``_HEAVY_TARGETS``), by torch's flop registry as capture
+    counts them (``capture.convert.fx_flops``); 0 for any other node and for a node whose
+    output or tensor arguments have no concrete shape."""
+    if node.target not in _HEAVY_TARGETS or not _shaped(node):
         return 0
-    if node.target in _MATMULS:
-        first = node.args[1] if node.target in (_aten.addmm.default,
-                                                _aten.baddbmm.default) else node.args[0]
-        shape = _shape(first)
-        return 2 * math.prod(out) * shape[-1] if shape else 0
-    if node.target == _aten.convolution.default:
-        weight = _shape(node.args[1])
-        return 2 * math.prod(out) * math.prod(weight[1:]) if weight else 0
-    return 0
+    tensors = [a for a in node.args if isinstance(a, fx.Node)]
+    if not all(_shaped(a) for a in tensors):
+        return 0
+    return int(fx_flops(node))
 
 
 def recomputed_heavy_flops(forward: fx.GraphModule, backward: fx.GraphModule) -> int:

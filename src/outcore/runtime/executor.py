@@ -31,6 +31,7 @@ from outcore.plan.verify import verify
 from outcore.runtime.codegen import GeneratedStep, generate
 from outcore.runtime.devices.base import Device, SyncCPUDevice, untracked
 from outcore.runtime.devices.stats import TransferStats
+from outcore.runtime.eager_batch_norm import batch_norm_impls
 from outcore.runtime.failsafe import abandon_step, commit
 from outcore.runtime.host_weights import check_host_weights, hold_on_host, host_tensor
 from outcore.runtime.timed import TimedDevice
@@ -180,14 +181,17 @@ def set_rng_state(state: RngState) -> None:
         torch.cuda.set_rng_state(state[1])
 
 
-def variant_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., Any]]:
-    """Op id -> the callable of the operator algorithm the schedule chose for it."""
+def kernel_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., Any]]:
+    """Op id -> the callable run instead of the captured ATen op: eager's BatchNorm backend
+    (``eager_batch_norm``: cuDNN's kernels on CUDA where eager picks them), then the operator
+    algorithm the schedule chose (variants win)."""
+    impls = batch_norm_impls(graph)
     if not schedule.variants:
-        return {}
+        return impls
     from outcore.variants.registry import implementation
 
-    return {oid: implementation(graph.ops[oid].target, variant)
-            for oid, variant in schedule.variants.items() if variant != FRAMEWORK}
+    return {**impls, **{oid: implementation(graph.ops[oid].target, variant)
+                        for oid, variant in schedule.variants.items() if variant != FRAMEWORK}}
 
 
 class Executor:
@@ -219,7 +223,7 @@ class Executor:
         self.step = step
         self.device: Device = device if device is not None else SyncCPUDevice()
         #: op id -> the callable run for it instead of its ATen kernel
-        self.impls: dict[int, Callable[..., Any]] = {**variant_impls(graph, schedule),
+        self.impls: dict[int, Callable[..., Any]] = {**kernel_impls(graph, schedule),
                                                      **(impls or {})}
         self.grad_hook = grad_hook
         notify = grad_hook.tensors if grad_hook is not None else frozenset()

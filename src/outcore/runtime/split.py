@@ -48,7 +48,7 @@ from outcore.plan.schedule import (
 from outcore.plan.verify import verify
 from outcore.runtime.codegen import Emitter, recomputed_ops
 from outcore.runtime.devices.base import Device
-from outcore.runtime.executor import Runtime, variant_impls
+from outcore.runtime.executor import Runtime, kernel_impls
 from outcore.runtime.tracker import MemoryTracker
 from outcore.units import format_bytes
 
@@ -293,7 +293,7 @@ class CompiledGraph:
         verify(graph, schedule)
         self.planned = planned
         self.signature = signature
-        self.split: SplitStep = generate_split(graph, schedule, variant_impls(graph, schedule))
+        self.split: SplitStep = generate_split(graph, schedule, kernel_impls(graph, schedule))
         updated = {tid for tid, (kind, index) in signature.bindings.items()
                    if kind == "arg" and index in {i for i, _ in signature.mutations}}
         check_late_buffer_reads(graph, schedule, self.split.cut, updated,

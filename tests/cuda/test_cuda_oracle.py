@@ -1,7 +1,9 @@
 """The correctness oracle on a GPU: loss and gradients equal eager CUDA PyTorch's.
 
 * every zoo network (small) under keep (liveness), offload-all and recompute-cheap, on the
-  CUDA device with its copy streams: bit for bit, tracked peak == predicted peak;
+  CUDA device with its copy streams: bit for bit (gradients up to rounding where the backward
+  has a kernel without a deterministic implementation, ``NONDETERMINISTIC_BACKWARD``),
+  tracked peak == predicted peak;
 * four networks under every registered policy at a budget that keeps the static bytes and
   90% of the in-core (liveness) activation bytes, where most policies can plan (small
   networks are mostly parameters): bit for bit, except moDNN's sub-batches (a sum of
@@ -27,6 +29,13 @@ from outcore.runtime.executor import Executor
 from cuda_helpers import SEED, cuda_work, grads_close, grads_equal, run_planned
 
 BASELINES = [baseline.liveness, baseline.offload_all, baseline.recompute_cheap]
+#: networks whose backward runs a CUDA kernel with no deterministic implementation (atomic
+#: adds: two eager runs differ too), compared up to rounding; their losses stay bit-equal
+NONDETERMINISTIC_BACKWARD = {
+    "resnext101-3d": "max_pool3d_with_indices_backward_cuda has no deterministic kernel",
+    "llama-1b": "memory-efficient attention backward accumulates with atomics",
+    "llama-7b": "memory-efficient attention backward accumulates with atomics",
+}
 EVERY_POLICY_ON = [("resnet18", 32), ("vgg11", 32), ("transformer", 16), ("densenet121", 16)]
 
 
@@ -42,7 +51,10 @@ def test_zoo_network_matches_eager_on_cuda(name: str) -> None:
             stats = device.stats()
         label = f"{name}/{policy.__name__}"
         assert torch.equal(result.loss, work.loss), label
-        assert grads_equal(work) == [], label
+        if name in NONDETERMINISTIC_BACKWARD:  # eager itself differs run to run there
+            assert grads_close(work) == [], f"{label}: {NONDETERMINISTIC_BACKWARD[name]}"
+        else:
+            assert grads_equal(work) == [], label
         assert result.peak_bytes == predicted_peak(work.graph, schedule), label
         if policy is baseline.offload_all:
             assert stats.d2h.bytes == stats.h2d.bytes > 0, label

@@ -37,7 +37,9 @@ def run(work: CudaWork, schedule: Schedule, **device_options) -> tuple:
 
 
 @pytest.mark.parametrize("name", ["vgg11", "resnet18", "transformer"])
-def test_slowed_copies_change_nothing_and_overlap(name: str) -> None:
+def test_slowed_copies_change_nothing_and_stall_compute(name: str) -> None:
+    """How much copy time hides behind compute is speed (benchmarks/cuda_speed.py reports
+    it); on these small networks the kernels are microseconds, so it may be none at all."""
     work = cuda_work(name)
     schedule = lower(work.graph, baseline.offload_all(work.graph))
     for delay in (0, SLOW):
@@ -48,8 +50,6 @@ def test_slowed_copies_change_nothing_and_overlap(name: str) -> None:
         assert stats.d2h.copies == stats.h2d.copies > 0
         if delay:  # the compute stream really stood still for the slowed copies
             assert stats.exposed_s > 0.001
-        else:  # some copy time was hidden behind compute
-            assert stats.overlapped_s > 0
 
 
 def test_a_missing_prefetch_wait_reads_poison() -> None:

@@ -66,6 +66,7 @@ class _Builder:
         self.tensors: list[Tensor] = []
         self.ops: list[Op] = []
         self.storage_owner: dict[int, int] = {}
+        self.on_cpu: list[bool] = []  # per tensor id: its value lives in host memory
         self.map = NodeMap()
 
     def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
@@ -74,6 +75,7 @@ class _Builder:
         key = val.untyped_storage()._cdata
         base = self.storage_owner.setdefault(key, tid)
         nbytes = val.untyped_storage().nbytes() if base == tid else 0
+        self.on_cpu.append(val.device.type == "cpu")
         self.tensors.append(Tensor(id=tid, name=name, shape=tuple(int(s) for s in val.shape),
                                    dtype=_dtype_name(val.dtype), nbytes=int(nbytes), kind=kind,
                                    storage=base, producer=producer, source=source))
@@ -242,6 +244,7 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
     cannot run it (groups, dilation, dtype, ...)."""
     from outcore.cost.gpu_variants import gpu_time_factor_for
     from outcore.variants import registry, support
+    from outcore.variants.names import is_framework
     from outcore.variants.speeds import relative_speed
     from outcore.variants.torchmeta import arg_meta_of, kwarg_meta_of
 
@@ -250,8 +253,15 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
         return {}
     args, kwargs = arg_meta_of(node.args), kwarg_meta_of(node.kwargs)
     options: dict[str, dict[str, Any]] = {}
+    device = _device_of(node)
     for variant in names:
-        reason = support.refusal(target, variant, args, kwargs)
+        reason = (support.refusal(target, variant, args, kwargs) if device == "cpu" else
+                  None if is_framework(variant) else
+                  f"the step runs on {device}, where PyTorch's kernel library chooses the "
+                  "algorithm itself (cuDNN's convolution algorithms, fused attention); "
+                  "outcore's variants run on the CPU devices only (on a GPU their "
+                  "frequency-major layouts need copies no plan counts, and eager convolution "
+                  "there runs TF32)")
         if reason is not None:
             options[variant] = {"refused": reason}
             continue
@@ -259,6 +269,29 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
                             "speed": relative_speed(target, variant, args, kwargs),
                             "gpu_speed": gpu_time_factor_for(target, variant, args)}
     return options
+
+
+def _mark_host(builder: _Builder) -> None:
+    """On an accelerator step, flag ``Tensor.host`` on what ops return in host memory: outputs
+    whose traced value is on the CPU, and the 0-dim int64 outputs of fused attention (its
+    philox seed and offset, CPU tensors when eager runs it although tracing may describe them
+    on the device)."""
+    for t, on_cpu in zip(builder.tensors, builder.on_cpu, strict=True):
+        t.host = on_cpu and t.producer is not None
+    for op in builder.ops:
+        if "scaled_dot_product" in op.target and "backward" not in op.target:
+            for tid in op.outputs:
+                t = builder.tensors[tid]
+                t.host = t.host or (t.shape == () and t.dtype == "int64")
+
+
+def _device_of(node: fx.Node) -> str:
+    """The device type of the op's first tensor argument ("cpu" when it has none)."""
+    for arg in node.args:
+        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            return val.device.type
+    return "cpu"
 
 
 def _is_random(node: fx.Node, target: str) -> bool:
@@ -348,6 +381,8 @@ def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
         else:
             raise _node_error(node, f"is a {node.op} node, which the joint graph should not "
                               "contain")
+    if not all(builder.on_cpu):  # an accelerator step: mark what its ops return on the host
+        _mark_host(builder)
     graph = Graph(tensors=builder.tensors, ops=builder.ops, outputs=outputs, name=name)
     graph.validate()
     _mark_categories(graph)

@@ -71,6 +71,10 @@ class Tensor:
 
     ``nbytes`` is the bytes of the storage this tensor owns: 0 for a view (its base owns
     them). ``storage`` is the id of the base tensor whose storage this one lives in.
+    ``host`` marks a tensor an op returns in host memory although the step runs on an
+    accelerator (the RNG seed and offset of CUDA's fused attention): no policy may offload
+    or recompute it (it is never among ``Graph.activations``); its bytes still count, as the
+    executor's tracker counts every output.
     """
 
     id: int
@@ -83,6 +87,7 @@ class Tensor:
     producer: int | None = None
     consumers: list[int] = field(default_factory=list)
     source: str = ""  # parameter/buffer name, or "grad:<param>" for gradients
+    host: bool = False  # returned in host memory on an accelerator step (see above)
 
     @property
     def is_view(self) -> bool:
@@ -183,7 +188,7 @@ class Graph:
         read_back = {t.storage for t in tensors  # storages a backward op reads, via any alias
                      if any(ops[c].phase is backward for c in t.consumers)}
         return [t for t in tensors
-                if t.id in read_back and not t.is_view and t.producer is not None
+                if t.id in read_back and not t.is_view and not t.host and t.producer is not None
                 and ops[t.producer].phase is Phase.FORWARD]
 
     # ---- checks --------------------------------------------------------------------------

@@ -9,5 +9,5 @@ from outcore.policies.optimal.quiet import highs_quiet
 from outcore.policies.optimal.stage_bound import stage_bound
 
 __all__ = ["NAME", "Candidate", "OptimalResult", "Problem", "build_problem", "floor", "formulation",
-           "highs_quiet", "leaf_residency", "lower_bound", "plan_optimal", "planner", "rounding", "stage_bound",
-           "stage_order"]
+           "highs_quiet", "leaf_residency", "lower_bound", "plan_optimal", "planner", "rounding",
+           "stage_bound", "stage_order"]

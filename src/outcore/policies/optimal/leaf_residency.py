@@ -46,6 +46,7 @@ kept, all are 0. Each case gives ``n + r_u - w_(u,b) + y_u,later <= 1``. No othe
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -84,7 +85,7 @@ class LeafResidency:
             ru = recompute[u]
             assert ru is not None  # the bound model has r_u for every candidate
             chain = [self.cols[(u, s)] for s in ss] + [ru]
-            for a, b in zip(chain, chain[1:], strict=False):
+            for a, b in itertools.pairwise(chain):
                 rows.add({a: 1.0, b: -1.0}, -math.inf, 0.0)
         for need, b, u in self.needs:
             ru = recompute[u]

@@ -73,8 +73,9 @@ Two models share this code:
   bring-back), or re-made by then and held from there (``leaf_residency``). Release
   option ``i`` stands for every stage of ``(rho_k(i-1), rho_ki]`` (the last option ends at
   the last forward stage): freed from the earlier end, waited for at the later one. Its
-  LP (or MILP dual) value is a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
-  from these decisions (framework kernels, one sub-batch).
+  LP (or MILP dual) value is a lower bound on the simulated step time of every Plan
+  lowered by ``outcore.plan.lower`` from these decisions (framework kernels, one
+  sub-batch).
 * **primal**: exact prefetch and release stages, recompute priced at the producer's time
   (plus, for a chain, the producers of the freed forward intermediates it re-makes first),
   only when its candidate inputs (``leaves``) are resident at ``b_k`` or recomputed

@@ -52,6 +52,21 @@ def test_it_does_not_run_when_the_search_is_near_the_lp(monkeypatch):
     assert calls == []
 
 
+def test_it_does_not_run_when_the_search_is_far_above_the_lp(monkeypatch):
+    model, lp = model_and_lp(0.6)
+    (found,) = rounding.improve(model, lp, [lp])
+    calls = []
+    monkeypatch.setattr(model, "solve",
+                        lambda **kw: calls.append(kw) or formulation.Solution())
+    far = formulation.Solution(choice=found.choice,
+                               objective=lp.objective * (1 + rounding.FAR_ABOVE_LP) * 1.01)
+    assert rounding.improve(model, lp, [lp, far]) == []
+    assert calls == []
+    within = formulation.Solution(choice=found.choice,
+                                  objective=lp.objective * (1 + rounding.FAR_ABOVE_LP) * 0.99)
+    rounding.improve(model, lp, [lp, within])
+    assert len(calls) == 1  # between ABOVE_LP and FAR_ABOVE_LP it runs
+
 def test_it_only_returns_a_better_plan_than_the_search():
     model, lp = model_and_lp(0.6)
     (found,) = rounding.improve(model, lp, [lp])

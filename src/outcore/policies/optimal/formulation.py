@@ -68,13 +68,14 @@ Two models share this code:
   stage ``b'``, once for every later use) adds the least time re-making it costs (its
   producer's time) to the compute stream at ``b'``; the bytes a chain holds while it runs
   are not counted (a relaxation); deeper freed inputs likewise, up to ``CHAIN_DEPTH``
-  levels (deeper re-makes are free). A recompute finds each of its producer's candidate
-  inputs resident, or recomputes it, or prefetches it then (lowering's just-in-time
-  bring-back): ``r_k + (u freed at b_k) - r_u <= 1``. Release option ``i`` stands for every
-  stage of ``(rho_k(i-1), rho_ki]`` (the last option ends at the last forward stage): freed
-  from the earlier end, waited for at the later one. Its LP (or MILP dual) value is
-  a lower bound on the simulated step time of every Plan lowered by ``outcore.plan.lower``
-  from these decisions (framework kernels, one sub-batch).
+  levels (deeper re-makes are free). A recompute (or a re-make ``z``) finds each
+  candidate input of its op resident: kept, prefetched by then (lowering's just-in-time
+  bring-back), or re-made by then and held from there (``leaf_residency``). Release
+  option ``i`` stands for every stage of ``(rho_k(i-1), rho_ki]`` (the last option ends at
+  the last forward stage): freed from the earlier end, waited for at the later one. Its
+  LP (or MILP dual) value is a lower bound on the simulated step time of every Plan
+  lowered by ``outcore.plan.lower`` from these decisions (framework kernels, one
+  sub-batch).
 * **primal**: exact prefetch and release stages, recompute priced at the producer's time
   (plus, for a chain, the producers of the freed forward intermediates it re-makes first),
   only when its candidate inputs (``leaves``) are resident at ``b_k`` or recomputed
@@ -102,6 +103,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp  # type: ignore[import
 from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
 
 from outcore.policies.optimal.d2h_windows import WINDOW_CAP, add_d2h_windows
+from outcore.policies.optimal.leaf_residency import LeafResidency, leaf_residency
 from outcore.policies.optimal.op_runs import OpRuns, op_runs
 from outcore.policies.optimal.problem import Candidate, Problem
 from outcore.policies.optimal.rows import BYTES, SECONDS, Rows
@@ -193,6 +195,11 @@ class Model:
             self.runs = op_runs(problem, {m for m, _ in self.remake}, col)
             col += len(self.runs.cols)
         self._grouped = self.runs.grouped
+        # bound: w_(u,s) = recomputed leaf u re-made by stage s (``leaf_residency``)
+        self.leaf_res = LeafResidency()
+        if relaxed:
+            self.leaf_res = leaf_residency(problem, self.r, self.remake, col)
+            col += len(self.leaf_res.cols)
         self.ncols = col
         self.cuts = dict(cuts or {})
         self._built: tuple | None = None
@@ -258,6 +265,8 @@ class Model:
             hi[col] = 1.0
         for col in self.runs.cols.values():
             hi[col] = 1.0
+        for col in self.leaf_res.cols.values():
+            hi[col] = 1.0
         return rows, lo, hi
 
     def _stream(self, rows: Rows) -> None:
@@ -312,6 +321,7 @@ class Model:
             if last + 1 < until:
                 delta[last + 1][col] = delta[last + 1].get(col, 0.0) + BYTES * nbytes
                 delta[until][col] = delta[until].get(col, 0.0) - BYTES * nbytes
+        self.leaf_res.add_memory(delta, self.p)
         for t in range(self.p.stages):
             entries = {self.D + t: 1.0, **delta[t]}
             if t > 0:
@@ -392,7 +402,7 @@ class Model:
                 rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)  # released later => offloaded
         if self.relaxed:
             self._dead_inputs(rows)
-            self._bound_leaves(rows, index)
+            self.leaf_res.add_rows(rows, self.r, self._later_options())
             self.runs.add_rows(rows, self.r, self.p)
             return
         for k, c in enumerate(cands):
@@ -466,22 +476,15 @@ class Model:
                     entries.update({z: 1.0 for when, z in remakes[d.maker] if when <= b})
                 rows.add(entries, 0.0)
 
-    def _bound_leaves(self, rows: Rows, index: dict[int, int]) -> None:
-        """A recompute before ``b_k`` finds each leaf ``u`` resident, or recomputes it then,
-        or prefetches it then (``lower``'s just-in-time bring-back, a prefetch at ``b_k``):
-        ``r_k + (u still freed at b_k) - r_u <= 1``."""
-        for k, c in enumerate(self.p.candidates):
-            rk = self.r[k]
-            for leaf in c.bound_leaves:
-                u = index[leaf]
-                later = [j for j in range(len(self.x[u]))
-                         if self.time_stage(u, j) > c.first_backward]
-                if rk is None or not later:
-                    continue
-                entries = {rk: 1.0, self.x[u][later[0]]: 1.0}
-                if self.r[u] is not None:
-                    entries[self.r[u]] = -1.0  # type: ignore[index]
-                rows.add(entries, -math.inf, 1.0)
+    def _later_options(self) -> dict[tuple[int, int], int]:
+        """Bound model, per need ``(u, b)`` of ``leaf_residency``: the column ``y_u,j`` of
+        ``u``'s first prefetch option wholly after stage ``b`` (``u`` still freed at ``b``)."""
+        out: dict[tuple[int, int], int] = {}
+        for _, b, u in self.leaf_res.needs:
+            later = [j for j in range(len(self.x[u])) if self.time_stage(u, j) > b]
+            if later:
+                out[(u, b)] = self.x[u][later[0]]
+        return out
 
     # -- solving ----------------------------------------------------------------------------
     def fix(self, k: int, pick: tuple) -> dict[int, float]:

@@ -51,7 +51,9 @@ class DeadInput(NamedTuple):
     """A freed forward tensor a recompute needs (bound model). ``maker`` is the op that
     re-makes it (-1 when lowering cannot: it must be kept alive), ``seconds`` that op's
     time, ``needed_by`` -1 when the candidate's own producer reads it, else the ``maker``
-    of the freed input whose re-make reads it."""
+    of the freed input whose re-make reads it. ``leaves``: the candidates (by tensor id)
+    among ``maker``'s inputs whose gap contains the candidate's ``first_backward``: a
+    re-make by then needs them resident (``leaf_residency``)."""
 
     storage: int
     nbytes: int
@@ -59,6 +61,7 @@ class DeadInput(NamedTuple):
     maker: int
     seconds: float
     needed_by: int
+    leaves: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
             bound_options=tuple(range(f + 1, b + 1)) if every_stage
             else _options(heavy, f, b, BOUND_OPTIONS),
             dead_inputs=_dead_inputs(graph, producer.id, b, spans, movable_set,
-                                     rebuildable, op_time, stage_of)))
+                                     rebuildable, op_time, stage_of, gaps)))
     return Problem(tuple(order), op_time, tuple(memory), budget, tuple(cands),
                    int(model.copy_engines))
 
@@ -285,7 +288,8 @@ def _add_leaf(leaves: list[int], gaps: dict[int, tuple[int, int]], storage: int,
 def _dead_inputs(graph: Graph, producer: int, b: int,
                  spans: dict[int, tuple[int, int, int | None, int]],
                  movable: set[int], rebuildable: set[int], op_time: tuple[float, ...],
-                 stage_of: dict[int, int]) -> tuple[DeadInput, ...]:
+                 stage_of: dict[int, int], gaps: dict[int, tuple[int, int]]
+                 ) -> tuple[DeadInput, ...]:
     """Inputs of ``producer`` that no policy may move and that the in-core schedule frees
     before stage ``b``, and (up to ``CHAIN_DEPTH`` levels) the freed inputs of their
     producers, which re-making them needs in turn (see ``DeadInput``)."""
@@ -306,7 +310,7 @@ def _dead_inputs(graph: Graph, producer: int, b: int,
                 seconds = op_time[stage_of[maker]] if maker >= 0 else 0.0
                 out[(t.storage, needed_by)] = DeadInput(
                     t.storage, graph.tensors[t.storage].nbytes, span[3], maker, seconds,
-                    needed_by)
+                    needed_by, _direct_leaves(graph, maker, b, gaps) if maker >= 0 else ())
                 if maker >= 0:
                     nxt.append((maker, maker))
         frontier = nxt

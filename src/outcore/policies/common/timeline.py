@@ -34,6 +34,7 @@ PoocH's LO / LI sets are read from. Position p's memory is the sample after op p
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -339,14 +340,13 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
     need = dict(p.first_bwd)  # keyed by the features, in their order
     last = dict(p.last_bwd)
     size, free_at = p.size, ev.free_at
-    for x in reversed(p.features):  # later maps first: their chains read earlier ones
-        if cls[x] == RECOMPUTE:
-            for y in p.chains[x].reads:
-                if y in need:
-                    need[y] = min(need[y], need[x])
-                    last[y] = max(last[y], need[x])
-                elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
-                    spans.append((p.last_use[y] + 1, need[x] + 1, p.graph.tensors[y].nbytes))
+    for x in [x for x in reversed(p.features) if cls[x] == RECOMPUTE]:
+        for y in p.chains[x].reads:  # later maps first: their chains read earlier ones
+            if y in need:
+                need[y] = min(need[y], need[x])
+                last[y] = max(last[y], need[x])
+            elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
+                spans.append((p.last_use[y] + 1, need[x] + 1, p.graph.tensors[y].nbytes))
     ev.need_at = need
     ev.last_at = last
     swapped = []
@@ -367,13 +367,18 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
     _release_when_short(p, ev, memory, budget, swapped)
     swapped.sort(key=lambda x: (need[x], p.prod[x]))
     floor = p.nf
+    # earliest_fit inlined: bytes are whole numbers below 2**53, so with a whole budget
+    # ``m + size > budget`` is ``m > budget - size`` exactly (one array operation fewer)
     fit = swap_in_at is earliest_fit
+    whole = math.isfinite(budget) and float(budget).is_integer()
     for x in swapped:
         lo, at_most = max(floor, free_at[x]), need[x]
-        if fit:  # earliest_fit inlined (the same rule, without the call)
+        if fit:
             at = at_most
             if lo <= at_most:
-                over = (memory[lo:at_most + 1] + size[x] > budget).nonzero()[0]
+                window = memory[lo:at_most + 1]
+                over = (window > budget - size[x] if whole else window + size[x] > budget
+                        ).nonzero()[0]
                 if not over.size:
                     at = lo
                 elif over[-1] < at_most - lo:

@@ -109,6 +109,7 @@ class Profile:
         self.base = base
         self.base_list: list[float] = base.tolist()  # scalar reads in Python (same values)
         self.after_fwd = [self.last_fwd[x] + 1 for x in self.features]
+        self.backward_times = np.array(self.times[self.nf:-1], dtype=np.float64)
         self.out_bytes = np.array([sum(graph.tensors[t].nbytes for t in graph.ops[o].outputs)
                                    for o in self.order], dtype=np.float64)
         self.produced_at: dict[int, list[int]] = {}
@@ -320,7 +321,7 @@ def _release_after_forward(p: Profile, cls: dict[int, FeatureClass], ev: Evaluat
     late = [x for x in p.features if cls[x] == SWAP and x not in ev.free_at]
     if not late:
         return
-    starts = np.cumsum([t, *p.times[p.nf:-1]]) if p.n > p.nf else np.array([t])
+    starts = np.cumsum(np.concatenate(([t], p.backward_times))) if p.n > p.nf else np.array([t])
     for x in late:
         if sync_forward:
             ev.free_at[x] = p.nf

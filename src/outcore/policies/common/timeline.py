@@ -34,6 +34,7 @@ PoocH's LO / LI sets are read from. Position p's memory is the sample after op p
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -107,6 +108,8 @@ class Profile:
             base[self.last_fwd[x] + 1:self.last_bwd[x] + 1] -= self.size[x]
         self.base = base
         self.base_list: list[float] = base.tolist()  # scalar reads in Python (same values)
+        self.after_fwd = [self.last_fwd[x] + 1 for x in self.features]
+        self.backward_times = np.array(self.times[self.nf:-1], dtype=np.float64)
         self.out_bytes = np.array([sum(graph.tensors[t].nbytes for t in graph.ops[o].outputs)
                                    for o in self.order], dtype=np.float64)
         self.produced_at: dict[int, list[int]] = {}
@@ -114,6 +117,9 @@ class Profile:
         for x in self.features:
             self.produced_at.setdefault(self.prod[x], []).append(x)
             self.leaves_at.setdefault(self.last_fwd[x], []).append(x)
+        #: per forward position: base bytes, op time, maps made, maps past their last use
+        self.forward_steps = [(self.base_list[j], self.times[j], tuple(self.produced_at.get(j, ())),
+                               tuple(self.leaves_at.get(j, ()))) for j in range(self.nf)]
 
     # ---- set-up -----------------------------------------------------------------------------
     def _features(self) -> list[int]:
@@ -269,39 +275,41 @@ def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evalua
     """Forward timeline; fills copy-out ends, release positions and memory stalls."""
     t, d2h, ext = 0.0, 0.0, 0.0
     pending: list[tuple[float, int]] = []  # (copy-out end, map): swapped, past last forward use
-    base, times, produced_at, leaves_at = p.base_list, p.times, p.produced_at, p.leaves_at
-    for j in range(p.nf):
+    size, out_time = p.size, p.out_time
+    free_at, copy_out_end = ev.free_at, ev.copy_out_end
+    for j, (base, dt, made, leaving) in enumerate(p.forward_steps):
         while pending and pending[0][0] <= t:
             _, x = heapq.heappop(pending)
-            ext -= p.size[x]
-            ev.free_at[x] = j
-        need = base[j] + ext
+            ext -= size[x]
+            free_at[x] = j
+        need = base + ext
         while need > budget and pending:
             end, x = heapq.heappop(pending)
             ev.forward_stall[x] = max(0.0, end - t)
             t = max(t, end)
-            ext -= p.size[x]
-            need -= p.size[x]
-            ev.free_at[x] = j
+            ext -= size[x]
+            need -= size[x]
+            free_at[x] = j
         if need > budget and strict:
             ev.feasible = False
             ev.peak = need
             return t, d2h
-        t += times[j]
-        for x in produced_at.get(j, ()):
+        t += dt
+        for x in made:
             if cls[x] == SWAP:
                 start = max(t, d2h)
-                d2h = start + p.out_time[x]
-                ev.copy_out_end[x] = d2h
-        for x in leaves_at.get(j, ()):
-            if cls[x] == KEEP:
-                ext += p.size[x]
-            elif cls[x] == SWAP:
-                if ev.copy_out_end[x] <= t:
-                    ev.free_at[x] = j + 1
+                d2h = start + out_time[x]
+                copy_out_end[x] = d2h
+        for x in leaving:
+            c = cls[x]
+            if c == KEEP:
+                ext += size[x]
+            elif c == SWAP:
+                if copy_out_end[x] <= t:
+                    free_at[x] = j + 1
                 else:
-                    ext += p.size[x]
-                    heapq.heappush(pending, (ev.copy_out_end[x], x))
+                    ext += size[x]
+                    heapq.heappush(pending, (copy_out_end[x], x))
     ev.forward_end = t
     return t, d2h
 
@@ -313,7 +321,7 @@ def _release_after_forward(p: Profile, cls: dict[int, FeatureClass], ev: Evaluat
     late = [x for x in p.features if cls[x] == SWAP and x not in ev.free_at]
     if not late:
         return
-    starts = np.cumsum([t, *p.times[p.nf:-1]]) if p.n > p.nf else np.array([t])
+    starts = np.cumsum(np.concatenate(([t], p.backward_times))) if p.n > p.nf else np.array([t])
     for x in late:
         if sync_forward:
             ev.free_at[x] = p.nf
@@ -330,55 +338,71 @@ def _backward_memory(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, b
     below 2**53, so float64 sums are exact in any order (the profile equals slice-by-slice
     addition)."""
     spans: list[tuple[int, int, float]] = []  # [start, end) gets +bytes
-    need = {x: p.first_bwd[x] for x in p.features}
+    need = dict(p.first_bwd)  # keyed by the features, in their order
     last = dict(p.last_bwd)
-    for x in reversed(p.features):  # later maps first: their chains read earlier ones
-        if cls[x] == RECOMPUTE:
-            for y in p.chains[x].reads:
-                if y in need:
-                    need[y] = min(need[y], need[x])
-                    last[y] = max(last[y], need[x])
-                elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
-                    spans.append((p.last_use[y] + 1, need[x] + 1, p.graph.tensors[y].nbytes))
+    size, free_at = p.size, ev.free_at
+    for x in [x for x in reversed(p.features) if cls[x] == RECOMPUTE]:
+        for y in p.chains[x].reads:  # later maps first: their chains read earlier ones
+            if y in need:
+                need[y] = min(need[y], need[x])
+                last[y] = max(last[y], need[x])
+            elif need[x] > p.last_use[y]:  # a kept small activation read by the chain
+                spans.append((p.last_use[y] + 1, need[x] + 1, p.graph.tensors[y].nbytes))
     ev.need_at = need
     ev.last_at = last
     swapped = []
-    for x in p.features:
-        lo, hi = p.last_fwd[x] + 1, last[x] + 1
-        if cls[x] == KEEP:
-            spans.append((lo, hi, p.size[x]))
-        elif cls[x] == RECOMPUTE:
-            spans.append((need[x], hi, p.size[x]))
-        elif ev.free_at[x] > need[x] or ev.free_at[x] >= hi:  # never left: kept in effect
-            spans.append((lo, hi, p.size[x]))
-            ev.free_at.pop(x)
+    for x, lo in zip(p.features, p.after_fwd, strict=True):
+        c = cls[x]
+        if c == KEEP:
+            spans.append((lo, last[x] + 1, size[x]))
+        elif c == RECOMPUTE:
+            spans.append((need[x], last[x] + 1, size[x]))
+        elif free_at[x] > need[x] or free_at[x] > last[x]:  # never left: kept in effect
+            spans.append((lo, last[x] + 1, size[x]))
+            free_at.pop(x)
             cls[x] = KEEP
         else:
-            spans.append((lo, ev.free_at[x], p.size[x]))
+            spans.append((lo, free_at[x], size[x]))
             swapped.append(x)
     memory = p.base + span_sum(spans, len(p.base))
     _release_when_short(p, ev, memory, budget, swapped)
     swapped.sort(key=lambda x: (need[x], p.prod[x]))
     floor = p.nf
+    # earliest_fit inlined: bytes are whole numbers below 2**53, so with a whole budget
+    # ``m + size > budget`` is ``m > budget - size`` exactly (one array operation fewer)
+    fit = swap_in_at is earliest_fit
+    whole = math.isfinite(budget) and float(budget).is_integer()
     for x in swapped:
-        lo = max(floor, ev.free_at[x])
-        at = swap_in_at(p, x, lo, need[x], memory, budget)
-        at = min(max(at, lo), need[x])
+        lo, at_most = max(floor, free_at[x]), need[x]
+        if fit:
+            at = at_most
+            if lo <= at_most:
+                window = memory[lo:at_most + 1]
+                over = (window > budget - size[x] if whole else window + size[x] > budget
+                        ).nonzero()[0]
+                if not over.size:
+                    at = lo
+                elif over[-1] < at_most - lo:
+                    at = lo + int(over[-1]) + 1
+        else:
+            at = min(max(swap_in_at(p, x, lo, at_most, memory, budget), lo), at_most)
         ev.issue_at[x] = at
         floor = at
-        memory[at:last[x] + 1] += p.size[x]
+        memory[at:last[x] + 1] += size[x]
     return memory
 
 
 def span_sum(spans: list[tuple[int, int, float]], n: int) -> np.ndarray:
     """``out[i]`` = the bytes of every span ``[start, end)`` holding ``i`` (spans clipped to
     ``[0, n)`` as slices are; empty ones add nothing)."""
-    diff = np.zeros(n + 1)
-    live = [(max(a, 0), min(b, n), v) for a, b, v in spans if min(b, n) > max(a, 0)]
-    if live:
-        starts, ends, sizes = (np.array(col) for col in zip(*live, strict=True))
-        np.add.at(diff, starts, sizes)
-        np.add.at(diff, ends, -sizes)
+    if not spans:
+        return np.zeros(n)
+    starts, ends, sizes = (np.array(col) for col in zip(*spans, strict=True))
+    starts, ends = np.clip(starts, 0, n), np.clip(ends, 0, n)
+    live = ends > starts
+    sizes = np.where(live, sizes, 0.0)
+    diff = (np.bincount(starts, weights=sizes, minlength=n + 1)
+            - np.bincount(ends, weights=sizes, minlength=n + 1))
     return np.cumsum(diff[:n])
 
 
@@ -424,11 +448,16 @@ def _backward_time(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: 
             remakes.setdefault(ev.need_at[x], []).append(x)
     arrive: dict[int, float] = {}
     times, pos, release = p.times, p.pos, ev.release_wait
-    for j in range(p.nf, p.n):  # the same float operations in the same order, fewer lookups
+    events = sorted({j for j in (*release, *issued, *waits, *remakes) if p.nf <= j < p.n})
+    j0 = p.nf
+    for j in events:  # the same float operations in the same order as op by op
+        for dt in times[j0:j]:
+            t += dt
+        j0 = j + 1
         if j in release:
             t = max(t, release[j])
         if j in issued:
-            for x in sorted(issued[j], key=lambda x: (ev.need_at[x], p.prod[x])):
+            for x in issued[j]:  # (need, producer) order: _backward_memory fills issue_at so
                 start = max(t, h2d, ev.copy_out_end[x])
                 h2d = start + p.in_time[x]
                 arrive[x] = h2d
@@ -440,4 +469,6 @@ def _backward_time(p: Profile, cls: dict[int, FeatureClass], ev: Evaluation, t: 
             rerun = {op for x in remakes[j] for op in p.chains[x].ops}
             t += sum(times[pos[op]] for op in rerun)
         t += times[j]
+    for dt in times[j0:p.n]:
+        t += dt
     return t, h2d

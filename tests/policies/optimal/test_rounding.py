@@ -28,7 +28,8 @@ def model_and_lp(fraction: float) -> tuple[formulation.Model, formulation.Soluti
 @pytest.mark.parametrize("fraction", [0.8, 0.6])
 def test_the_root_milp_gives_verified_plans_that_fit(fraction):
     model, lp = model_and_lp(fraction)
-    (found,) = rounding.improve(model, lp, [lp])  # nothing better known: it runs
+    # nothing better known: it runs
+    (found,) = rounding.improve(model, lp, [lp], above_lp=planner.STOP_GAP)
     assert all(found.settled)  # an integral point of the model
     assert found.objective >= lp.objective * (1 - 1e-9)
     plan = planner._to_plan(GRAPH, model.p, found.choice, "root MILP")
@@ -42,36 +43,37 @@ def test_the_root_milp_gives_verified_plans_that_fit(fraction):
 
 def test_it_does_not_run_when_the_search_is_near_the_lp(monkeypatch):
     model, lp = model_and_lp(0.6)
-    (found,) = rounding.improve(model, lp, [lp])
+    (found,) = rounding.improve(model, lp, [lp], above_lp=planner.STOP_GAP)
     calls = []
     monkeypatch.setattr(model, "solve", lambda **kw: calls.append(kw))
     near = formulation.Solution(choice=found.choice, objective=lp.objective * 1.005)
-    assert rounding.improve(model, lp, [lp, near]) == []
+    assert rounding.improve(model, lp, [lp, near], above_lp=planner.STOP_GAP) == []
     monkeypatch.setattr(rounding, "ROOT_CANDIDATES", len(model.p.candidates) - 1)
-    assert rounding.improve(model, lp, [lp]) == []
+    assert rounding.improve(model, lp, [lp], above_lp=planner.STOP_GAP) == []
     assert calls == []
 
 
 def test_it_does_not_run_when_the_search_is_far_above_the_lp(monkeypatch):
     model, lp = model_and_lp(0.6)
-    (found,) = rounding.improve(model, lp, [lp])
+    (found,) = rounding.improve(model, lp, [lp], above_lp=planner.STOP_GAP)
     calls = []
     monkeypatch.setattr(model, "solve",
                         lambda **kw: calls.append(kw) or formulation.Solution())
     far = formulation.Solution(choice=found.choice,
                                objective=lp.objective * (1 + rounding.FAR_ABOVE_LP) * 1.01)
-    assert rounding.improve(model, lp, [lp, far]) == []
+    assert rounding.improve(model, lp, [lp, far], above_lp=planner.STOP_GAP) == []
     assert calls == []
     within = formulation.Solution(choice=found.choice,
                                   objective=lp.objective * (1 + rounding.FAR_ABOVE_LP) * 0.99)
-    rounding.improve(model, lp, [lp, within])
-    assert len(calls) == 1  # between ABOVE_LP and FAR_ABOVE_LP it runs
+    rounding.improve(model, lp, [lp, within], above_lp=planner.STOP_GAP)
+    assert len(calls) == 1  # between STOP_GAP and FAR_ABOVE_LP it runs
 
 def test_it_only_returns_a_better_plan_than_the_search():
     model, lp = model_and_lp(0.6)
-    (found,) = rounding.improve(model, lp, [lp])
+    (found,) = rounding.improve(model, lp, [lp], above_lp=planner.STOP_GAP)
     known = formulation.Solution(choice=found.choice, objective=found.objective)
-    assert rounding.improve(model, lp, [lp, known]) == []  # cut off at the known step
+    # cut off at the known step
+    assert rounding.improve(model, lp, [lp, known], above_lp=planner.STOP_GAP) == []
 
 
 def test_the_planner_keeps_its_plans_verified_with_the_root_milp():

@@ -226,7 +226,8 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
             starts = _LazySeeds(graph, problem, cost)
         tries = [sol] if exact else _search(model, sol, search_segments,
                                                [] if starts is None else starts)
-        tries += [] if exact else improve(model, sol, tries)  # rounding.py: the root MILP
+        # rounding.py: the root MILP, when the search ended without meeting STOP_GAP
+        tries += [] if exact else improve(model, sol, tries, above_lp=STOP_GAP)
         best: tuple[float, Plan, Schedule, Solution] | None = None
         worst: tuple[Plan, Schedule, list[int]] | None = None
         for found in tries:

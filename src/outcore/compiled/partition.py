@@ -12,9 +12,7 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
    phases are read from the dataflow, Inductor's seeded random ops are planned as
    point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
    (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
-   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op). The forward's outputs
-   the backward does not read leave, and the tangents arrive, when the backward starts
-   (``lifetimes``), as in a training step whose loss is computed outside the graph.
+   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op).
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan

@@ -67,7 +67,6 @@ from outcore.runtime.split import split_point
 from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
-from .lifetimes import arrive_tangents_with_backward, release_forward_outputs
 from .saved import kept_at_cut, kept_names, saved_nodes
 from .temporaries import measure_extern
 
@@ -308,14 +307,10 @@ class OutcorePartitioner(CustomPartitionerFn):
         if self.fusion:
             fused = fuse_elementwise(graph, frozenset(_draws(graph)))
             fused.graph.meta[INLINE_DRAWS] = _draws(graph, fused.merged)
-            release_forward_outputs(fused.graph)
-            arrive_tangents_with_backward(fused.graph)
             planned = self._plan(fused.graph)
             kept = {fused.original[t] for t in kept_at_cut(planned)}
         else:
             graph.meta[INLINE_DRAWS] = _draws(graph)
-            release_forward_outputs(graph)
-            arrive_tangents_with_backward(graph)
             planned = self._plan(graph)
             kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)

@@ -387,12 +387,13 @@ class InductorMatcher:
                                   model)
         return self.tried[budget]
 
-    def at(self, target: int, tries: int = 3, closer: int = 1) -> tuple[Tool, nn.Module]:
+    def at(self, target: int, tries: int = 3, closer: int = 3) -> tuple[Tool, nn.Module]:
         """The compile whose measured peak is the largest found at most ``target``: up to
         ``tries`` compiles lowering the budget by the measured excess (the last one, or one
         after a try that measured no lower, at the lowest budget), then up to ``closer``
-        raising it by the slack left under ``target`` when that is over 2% (more memory, less
-        recomputation); the lowest one, marked, when none is at most ``target``."""
+        above the fitting budget while the slack left under ``target`` is over 2% (more
+        memory, less recomputation; ``_closer``); the lowest one, marked, when none is at most
+        ``target``."""
         if self.top[0][1][self.match] <= target:
             return self.top
         if self.floor >= self.ceiling:  # no plan below the unbounded one
@@ -425,20 +426,37 @@ class InductorMatcher:
         if fits is None:
             assert best is not None
             return best
+        return self._closer(target, fits, closer)
+
+    def _closer(self, target: int, fits: tuple[tuple[Tool, nn.Module], int],
+                closer: int) -> tuple[Tool, nn.Module]:
+        """Up to ``closer`` compiles above a fitting budget: the first raised by the slack
+        left under ``target``, then bisecting between the highest budget that fitted and the
+        lowest that measured above ``target`` (the measured peak is not monotone in the budget:
+        a plan's real peak may sit where outcore's model does not put it). Returns the compile
+        with the largest measured peak at most ``target``."""
+        (best, budget), over = fits, self.ceiling + 1
+        step = target - best[0][1][self.match]
         for _ in range(closer):
-            (tool, model), budget = fits
-            slack = target - tool[1][self.match]
-            if slack <= 0.02 * target or budget >= self.ceiling:
+            if target - best[0][1][self.match] <= 0.02 * target:
                 break
-            higher = min(budget + slack, self.ceiling)
+            higher = min(budget + step, self.ceiling) if over > self.ceiling \
+                else (budget + over) // 2
+            if higher <= budget or higher >= over:
+                break
             try:
                 tried = self._compiled(higher)
             except outcore.InfeasibleBudgetError:
                 break
-            if tried[0][1][self.match] > target:
-                break
-            fits = tried, higher
-        return fits[0]
+            measured = tried[0][1][self.match]
+            if measured > target:
+                over = higher
+                continue
+            budget = higher
+            if measured > best[0][1][self.match]:
+                best = tried
+            step = max(target - measured, 1)
+        return best
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
+from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.policies.optimal import build_problem, floor, formulation, leaf_residency
 
 sys.path.insert(0, str(Path(__file__).parent))
 from brute_force import best_time
+from hand_graphs import HandGraph
 
 GiB = 1 << 30
 COST = cost_model_for("v100-pcie")
@@ -29,21 +30,8 @@ def exp_chain(*, middle_saved: bool) -> Graph:
     backward) and e2 (``middle_saved``: exp2's backward; else e2 is a forward intermediate
     that a recompute of e3 re-makes from e1, and backward reads e1 instead). The exps are
     cheap, a copy of 1 GiB takes about 90 ms and the convs are the long ops."""
-    ts: list[Tensor] = []
-    ops: list[Op] = []
-
-    def t(name: str, nbytes: int, kind: TensorKind) -> int:
-        ts.append(Tensor(len(ts), name, (nbytes // 4,), "float32", nbytes, kind, len(ts)))
-        return len(ts) - 1
-
-    def op(name: str, cat: OpCategory, phase: Phase, ins: list[int], outs: list[int],
-           flops: float) -> None:
-        for i in ins:
-            ts[i].consumers.append(len(ops))
-        for o in outs:
-            ts[o].producer = len(ops)
-        ops.append(Op(len(ops), name, f"synthetic.{cat.value}", phase, cat, ins, outs,
-                      flops=flops, bytes_touched=sum(ts[x].nbytes for x in (*ins, *outs))))
+    h = HandGraph()
+    t, op, ts = h.tensor, h.op, h.tensors
 
     act, fwd, bwd, grad = TensorKind.ACTIVATION, Phase.FORWARD, Phase.BACKWARD, TensorKind.GRADIENT
     ew = OpCategory.ELEMENTWISE
@@ -64,9 +52,7 @@ def exp_chain(*, middle_saved: bool) -> Graph:
     op("exp3_bwd", ew, bwd, [g3, e3], [g2], 2.5e8)
     op("exp2_bwd", ew, bwd, [g2, e2 if middle_saved else e1], [], 2.5e8)
     ts[gw].source = "grad:w"
-    graph = Graph(ts, ops, outputs=[loss, gw], name="exp-chain")
-    graph.validate()
-    return graph
+    return h.graph([loss, gw], "exp-chain")
 
 
 def bound_milp(graph: Graph, budget: int, monkeypatch=None) -> float:

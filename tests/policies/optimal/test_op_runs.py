@@ -12,11 +12,12 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
+from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
 from outcore.policies.optimal import build_problem, floor, formulation, plan_optimal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from brute_force import best_time
+from hand_graphs import HandGraph
 
 GiB = 1 << 30
 COST = cost_model_for("v100-pcie")
@@ -26,21 +27,8 @@ def norm_graph(conv_flops: float = 2e12, norm_flops: float = 1e9) -> Graph:
     """conv0 -> norm0 (outputs n0 and its statistics stat0) -> conv1 -> loss, and backward.
     conv1's backward reads n0, norm0's reads c0 and stat0: re-making either output re-runs
     norm0 whole (cheap), re-making c0 re-runs conv0 (dear), copies take about 90 ms."""
-    ts: list[Tensor] = []
-    ops: list[Op] = []
-
-    def t(name: str, nbytes: int, kind: TensorKind) -> int:
-        ts.append(Tensor(len(ts), name, (nbytes // 4,), "float32", nbytes, kind, len(ts)))
-        return len(ts) - 1
-
-    def op(name: str, cat: OpCategory, phase: Phase, ins: list[int], outs: list[int],
-           flops: float) -> None:
-        for i in ins:
-            ts[i].consumers.append(len(ops))
-        for o in outs:
-            ts[o].producer = len(ops)
-        ops.append(Op(len(ops), name, f"synthetic.{cat.value}", phase, cat, ins, outs,
-                      flops=flops, bytes_touched=sum(ts[x].nbytes for x in (*ins, *outs))))
+    h = HandGraph()
+    t, op, ts = h.tensor, h.op, h.tensors
 
     act, small = TensorKind.ACTIVATION, 1 << 16
     fwd, bwd, grad = Phase.FORWARD, Phase.BACKWARD, TensorKind.GRADIENT
@@ -59,9 +47,7 @@ def norm_graph(conv_flops: float = 2e12, norm_flops: float = 1e9) -> Graph:
     op("norm0_bwd", OpCategory.NORM, bwd, [gn0, c0, s0], [gc0], norm_flops)
     op("conv0_bwd", OpCategory.CONV, bwd, [gc0, x, w0], [gw0], 2 * conv_flops)
     ts[gw0].source, ts[gw1].source = "grad:w0", "grad:w1"
-    graph = Graph(ts, ops, outputs=[loss, gw0, gw1], name="norm-two-outputs")
-    graph.validate()
-    return graph
+    return h.graph([loss, gw0, gw1], "norm-two-outputs")
 
 
 GRAPH = norm_graph()

@@ -12,7 +12,9 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
    phases are read from the dataflow, Inductor's seeded random ops are planned as
    point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
    (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
-   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op).
+   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op). The forward's outputs
+   the backward does not read leave, and the tangents arrive, when the backward starts
+   (``lifetimes``), as in a training step whose loss is computed outside the graph.
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
@@ -67,6 +69,7 @@ from outcore.runtime.split import split_point
 from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
+from .lifetimes import as_in_a_training_step
 from .saved import kept_at_cut, kept_names, saved_nodes
 from .temporaries import measure_extern
 
@@ -307,10 +310,12 @@ class OutcorePartitioner(CustomPartitionerFn):
         if self.fusion:
             fused = fuse_elementwise(graph, frozenset(_draws(graph)))
             fused.graph.meta[INLINE_DRAWS] = _draws(graph, fused.merged)
+            as_in_a_training_step(fused.graph)
             planned = self._plan(fused.graph)
             kept = {fused.original[t] for t in kept_at_cut(planned)}
         else:
             graph.meta[INLINE_DRAWS] = _draws(graph)
+            as_in_a_training_step(graph)
             planned = self._plan(graph)
             kept = kept_at_cut(planned)
         _, bwd_outputs, _, _ = tp._extract_fwd_bwd_outputs(gm, num_fwd_outputs=num_fwd_outputs)

@@ -1,0 +1,131 @@
+"""Lifetimes of a compiled graph's forward outputs and tangents, as a training step holds them.
+
+outcore's memory rule holds the step's outputs to the end of the step: for a whole captured
+step those are the loss and the gradients. The joint graph Inductor partitions has other
+outputs too: the *forward's* user-visible results (a language model's logits). The compiled
+forward returns them to the caller, who computes the loss from them and drops them before
+``loss.backward()`` runs the compiled backward; the backward graph holds them only when it
+reads them (then they are saved like any activation). Held to the end of the step, a
+vocabulary-sized logits tensor is counted through the whole backward, where it does not
+exist: the planned backward peak is too high by its bytes, and a planner recomputes matrix
+products to lower a peak the real step never reaches (GPT-2 at ``torch.compile``'s level:
+1 MiB of logits at a 5.8 MiB step peak; session 11, helper 23).
+
+``release_forward_outputs(graph)`` changes the graph outputs made in the forward that no
+backward op reads into activations held until the forward ends: each is read, in name only,
+by the first backward op, so the lowering frees it there (its bytes still count at the
+forward/backward boundary, where the caller's loss holds it).
+
+The tangents (the gradients of those outputs, the backward graph's inputs) are the mirror
+image: outcore's rule holds them as static tensors from the step's start to its end, where
+autograd hands them to the compiled backward when it starts and Inductor's backward frees
+each after its last read. ``arrive_tangents_with_backward(graph)`` makes each tangent an
+output of the first backward op (a gradient made there), so it is counted from the backward's
+start and freed after its last read.
+
+Together, at the first backward op the model holds what the caller holds when the backward
+starts: the saved set, the outputs and their gradients; afterwards neither phantom is counted.
+On GPT-2 (quick) the backward was planned 1.96 MiB too high, so the planner held its backward
+peak down with recomputed matrix products while the real step's peak was at that boundary.
+
+The caller's loss region (the ops between the compiled forward's return and the compiled
+backward's start) is not in the graph, but its memory is, at that boundary, the step's:
+a cross-entropy keeps its log-softmax (a tensor like the logits) for its backward, which
+makes that tensor's gradient and then the logits' (the tangent). At the boundary the real
+step holds the saved set + log-softmax + its gradient + the tangent: three tensors like the
+logits (GPT-2 quick, helper 23's allocator timeline: forward end 3.79 MiB, loss backward 5.74,
+0.98 MiB logits). The released output stands for the log-softmax and the tangent for itself;
+``hold_loss_at_boundary(graph, released)`` adds the third as kernel temporaries of the first
+backward op (``op.temporaries``: held during that op's Compute only), one released output's
+bytes per released storage. Without it the plan's boundary was one logits too low, so the
+measured peak of a plan whose real peak is there did not follow the budget. It models a loss
+that keeps one output-sized tensor and makes its gradient (cross-entropy, mean-squared
+error); for a loss that keeps less (``out.sum()``) the boundary is planned too high, never
+too low.
+
+``as_in_a_training_step(graph)`` applies the three, in order.
+
+Invariants: only outputs made by a forward op are changed, and only when no backward op
+reads them or any tensor sharing their storage; an output that is a view is released only
+when its base is not an output the rule keeps; a graph with no backward op is unchanged.
+A tangent is changed only when
+it is a base (not a view) and the first backward op precedes every op that reads it (always,
+in a graph whose phases come from the dataflow). The first backward op's added inputs and
+outputs are bookkeeping for the memory rule only: its flops,
+bytes touched and the FX graphs partitioned from the plan are unchanged.
+"""
+
+from __future__ import annotations
+
+from outcore.graph.ir import Graph, Phase, TensorKind
+
+
+def release_forward_outputs(graph: Graph) -> list[int]:
+    """Release ``graph``'s forward outputs at the forward's end (module docstring); returns
+    the released tensor ids, in ``graph.outputs`` order. Mutates ``graph``."""
+    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
+    if not backward:
+        return []
+    read_back = {graph.tensors[t].storage for op in backward for t in op.inputs}
+    released = []
+    for tid in graph.outputs:
+        t = graph.tensors[tid]
+        if (t.producer is None or graph.ops[t.producer].phase is not Phase.FORWARD
+                or t.storage in read_back):
+            continue
+        released.append(tid)
+    if not released:
+        return []
+    kept = set(graph.outputs) - set(released)
+    released = [t for t in released if graph.tensors[t].storage not in kept]
+    first = backward[0]
+    for tid in released:
+        graph.tensors[tid].kind = TensorKind.ACTIVATION
+        if tid not in first.inputs:
+            first.inputs.append(tid)
+            graph.tensors[tid].consumers.append(first.id)
+    graph.outputs = [t for t in graph.outputs if t not in set(released)]
+    return released
+
+
+def arrive_tangents_with_backward(graph: Graph) -> list[int]:
+    """Make each base tangent an output of the first backward op (module docstring); returns
+    the changed tensor ids. Mutates ``graph``."""
+    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
+    if not backward:
+        return []
+    first = backward[0]
+    changed = []
+    for t in graph.tensors:
+        if t.kind is not TensorKind.TANGENT or t.is_view or t.producer is not None:
+            continue
+        if any(c < first.id for c in t.consumers) or t.id in graph.outputs:
+            continue
+        if t.id in first.inputs:
+            first.inputs.remove(t.id)
+            t.consumers = [c for c in t.consumers if c != first.id]
+        t.kind, t.producer = TensorKind.GRADIENT, first.id
+        first.outputs.append(t.id)
+        changed.append(t.id)
+    return changed
+
+
+def hold_loss_at_boundary(graph: Graph, released: list[int]) -> int:
+    """Add the caller's loss gradient at the boundary (module docstring): the bytes of each
+    distinct storage among ``released`` (``release_forward_outputs``' result) become kernel
+    temporaries of the first backward op; returns the bytes added. Mutates ``graph``."""
+    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
+    if not backward or not released:
+        return 0
+    storages = {graph.tensors[t].storage for t in released}
+    added = sum(graph.tensors[s].nbytes for s in storages)
+    backward[0].temporaries += added
+    return added
+
+
+def as_in_a_training_step(graph: Graph) -> None:
+    """Forward outputs, tangents and the caller's loss memory as a training step holds them
+    (module docstring). Mutates ``graph``."""
+    released = release_forward_outputs(graph)
+    arrive_tangents_with_backward(graph)
+    hold_loss_at_boundary(graph, released)

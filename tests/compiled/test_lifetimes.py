@@ -1,0 +1,153 @@
+"""Forward outputs and tangents of a compiled graph, held as a training step holds them
+(``outcore.compiled.lifetimes``).
+
+A tiny transformer is compiled with the inductor backend, its loss computed outside the
+compiled region (the logits are the graph's forward output, their gradient its tangent), and
+the plan's schedule is replayed under the memory rule: the logits' storage must leave at the
+backward's start and the tangent arrive there and leave after its last read. Then the same
+graph without the change (``release_forward_outputs``/``arrive_tangents_with_backward`` not
+applied) is replayed: there the rule holds both to the step's end, so the test could fail.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import outcore
+from outcore.compiled import InductorRoundingWarning
+from outcore.compiled.lifetimes import (
+    arrive_tangents_with_backward,
+    as_in_a_training_step,
+    hold_loss_at_boundary,
+    release_forward_outputs,
+)
+from outcore.graph.ir import Graph, Op, OpCategory, Phase, Tensor, TensorKind
+from outcore.plan.lower import lower
+from outcore.plan.plan import Plan
+from outcore.plan.residency import Replay
+from outcore.plan.schedule import Compute, Schedule
+
+TINY = {"seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 32}
+
+
+def _resident_storages(graph: Graph, schedule: Schedule) -> list[set[int]]:
+    """Per instruction, the storages resident after it (transients left out)."""
+    replay = Replay(graph, schedule)
+    steps = iter(replay)
+    next(steps)
+    return [{graph.tensors[t].storage for t in replay.resident_tensors()} for _ in steps]
+
+
+def _first_backward(graph: Graph, schedule: Schedule) -> int:
+    return next(i for i, ins in enumerate(schedule.instructions)
+                if isinstance(ins, Compute) and graph.ops[ins.op].phase is Phase.BACKWARD)
+
+
+@pytest.fixture(scope="module")
+def part():
+    torch._dynamo.reset()
+    w = outcore.zoo.get("transformer", 2, vocab=256, dropout=0.0, tie_weights=False, **TINY)
+    model = copy.deepcopy(w.model)
+    be = outcore.inductor_backend(None, gpu="this-cpu")
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    with pytest.warns(InductorRoundingWarning):
+        w.loss_fn(compiled(w.batch[0]), w.batch[1]).backward()
+    eager = copy.deepcopy(w.model)
+    w.loss_fn(eager(w.batch[0]), w.batch[1]).backward()
+    for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
+    [part] = be.partitions
+    yield part
+    torch._dynamo.reset()
+
+
+def test_logits_leave_and_tangent_arrives_at_the_backwards_start(part) -> None:
+    graph, schedule = part.planned.graph, part.planned.schedule
+    logits = [t for t in graph.tensors if t.shape[-1:] == (256,)  # vocab: the logits' storage
+              and graph.tensors[t.storage].kind is TensorKind.ACTIVATION
+              and graph.ops[t.producer].phase is Phase.FORWARD]
+    [tangent] = [t for t in graph.tensors if t.name.startswith("tangents")]
+    assert logits and not {t.id for t in logits} & set(graph.outputs)
+    assert tangent.kind is TensorKind.GRADIENT
+    first = _first_backward(graph, schedule)
+    resident = _resident_storages(graph, schedule)
+    held = {t.storage for t in logits}
+    assert all(held <= r for r in resident[first - 1:first]), "held until the backward starts"
+    assert not any(held & r for r in resident[first + 1:]), "gone once the backward runs"
+    assert not any(tangent.id in r for r in resident[:first]), "no tangent in the forward"
+    assert tangent.id in resident[first]
+    aliases = {t.id for t in graph.tensors if t.storage == tangent.id}  # its views too
+    last = max([first] + [i for i, ins in enumerate(schedule.instructions)
+                          if isinstance(ins, Compute) and aliases & set(graph.ops[ins.op].inputs)])
+    assert not any(tangent.id in r for r in resident[last + 1:]), "freed after its last read"
+    first_op = graph.ops[schedule.instructions[first].op]
+    assert first_op.temporaries >= graph.tensors[tangent.id].nbytes, "the loss's gradient"
+
+
+def _toy() -> Graph:
+    """x -> (fwd) y = out (a graph output), z (kept); (bwd) g = f(tangent, z)."""
+    t = [Tensor(0, "x", (4,), "float32", 16, TensorKind.INPUT, 0),
+         Tensor(1, "y", (64,), "float32", 256, TensorKind.OUTPUT, 1, producer=0),
+         Tensor(2, "z", (4,), "float32", 16, TensorKind.ACTIVATION, 2, producer=1),
+         Tensor(3, "tangents_1", (64,), "float32", 256, TensorKind.TANGENT, 3),
+         Tensor(4, "g", (4,), "float32", 16, TensorKind.GRADIENT, 4, producer=2),
+         Tensor(5, "h", (4,), "float32", 16, TensorKind.GRADIENT, 5, producer=3)]
+    ops = [Op(0, "y", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [1]),
+           Op(1, "z", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [2]),
+           Op(2, "g", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [3, 2], [4]),
+           Op(3, "h", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [4], [5])]
+    for op in ops:
+        for tid in op.inputs:
+            t[tid].consumers.append(op.id)
+    graph = Graph(tensors=t, ops=ops, outputs=[1, 5])
+    graph.validate()
+    return graph
+
+
+def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
+    """Unchanged, the rule holds ``y`` and the tangent through the backward (peak at ``h``:
+    x, y, tangent, g, h); changed, ``h`` runs without them."""
+    before = _toy()
+    after = _toy()
+    assert release_forward_outputs(after) == [1]
+    assert arrive_tangents_with_backward(after) == [3]
+    after.validate()
+    assert after.outputs == [5] and after.ops[2].outputs == [4, 3]
+    held = []
+    for graph in (before, after):
+        schedule = lower(graph, Plan(policy="test"))
+        at_h = max(i for i, ins in enumerate(schedule.instructions)
+                   if isinstance(ins, Compute) and ins.op == 3)
+        held.append(_resident_storages(graph, schedule)[at_h])
+    assert {1, 3} <= held[0]
+    assert not {1, 3} & held[1]
+    again = _toy()
+    release_forward_outputs(again)
+    assert arrive_tangents_with_backward(again) == [3]
+    assert arrive_tangents_with_backward(again) == []  # idempotent: no tangent left
+
+
+def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
+    """``hold_loss_at_boundary`` adds one released output's bytes as temporaries of the first
+    backward op: the memory rule's peak at that op rises by them, no other op's does."""
+    plain = _toy()
+    release_forward_outputs(plain)
+    arrive_tangents_with_backward(plain)
+    held = _toy()
+    as_in_a_training_step(held)
+    assert held.ops[2].temporaries == 256 and plain.ops[2].temporaries == 0
+    assert [op.temporaries for op in held.ops if op.id != 2] == [0, 0, 0]
+    device = []
+    for graph in (plain, held):
+        schedule = lower(graph, Plan(policy="test"))
+        steps = [st for st in Replay(graph, schedule) if st.at >= 0]
+        device.append({schedule.instructions[st.at].op: st.device for st in steps
+                       if isinstance(schedule.instructions[st.at], Compute)})
+    assert device[1][2] == device[0][2] + 256, "the first backward op holds the loss gradient"
+    assert all(device[1][op] == device[0][op] for op in (0, 1, 3)), "no other op does"
+    again = _toy()
+    assert hold_loss_at_boundary(again, []) == 0
+    assert hold_loss_at_boundary(again, release_forward_outputs(again)) == 256

@@ -360,7 +360,7 @@ class InductorMatcher:
     The unbounded compile gives the graph outcore plans (Inductor's joint graph) and the gap
     between its measured peak and the plan's prediction (less what is held before the step);
     a target's first budget assumes that gap, and each try that measures above the target
-    lowers the budget by the excess (3 tries, each a compile)."""
+    lowers the budget by the excess, at least 2% of the target (3 tries, each a compile)."""
 
     def __init__(self, w: Workload, match: int, log: Callable[[str], None]) -> None:
         self.w, self.match, self.log = w, match, log
@@ -420,7 +420,9 @@ class InductorMatcher:
                         + "; ABOVE the peer"), model
             if budget == self.floor:
                 break
-            budget = max(self.floor, budget - (both[self.match] - target))
+            # lowered by the excess, at least 2% of the target: a few bytes over lower the
+            # budget by too little to change the plan (the same compile would measure again)
+            budget = max(self.floor, budget - max(both[self.match] - target, target // 50))
             if attempt == tries - 2:
                 budget = self.floor  # the last try: the lowest plan
         if fits is None:

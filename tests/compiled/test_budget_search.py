@@ -49,3 +49,15 @@ def test_within_two_percent_no_compile_is_tried() -> None:
     fit = ((None, (0, 595), "budget 650"), None)
     (_, both, _), _ = m._closer(600, (fit, 650), closer=3)
     assert m.calls == [] and both[1] == 595
+
+
+def test_a_few_bytes_over_lower_the_budget_by_two_percent() -> None:
+    """A try a few bytes above the target is lowered by 2% of the target, not by the bytes:
+    the next try is a different plan (helper 23b: quick GPT-2 measured 1.5 KiB over)."""
+    measured = {700: 601, 688: 560, 699: 590}  # 699 = 700 - the 1-byte excess: never tried
+    m = _matcher(measured, ceiling=1000)
+    m.top = ((None, (0, 900), "unbounded"), None)
+    m.floor, m.held, m.gap = 500, 0, -100
+    (_, both, note), _ = m.at(600, closer=0)  # first budget: 600 + 0 - (-100) = 700
+    assert m.calls == [700, 688]  # 700 - max(1, 600 // 50 = 12)
+    assert both[1] == 560 and note == "budget 688"

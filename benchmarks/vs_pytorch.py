@@ -360,7 +360,8 @@ class InductorMatcher:
     The unbounded compile gives the graph outcore plans (Inductor's joint graph) and the gap
     between its measured peak and the plan's prediction (less what is held before the step);
     a target's first budget assumes that gap, and each try that measures above the target
-    lowers the budget by the excess, at least 2% of the target (3 tries, each a compile)."""
+    lowers the budget by the excess, at least 2% of the target (4 tries, each a compile;
+    the last at the lowest budget)."""
 
     def __init__(self, w: Workload, match: int, log: Callable[[str], None]) -> None:
         self.w, self.match, self.log = w, match, log
@@ -387,7 +388,7 @@ class InductorMatcher:
                                   model)
         return self.tried[budget]
 
-    def at(self, target: int, tries: int = 3, closer: int = 3) -> tuple[Tool, nn.Module]:
+    def at(self, target: int, tries: int = 4, closer: int = 3) -> tuple[Tool, nn.Module]:
         """The compile whose measured peak is the largest found at most ``target``: up to
         ``tries`` compiles lowering the budget by the measured excess (the last one, or one
         after a try that measured no lower, at the lowest budget), then up to ``closer``

@@ -32,7 +32,7 @@ run_stage() {
 print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0),
 torch.backends.cudnn.version()); import outcore; print(\"outcore\", outcore.__version__)"' \
       >"$log" 2>&1 ;;
-    suite*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n 8 -rfE --tb=short \
+    suite*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n 8 -rfEs --tb=short \
       ${PYTEST_ARGS:-} >"$log" 2>&1 ;;
     speed*) timeout -k 5 "$limit" $PY benchmarks/cuda_speed.py \
       ${SPEED_ARGS:---models gpt2 --budgets 0.5 --policies outcore-auto offload-all recompute-cheap --skip-compile --steps 5 --warmup 2} \

@@ -57,16 +57,22 @@ bytes touched and the FX graphs partitioned from the plan are unchanged.
 
 from __future__ import annotations
 
-from outcore.graph.ir import Graph, Phase, TensorKind
+from outcore.graph.ir import Graph, Op, Phase, TensorKind
+
+
+def _first_backward(graph: Graph) -> Op | None:
+    """The graph's first backward op (None in a graph without a backward)."""
+    return next((op for op in graph.ops if op.phase is Phase.BACKWARD), None)
 
 
 def release_forward_outputs(graph: Graph) -> list[int]:
     """Release ``graph``'s forward outputs at the forward's end (module docstring); returns
     the released tensor ids, in ``graph.outputs`` order. Mutates ``graph``."""
-    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
-    if not backward:
+    first = _first_backward(graph)
+    if first is None:
         return []
-    read_back = {graph.tensors[t].storage for op in backward for t in op.inputs}
+    read_back = {graph.tensors[t].storage for op in graph.ops
+                 if op.phase is Phase.BACKWARD for t in op.inputs}
     released = []
     for tid in graph.outputs:
         t = graph.tensors[tid]
@@ -78,23 +84,22 @@ def release_forward_outputs(graph: Graph) -> list[int]:
         return []
     kept = set(graph.outputs) - set(released)
     released = [t for t in released if graph.tensors[t].storage not in kept]
-    first = backward[0]
     for tid in released:
         graph.tensors[tid].kind = TensorKind.ACTIVATION
         if tid not in first.inputs:
             first.inputs.append(tid)
             graph.tensors[tid].consumers.append(first.id)
-    graph.outputs = [t for t in graph.outputs if t not in set(released)]
+    gone = set(released)
+    graph.outputs = [t for t in graph.outputs if t not in gone]
     return released
 
 
 def arrive_tangents_with_backward(graph: Graph) -> list[int]:
     """Make each base tangent an output of the first backward op (module docstring); returns
     the changed tensor ids. Mutates ``graph``."""
-    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
-    if not backward:
+    first = _first_backward(graph)
+    if first is None:
         return []
-    first = backward[0]
     changed = []
     for t in graph.tensors:
         if t.kind is not TensorKind.TANGENT or t.is_view or t.producer is not None:
@@ -114,12 +119,12 @@ def hold_loss_at_boundary(graph: Graph, released: list[int]) -> int:
     """Add the caller's loss gradient at the boundary (module docstring): the bytes of each
     distinct storage among ``released`` (``release_forward_outputs``' result) become kernel
     temporaries of the first backward op; returns the bytes added. Mutates ``graph``."""
-    backward = [op for op in graph.ops if op.phase is Phase.BACKWARD]
-    if not backward or not released:
+    first = _first_backward(graph)
+    if first is None or not released:
         return 0
     storages = {graph.tensors[t].storage for t in released}
     added = sum(graph.tensors[s].nbytes for s in storages)
-    backward[0].temporaries += added
+    first.temporaries += added
     return added
 
 

@@ -67,6 +67,10 @@ class _Builder:
         self.ops: list[Op] = []
         self.storage_owner: dict[int, int] = {}
         self.on_cpu: list[bool] = []  # per tensor id: its value lives in host memory
+        # The device type the step computes on, decided once from the traced values: the
+        # first accelerator among them (placeholders come first in the joint graph, so every
+        # op is walked after it is known), else "cpu". See ``first_accelerator``.
+        self.step_device = "cpu"
         self.map = NodeMap()
 
     def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
@@ -76,6 +80,8 @@ class _Builder:
         base = self.storage_owner.setdefault(key, tid)
         nbytes = val.untyped_storage().nbytes() if base == tid else 0
         self.on_cpu.append(val.device.type == "cpu")
+        if self.step_device == "cpu" and first_accelerator([val]) is not None:
+            self.step_device = val.device.type
         self.tensors.append(Tensor(id=tid, name=name, shape=tuple(int(s) for s in val.shape),
                                    dtype=_dtype_name(val.dtype), nbytes=int(nbytes), kind=kind,
                                    storage=base, producer=producer, source=source))
@@ -142,7 +148,8 @@ class _Builder:
                            category=category, inputs=inputs, outputs=outputs,
                            flops=fx_flops(node), bytes_touched=self._bytes(inputs, outputs),
                            random=_is_random(node, target),
-                           variant_options=_variant_options(node, target)))
+                           variant_options=_variant_options(node, target,
+                                                                            self.step_device)))
         self.map.op_nodes.append(node)
 
     def _inputs(self, node: fx.Node) -> list[int]:
@@ -237,11 +244,13 @@ def _placeholder_role(desc: Any) -> tuple[TensorKind, str]:
     return TensorKind.INPUT, ""
 
 
-def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
+def _variant_options(node: fx.Node, target: str,
+                     device: str) -> dict[str, dict[str, Any]]:
     """Every operator algorithm outcore has for this op: workspace, speed relative to the
     framework kernel measured on this CPU ("speed") and assumed on a GPU for this op's
     own kernel and stride ("gpu_speed", ``outcore.cost.gpu_variants``), or the reason it
-    cannot run it (groups, dilation, dtype, ...)."""
+    cannot run it (groups, dilation, dtype, ...; on a step computing on ``device`` other
+    than the CPU, every variant but the framework's)."""
     from outcore.cost.gpu_variants import gpu_time_factor_for
     from outcore.variants import registry, support
     from outcore.variants.names import is_framework
@@ -253,7 +262,6 @@ def _variant_options(node: fx.Node, target: str) -> dict[str, dict[str, Any]]:
         return {}
     args, kwargs = arg_meta_of(node.args), kwarg_meta_of(node.kwargs)
     options: dict[str, dict[str, Any]] = {}
-    device = _device_of(node)
     for variant in names:
         reason = (support.refusal(target, variant, args, kwargs) if device == "cpu" else
                   None if is_framework(variant) else
@@ -285,13 +293,16 @@ def _mark_host(builder: _Builder) -> None:
                 t.host = t.host or (t.shape == () and t.dtype == "int64")
 
 
-def _device_of(node: fx.Node) -> str:
-    """The device type of the op's first tensor argument ("cpu" when it has none)."""
-    for arg in node.args:
-        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-        if isinstance(val, torch.Tensor):
-            return val.device.type
-    return "cpu"
+def first_accelerator(values: Any) -> torch.device | None:
+    """The device of the first tensor among ``values`` that is on an accelerator (neither the
+    CPU nor meta), or None. The one rule for "the device a step computes on", for traced
+    values at capture and real ones at binding: parameters held in host memory
+    (``outcore.weights``) are CPU tensors of an accelerator step, hence "first accelerator",
+    not "first tensor"."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
+            return value.device
+    return None
 
 
 def _is_random(node: fx.Node, target: str) -> bool:
@@ -381,7 +392,7 @@ def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
         else:
             raise _node_error(node, f"is a {node.op} node, which the joint graph should not "
                               "contain")
-    if not all(builder.on_cpu):  # an accelerator step: mark what its ops return on the host
+    if builder.step_device != "cpu":  # mark what its ops return in host memory
         _mark_host(builder)
     graph = Graph(tensors=builder.tensors, ops=builder.ops, outputs=outputs, name=name)
     graph.validate()

@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 
 from outcore.capture.batching import BatchSignature, split_batch_leaves
-from outcore.capture.convert import NodeMap
+from outcore.capture.convert import NodeMap, first_accelerator
 from outcore.capture.specialize import ScalarGuard
 from outcore.errors import CaptureError, OutcoreError
 from outcore.graph.ir import Graph
@@ -144,15 +144,10 @@ class CapturedStep:
 
 
 def _step_device(params: Any, leaves: Any) -> torch.device:
-    """The device a step computes on: the first accelerator (not CPU, not meta) among its
-    parameters and batch tensors, else the CPU. Parameters held in host memory
-    (``outcore.weights``) are CPU tensors of a CUDA step, hence "first accelerator", not
-    "first parameter". The loss seed is made there: a seed on another device than the loss
-    fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
-    for value in [*params, *leaves]:
-        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
-            return value.device
-    return torch.device("cpu")
+    """The device a step computes on (``first_accelerator`` of its parameters and batch
+    tensors), else the CPU. The loss seed is made there: a seed on another device than the
+    loss fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
+    return first_accelerator([*params, *leaves]) or torch.device("cpu")
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:

@@ -249,7 +249,10 @@ class Model:
         hi[self.A] = 0.0  # A_0 = 0
         budget = self.p.budget
         for t, mem in enumerate(self.p.memory):
-            lo[self.D + t] = BYTES * max(0.0, float(mem - budget + self.cuts.get(t, 0)))
+            # bound model: D_t < 0 when it holds more than the in-core schedule there (a
+            # kept-alive freed input, ``ext``), so only the memory rule bounds it below
+            need = float(mem - budget + self.cuts.get(t, 0))
+            lo[self.D + t] = BYTES * (need if self.relaxed else max(0.0, need))
         for xs in self.x:
             hi[xs] = 1.0
         for vs in self.v:

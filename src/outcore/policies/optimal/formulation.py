@@ -20,11 +20,11 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   freed at ``t`` when ``f_k < t < q`` (``q`` its prefetch stage, or ``b_k`` when recomputed):
   ``D_t = D_{t-1} + sum_{f_k+1=t} size_k (o_k + r_k) - sum_{q=t} size_k x_kj -
   sum_{b_k=t} size_k r_k``, so the memory rows have O(1) entries per candidate.
+  ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
+  model (``Cuts``).
   The bound model keeps only ``D_t >= M_t - B_t``: it may hold more than the in-core
   schedule at a stage (a kept-alive freed input, below), so ``D_t < 0`` is a plan's value
   there, and ``D_t >= 0`` cut off plans that keep such an input alive (``test_kept_alive``).
-  ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
-  model (``Cuts``).
 * Release points (``Plan.release_at``): ``v_ki in {0,1}``, cumulative like ``y``: ``k`` is
   offloaded and its ``Wait(d2h)`` + ``Free`` are placed before the Compute of release option
   ``i`` or a later one (``o_k >= v_k0 >= v_k1 >= ...``; none set: right after ``f_k``). The

@@ -69,7 +69,9 @@ def test_a_recomputed_leaf_is_held_from_its_re_make(middle_saved, monkeypatch):
     budget = int(reference_peaks(graph).liveness * 0.75)
     best = best_time(graph, COST, budget)
     bound = bound_milp(graph, budget)
-    assert bound == pytest.approx(best, rel=1e-6)
+    # within 0.3%: the bound model lets D_t go below 0 where it holds a kept-alive freed
+    # input (test_kept_alive), which lowers it by 0.22% on the saved-middle chain
+    assert best * (1 - 3e-3) <= bound <= best * (1 + 1e-9)
     assert bound_milp(graph, budget, monkeypatch) < best * 0.95  # the rows are what binds
 
 

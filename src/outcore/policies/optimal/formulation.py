@@ -22,6 +22,9 @@ Stages ``s = 0..n-1`` are the ops in execution order; ``c_s`` their times. Varia
   sum_{b_k=t} size_k r_k``, so the memory rows have O(1) entries per candidate.
   ``B_t`` is the budget, lowered by cuts where the executor's rule measured more than the
   model (``Cuts``).
+  The bound model keeps only ``D_t >= M_t - B_t``: it may hold more than the in-core
+  schedule at a stage (a kept-alive freed input, below), so ``D_t < 0`` is a plan's value
+  there, and ``D_t >= 0`` cut off plans that keep such an input alive (``test_kept_alive``).
 * Release points (``Plan.release_at``): ``v_ki in {0,1}``, cumulative like ``y``: ``k`` is
   offloaded and its ``Wait(d2h)`` + ``Free`` are placed before the Compute of release option
   ``i`` or a later one (``o_k >= v_k0 >= v_k1 >= ...``; none set: right after ``f_k``). The
@@ -249,7 +252,10 @@ class Model:
         hi[self.A] = 0.0  # A_0 = 0
         budget = self.p.budget
         for t, mem in enumerate(self.p.memory):
-            lo[self.D + t] = BYTES * max(0.0, float(mem - budget + self.cuts.get(t, 0)))
+            # bound model: D_t < 0 when it holds more than the in-core schedule there (a
+            # kept-alive freed input, ``ext``), so only the memory rule bounds it below
+            need = float(mem - budget + self.cuts.get(t, 0))
+            lo[self.D + t] = BYTES * (need if self.relaxed else max(0.0, need))
         for xs in self.x:
             hi[xs] = 1.0
         for vs in self.v:

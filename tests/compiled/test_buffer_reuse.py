@@ -114,9 +114,8 @@ def test_at_min_cuts_memory_the_plan_bounds_the_step_and_recomputes_no_more(
     monkeypatch.setattr(vs_pytorch, "inductor_step", recorded)
     # each compile is a new dynamo cache entry for the same code: as vs_pytorch.main, keep
     # them all (past the default limit dynamo would run the model eagerly, unpartitioned)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 256)
-    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 4096)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch._dynamo.config.patch(
+            recompile_limit=256, accumulated_recompile_limit=4096):
         warnings.simplefilter("ignore", InductorRoundingWarning)
         matcher = vs_pytorch.InductorMatcher(w, vs_pytorch.MATCH["step"], lambda _: None)
         (chosen, peaks, note), _ = matcher.at(target)

@@ -95,8 +95,10 @@ def release_forward_outputs(graph: Graph) -> list[int]:
 
 
 def arrive_tangents_with_backward(graph: Graph) -> list[int]:
-    """Make each base tangent an output of the first backward op (module docstring); returns
-    the changed tensor ids. Mutates ``graph``."""
+    """Make each base tangent an output of the first backward op (module docstring), first
+    among its outputs: that op is often a view of the tangent (``view(tangents_1)``), and a
+    base made after its view would count as a re-made storage, its bytes twice. Returns the
+    changed tensor ids. Mutates ``graph``."""
     first = _first_backward(graph)
     if first is None:
         return []
@@ -110,7 +112,7 @@ def arrive_tangents_with_backward(graph: Graph) -> list[int]:
             first.inputs.remove(t.id)
             t.consumers = [c for c in t.consumers if c != first.id]
         t.kind, t.producer = TensorKind.GRADIENT, first.id
-        first.outputs.append(t.id)
+        first.outputs.insert(0, t.id)
         changed.append(t.id)
     return changed
 

@@ -19,6 +19,7 @@ import torch
 import outcore
 from outcore.compiled import InductorRoundingWarning
 from outcore.compiled.lifetimes import (
+    LOSS_SCALAR_BYTES,
     arrive_tangents_with_backward,
     as_in_a_training_step,
     hold_loss_at_boundary,
@@ -131,14 +132,16 @@ def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
 
 
 def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
-    """``hold_loss_at_boundary`` adds one released output's bytes as temporaries of the first
-    backward op: the memory rule's peak at that op rises by them, no other op's does."""
+    """``hold_loss_at_boundary`` adds one released output's bytes and the loss's scalars as
+    temporaries of the first backward op: the memory rule's peak at that op rises by them, no
+    other op's does."""
     plain = _toy()
     release_forward_outputs(plain)
     arrive_tangents_with_backward(plain)
     held = _toy()
     as_in_a_training_step(held)
-    assert held.ops[2].temporaries == 256 and plain.ops[2].temporaries == 0
+    added = 256 + LOSS_SCALAR_BYTES
+    assert held.ops[2].temporaries == added and plain.ops[2].temporaries == 0
     assert [op.temporaries for op in held.ops if op.id != 2] == [0, 0, 0]
     device = []
     for graph in (plain, held):
@@ -146,11 +149,11 @@ def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
         steps = [st for st in Replay(graph, schedule) if st.at >= 0]
         device.append({schedule.instructions[st.at].op: st.device for st in steps
                        if isinstance(schedule.instructions[st.at], Compute)})
-    assert device[1][2] == device[0][2] + 256, "the first backward op holds the loss gradient"
+    assert device[1][2] == device[0][2] + added, "the first backward op holds the loss gradient"
     assert all(device[1][op] == device[0][op] for op in (0, 1, 3)), "no other op does"
     again = _toy()
     assert hold_loss_at_boundary(again, []) == 0
-    assert hold_loss_at_boundary(again, release_forward_outputs(again)) == 256
+    assert hold_loss_at_boundary(again, release_forward_outputs(again)) == added
 
 
 def _viewed_toy() -> Graph:

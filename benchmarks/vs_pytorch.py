@@ -21,7 +21,9 @@ GPT-2), one training step per tool:
   (``InductorMatcher``: down by the measured excess, then once up by the slack left under
   the peer, keeping the largest peak at most the peer's); the loss runs eagerly outside the
   compiled model, as for ``compile``. The backend's defaults: the graph planned as Inductor
-  fuses it (``--inductor-no-fusion``: op by op), Inductor's layout optimisation off.
+  fuses it (``--inductor-no-fusion``: op by op), Inductor's layout optimisation off, its
+  buffer reuse off (``--inductor-buffer-reuse``: on; the compile peer keeps Inductor's
+  default, on).
   Gradients match eager's to Inductor's rounding (a warning says so; silenced here).
 
 Two peaks, both from the CPU allocator's own events (``torch.profiler``,
@@ -318,6 +320,8 @@ Tool = tuple[Callable[[], Any], tuple[int, int], str]
 FUSION = [True]
 #: ``outcore.inductor_backend``'s ``fallback_random`` (``--inductor-fallback-random``).
 FALLBACK_RANDOM = [False]
+#: ``outcore.inductor_backend``'s ``buffer_reuse`` (``--inductor-buffer-reuse``).
+BUFFER_REUSE = [False]
 
 
 def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], nn.Module, Any]:
@@ -325,7 +329,8 @@ def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], n
     step run (the compile); returns the step, the copy and the graph's ``Partition``."""
     m = copy.deepcopy(w.model)
     be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0],
-                                  fallback_random=FALLBACK_RANDOM[0])
+                                  fallback_random=FALLBACK_RANDOM[0],
+                                  buffer_reuse=BUFFER_REUSE[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)
@@ -586,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor-fallback-random", action="store_true",
                         help="outcore+inductor rows draw dropout with eager's generator "
                              "(Inductor's fallback_random; the compile peer keeps Inductor's)")
+    parser.add_argument("--inductor-buffer-reuse", action="store_true",
+                        help="outcore+inductor rows with Inductor's buffer reuse on "
+                             "(allow_buffer_reuse; off by default: outcore.inductor_backend)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--match", choices=list(MATCH), default="step",
                         help="the peak outcore's budget is matched on (module docstring)")
@@ -593,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     FUSION[0] = not args.inductor_no_fusion
     FALLBACK_RANDOM[0] = args.inductor_fallback_random
+    BUFFER_REUSE[0] = args.inductor_buffer_reuse
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)
     torch._dynamo.config.recompile_limit = 256

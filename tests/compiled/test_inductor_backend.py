@@ -132,8 +132,8 @@ def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
 def test_the_allocator_peak_is_within_the_op_by_op_plans_prediction():
     """Planned op by op (``fusion=False``: every value of the decomposed graph a buffer),
     the prediction bounds what Inductor's step allocates on this model. The fused model
-    (the default) is not a bound: on this model with one thread it measured 2,281,228 B
-    against 2,220,812 predicted (docs/guide.md, "Memory")."""
+    (the default) bounds it only with Inductor's buffer reuse off, the backend's default
+    (``test_buffer_reuse.py``; docs/guide.md, "Memory")."""
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
     be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fusion=False)

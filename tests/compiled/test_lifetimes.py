@@ -19,6 +19,7 @@ import torch
 import outcore
 from outcore.compiled import InductorRoundingWarning
 from outcore.compiled.lifetimes import (
+    LOSS_SCALAR_BYTES,
     arrive_tangents_with_backward,
     as_in_a_training_step,
     hold_loss_at_boundary,
@@ -115,7 +116,7 @@ def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
     assert release_forward_outputs(after) == [1]
     assert arrive_tangents_with_backward(after) == [3]
     after.validate()
-    assert after.outputs == [5] and after.ops[2].outputs == [4, 3]
+    assert after.outputs == [5] and after.ops[2].outputs == [3, 4]
     held = []
     for graph in (before, after):
         schedule = lower(graph, Plan(policy="test"))
@@ -131,14 +132,16 @@ def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
 
 
 def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
-    """``hold_loss_at_boundary`` adds one released output's bytes as temporaries of the first
-    backward op: the memory rule's peak at that op rises by them, no other op's does."""
+    """``hold_loss_at_boundary`` adds one released output's bytes and the loss's scalars as
+    temporaries of the first backward op: the memory rule's peak at that op rises by them, no
+    other op's does."""
     plain = _toy()
     release_forward_outputs(plain)
     arrive_tangents_with_backward(plain)
     held = _toy()
     as_in_a_training_step(held)
-    assert held.ops[2].temporaries == 256 and plain.ops[2].temporaries == 0
+    added = 256 + LOSS_SCALAR_BYTES
+    assert held.ops[2].temporaries == added and plain.ops[2].temporaries == 0
     assert [op.temporaries for op in held.ops if op.id != 2] == [0, 0, 0]
     device = []
     for graph in (plain, held):
@@ -146,8 +149,47 @@ def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
         steps = [st for st in Replay(graph, schedule) if st.at >= 0]
         device.append({schedule.instructions[st.at].op: st.device for st in steps
                        if isinstance(schedule.instructions[st.at], Compute)})
-    assert device[1][2] == device[0][2] + 256, "the first backward op holds the loss gradient"
+    assert device[1][2] == device[0][2] + added, "the first backward op holds the loss gradient"
     assert all(device[1][op] == device[0][op] for op in (0, 1, 3)), "no other op does"
     again = _toy()
     assert hold_loss_at_boundary(again, []) == 0
-    assert hold_loss_at_boundary(again, release_forward_outputs(again)) == 256
+    assert hold_loss_at_boundary(again, release_forward_outputs(again)) == added
+
+
+def _viewed_toy() -> Graph:
+    """As ``_toy``, but the first backward op is a view of the tangent (Inductor's joint
+    graphs start the backward with ``view(tangents_1)``): (bwd) v = view(tangent),
+    g = f(v, z)."""
+    t = [Tensor(0, "x", (4,), "float32", 16, TensorKind.INPUT, 0),
+         Tensor(1, "y", (64,), "float32", 256, TensorKind.OUTPUT, 1, producer=0),
+         Tensor(2, "z", (4,), "float32", 16, TensorKind.ACTIVATION, 2, producer=1),
+         Tensor(3, "tangents_1", (64,), "float32", 256, TensorKind.TANGENT, 3),
+         Tensor(4, "v", (8, 8), "float32", 0, TensorKind.GRADIENT, 3, producer=2),
+         Tensor(5, "g", (4,), "float32", 16, TensorKind.GRADIENT, 5, producer=3)]
+    ops = [Op(0, "y", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [1]),
+           Op(1, "z", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [2]),
+           Op(2, "v", "aten.view", Phase.BACKWARD, OpCategory.VIEW, [3], [4]),
+           Op(3, "g", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [4, 2], [5])]
+    for op in ops:
+        for tid in op.inputs:
+            t[tid].consumers.append(op.id)
+    graph = Graph(tensors=t, ops=ops, outputs=[1, 5])
+    graph.validate()
+    return graph
+
+
+def test_a_tangent_viewed_by_the_first_backward_op_is_counted_once() -> None:
+    """The tangent arrives as an output of the first backward op before that op's own view
+    of it: made after the view, the rule counted it a second time, as a re-made storage (a
+    transient the size of the logits: the plan's boundary one logits too high, session 12)."""
+    graph = _viewed_toy()
+    release_forward_outputs(graph)
+    assert arrive_tangents_with_backward(graph) == [3]
+    graph.validate()
+    schedule = lower(graph, Plan(policy="test"))
+    steps = {schedule.instructions[st.at].op: st for st in Replay(graph, schedule)
+             if st.at >= 0 and isinstance(schedule.instructions[st.at], Compute)}
+    assert steps[2].transient == 0
+    # x, y (released at the boundary, still held), z, the tangent: each storage once
+    assert steps[2].device == 16 + 256 + 16 + 256
+    assert graph.ops[2].outputs == [3, 4]

@@ -37,7 +37,10 @@ logits (GPT-2 quick, helper 23's allocator timeline: forward end 3.79 MiB, loss 
 0.98 MiB logits). The released output stands for the log-softmax and the tangent for itself;
 ``hold_loss_at_boundary(graph, released)`` adds the third as kernel temporaries of the first
 backward op (``op.temporaries``: held during that op's Compute only), one released output's
-bytes per released storage. Without it the plan's boundary was one logits too low, so the
+bytes per released storage, and ``LOSS_SCALAR_BYTES`` for the loss's scalars (the loss,
+a cross-entropy's saved total weight, the backward's seed: the quick GPT's allocator peak at
+the boundary was 8 bytes above the three logits-sized tensors, session 12). Without it the
+plan's boundary was one logits too low, so the
 measured peak of a plan whose real peak is there did not follow the budget. It models a loss
 that keeps one output-sized tensor and makes its gradient (cross-entropy, mean-squared
 error); for a loss that keeps less (``out.sum()``) the boundary is planned too high, never
@@ -58,6 +61,9 @@ bytes touched and the FX graphs partitioned from the plan are unchanged.
 from __future__ import annotations
 
 from outcore.graph.ir import Graph, Op, Phase, TensorKind
+
+#: The caller's loss scalars held at the boundary (module docstring): three 8-byte scalars.
+LOSS_SCALAR_BYTES = 3 * 8
 
 
 def _first_backward(graph: Graph) -> Op | None:
@@ -95,8 +101,10 @@ def release_forward_outputs(graph: Graph) -> list[int]:
 
 
 def arrive_tangents_with_backward(graph: Graph) -> list[int]:
-    """Make each base tangent an output of the first backward op (module docstring); returns
-    the changed tensor ids. Mutates ``graph``."""
+    """Make each base tangent an output of the first backward op (module docstring), first
+    among its outputs: that op is often a view of the tangent (``view(tangents_1)``), and a
+    base made after its view would count as a re-made storage, its bytes twice. Returns the
+    changed tensor ids. Mutates ``graph``."""
     first = _first_backward(graph)
     if first is None:
         return []
@@ -110,20 +118,21 @@ def arrive_tangents_with_backward(graph: Graph) -> list[int]:
             first.inputs.remove(t.id)
             t.consumers = [c for c in t.consumers if c != first.id]
         t.kind, t.producer = TensorKind.GRADIENT, first.id
-        first.outputs.append(t.id)
+        first.outputs.insert(0, t.id)
         changed.append(t.id)
     return changed
 
 
 def hold_loss_at_boundary(graph: Graph, released: list[int]) -> int:
-    """Add the caller's loss gradient at the boundary (module docstring): the bytes of each
-    distinct storage among ``released`` (``release_forward_outputs``' result) become kernel
-    temporaries of the first backward op; returns the bytes added. Mutates ``graph``."""
+    """Add the caller's loss gradient and scalars at the boundary (module docstring): the
+    bytes of each distinct storage among ``released`` (``release_forward_outputs``' result)
+    and ``LOSS_SCALAR_BYTES`` become kernel temporaries of the first backward op; returns the
+    bytes added. Mutates ``graph``."""
     first = _first_backward(graph)
     if first is None or not released:
         return 0
     storages = {graph.tensors[t].storage for t in released}
-    added = sum(graph.tensors[s].nbytes for s in storages)
+    added = sum(graph.tensors[s].nbytes for s in storages) + LOSS_SCALAR_BYTES
     first.temporaries += added
     return added
 

@@ -39,9 +39,12 @@ and the predicted peak, so a test or a user can check what ran against what was 
 
 Memory: the plan's predicted peak is for the fused graph in the schedule's order. Inductor
 runs the same saved set with its own kernels (its inlining may go beyond ``fusion``'s rule,
-which only errs towards materialising) in its own backward order. The saved set (what the
-forward leaves for the backward) is the plan's; the backward's transient peak is Inductor's
-(measured, not bounded, by the plan).
+which only errs towards materialising) in its own backward order, freeing each buffer after
+its last use when its buffer reuse is off (``inductor_backend``'s default; on, it holds
+freed buffers for later reuse beyond the plan). The saved set (what the forward leaves for
+the backward) is the plan's; the backward's transient peak is Inductor's (measured, not
+bounded in general, by the plan: library kernels may allocate scratch for Inductor's
+strides that ``temporaries`` does not see).
 """
 
 from __future__ import annotations

@@ -83,3 +83,26 @@ def test_the_stage_bound_skips_only_lowered_planners(monkeypatch, fraction):
     if twin.fits:
         assert twin.seconds >= stage * (1 - 1e-9)
         assert result.winner.seconds <= twin.seconds * (1 + tol)
+
+
+def test_outcore_checkpoint_is_bounded_by_the_recompute_only_stage_bound(monkeypatch):
+    """outcore-checkpoint never offloads (``RECOMPUTE_ONLY``), so the bound it is skipped by
+    is the stage bound of recompute-only plans, above the general one: a tolerance between
+    the two skips it only through that bound, and it could not have gained more."""
+    ctx = _ctx(0.6)
+    problem = build_problem(GRAPH, COST, int(ctx.budget))
+    general, only = stage_bound(problem), stage_bound(problem, offload=False)
+    assert "outcore-checkpoint" in portfolio.RECOMPUTE_ONLY
+    assert only > general, "the case must separate the two bounds"
+    full = run_portfolio(GRAPH, ctx, CANDIDATES, RUNNERS, skip=False)
+    best = _best_before(full, ("outcore-checkpoint", "pooch"))
+    assert best > only, "outcore-optimal's plan cannot beat the bound"
+    tol = ((best / only - 1) + (best / general - 1)) / 2  # met by ``only``, not ``general``
+    monkeypatch.setattr(portfolio, "NEAR_BOUND", tol)
+    result = run_portfolio(GRAPH, ctx, CANDIDATES, RUNNERS)
+    skipped = {e.name: e for e in result.entries}["outcore-checkpoint"].skipped
+    assert skipped is not None and "recompute-only" in skipped
+    twin = {e.name: e for e in full.entries}["outcore-checkpoint"]
+    if twin.fits:
+        assert twin.seconds >= only * (1 - 1e-9)
+        assert result.winner.seconds <= twin.seconds * (1 + tol)

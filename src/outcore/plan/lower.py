@@ -214,12 +214,17 @@ def free_points(graph: Graph, seq: list[Instruction], defs: Mapping[int, list[in
     free_after: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for tid, starts in defs.items():
         bounds = [*starts, len(seq)]
+        used, copies = uses.get(tid, ()), offloads.get(tid, ())
         for k, start in enumerate(starts):
             end = bounds[k + 1]
             if end == len(seq) and tid in never_free:
                 continue
-            last = max((u for u in uses.get(tid, ()) if start <= u < end), default=start)
-            copied = any(start <= o < end for o in offloads.get(tid, ()))
+            # ``used`` and ``copies`` are ascending (appended in sequence order): the last
+            # use before ``end`` and any copy-out in [start, end) by bisection
+            j = bisect.bisect_left(used, end) - 1
+            last = used[j] if j >= 0 and used[j] >= start else start
+            c = bisect.bisect_left(copies, start)
+            copied = c < len(copies) and copies[c] < end
             free_after[last].append((tid, copied))
     return free_after
 
@@ -274,12 +279,17 @@ def _insert_frees(graph: Graph, seq: list[Instruction], defs: dict[int, list[int
 def _free_unused_remakes(graph: Graph, seq: list[Instruction], keep: set[int]) -> list[Instruction]:
     """A recompute re-makes every output of its op. Outputs that were freed before it (so
     become resident again) but that nothing reads any more are freed right after it."""
+    remade = {t for ins in seq if isinstance(ins, Compute) and ins.recompute
+              for t in graph.ops[ins.op].outputs}
+    if not remade:  # nothing is recomputed: nothing to free after a recompute
+        return list(seq)
     touched: dict[int, list[int]] = defaultdict(list)  # tensor -> indices that read/free it
-    for i, ins in enumerate(seq):
+    for i, ins in enumerate(seq):  # (only the tensors a recompute makes are looked up)
         if isinstance(ins, Compute):
             for inp in graph.ops[ins.op].inputs:
-                touched[inp].append(i)
-        else:
+                if inp in remade:
+                    touched[inp].append(i)
+        elif ins.tensor in remade:
             touched[ins.tensor].append(i)
     resident = {t.id for t in graph.tensors if t.kind in STATIC_KINDS}
     out: list[Instruction] = []
@@ -310,6 +320,8 @@ def _hoist_prefetches(graph: Graph, seq: list[Instruction], prefetch_at: dict[in
     ``prefetch_at``, but never above the last Free of any tensor of its storage (a view of
     the base may outlive the base's own Free; a prefetch above it would hold two copies).
     """
+    if not any(isinstance(ins, Prefetch) for ins in seq):
+        return list(seq)  # nothing to move
     heavy: list[int] = []
     computes_of: dict[int, list[int]] = defaultdict(list)
     last_free: dict[int, int] = {}  # storage -> index of the latest Free of one of its tensors

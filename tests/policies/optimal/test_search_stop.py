@@ -47,8 +47,14 @@ class _Seeds(Sequence[list[tuple]]):
         raise IndexError(i)
 
 
-def _model_and_lp():
-    problem = build_problem(GRAPH, COST, BUDGET)
+#: A graph on which the segment pass improves the fractional MILP's solution (the model
+#: step falls from 95.75 to 94.09 ms, the LP being 92.07 ms).
+PASS_GRAPH = residual_chain(10, activation_bytes=1 << 28, conv_flops=4e9)
+PASS_BUDGET = int(reference_peaks(PASS_GRAPH).liveness * 0.6)
+
+
+def _model_and_lp(graph=GRAPH, budget=BUDGET):
+    problem = build_problem(graph, COST, budget)
     model = optimal_formulation.Model(problem, relaxed=False)
     start = model.solve(integral=False)
     assert math.isfinite(start.objective)
@@ -116,3 +122,52 @@ def test_plan_optimal_plans_no_seed_when_the_fractional_milp_is_close_enough(mon
     monkeypatch.setattr(optimal_planner, "_seed_plans", no_seeds)
     result = plan_optimal(GRAPH, BUDGET, COST, exact_candidates=0, bound=False)
     assert result.plan.decisions
+
+
+class _ListSeeds(Sequence[list[tuple]]):
+    """Fixed seeds that record being read."""
+
+    def __init__(self, seeds: list[list[tuple]]) -> None:
+        self.seeds, self.read = seeds, False
+
+    def __len__(self) -> int:
+        self.read = True
+        return len(self.seeds)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        self.read = True
+        return self.seeds[i]
+
+
+def test_the_seeds_are_not_read_when_the_first_segment_pass_meets_the_rule(monkeypatch):
+    """The seeds come after the first segment pass: when that pass ends within STOP_GAP of
+    the LP, no seed is planned (outcore-checkpoint's search is what this saves)."""
+    model, start = _model_and_lp(PASS_GRAPH, PASS_BUDGET)
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", -1.0)
+    full = optimal_planner._search(model, start, None, ())
+    first_pass = min(s.objective for s in full[1:])
+    frac = full[1].objective
+    assert first_pass < frac, "the segment pass improves the fractional MILP on this graph"
+    # a STOP_GAP that the pass meets and the fractional MILP does not
+    gap = (first_pass / start.objective - 1 + frac / start.objective - 1) / 2
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", gap)
+    seeds = _ListSeeds([[("keep",)] * len(model.p.candidates)])
+    found = optimal_planner._search(model, start, None, seeds)
+    assert not seeds.read
+    assert min(s.objective for s in found[1:]) <= start.objective * (1 + gap)
+
+
+def test_a_seed_better_than_the_fractional_milp_still_starts_a_segment_pass(monkeypatch):
+    """When the rule never fires, a seed that beats the fractional MILP's solution is
+    searched from as before: its own solution and the pass from it are both returned, so
+    the search returns every solution the seeds-first order did."""
+    model, start = _model_and_lp(PASS_GRAPH, PASS_BUDGET)
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", -1.0)
+    plain = optimal_planner._search(model, start, None, ())
+    best = min(plain[1:], key=lambda s: s.objective)
+    seeds = _ListSeeds([best.choice])  # the best plan found, as a seed: it beats the MILP
+    found = optimal_planner._search(model, start, None, seeds)
+    assert seeds.read
+    objectives = [s.objective for s in found[1:]]
+    assert min(objectives) <= best.objective * (1 + 1e-9)
+    assert len(found) >= len(plain) + 1, "the seed's own solution is among the tries"

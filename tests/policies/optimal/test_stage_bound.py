@@ -63,3 +63,43 @@ def test_lower_bound_is_exactly_the_in_core_step_when_the_in_core_plan_fits():
                         host_budget=None).simulation.step_time
     assert found == build_problem(graph, COST, budget).in_core_time
     assert found <= step
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.8, 0.7])
+def test_the_recompute_only_bound_is_below_every_recompute_only_plan(fraction):
+    """``offload=False``: a bound on plans that never offload (outcore-checkpoint's), at
+    least the general stage bound, never above the fastest recompute-only plan that fits."""
+    from brute_force import every_plan
+
+    from outcore.plan.plan import Decision
+
+    budget = int(PEAK * fraction)
+    problem = build_problem(GRAPH, COST, budget)
+    general, only = stage_bound(problem), stage_bound(problem, offload=False)
+    assert only >= general * (1 - 1e-12)
+    steps = [step for plan, step in every_plan(GRAPH, COST, budget)
+             if Decision.OFFLOAD not in plan.decisions.values()]
+    if steps:
+        assert only <= min(steps) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("units,fraction", [(4, 0.9), (4, 0.8), (8, 0.7), (16, 0.6)])
+def test_outcore_checkpoint_never_beats_the_recompute_only_bound(units, fraction):
+    """The bound the portfolio skips outcore-checkpoint by holds for its plans (recompute
+    only, lowered by outcore), and is above the general stage bound where recompute is
+    the only way to free bytes."""
+    from outcore.errors import InfeasibleBudgetError
+    from outcore.policies import PolicyContext, get
+    from outcore.sim import simulate
+
+    graph = residual_chain(units, activation_bytes=1 << 28, conv_flops=4e9)
+    budget = int(reference_peaks(graph).liveness * fraction)
+    problem = build_problem(graph, COST, budget)
+    only = stage_bound(problem, offload=False)
+    assert only > stage_bound(problem)
+    try:
+        out = get("outcore-checkpoint").fn(graph, PolicyContext(budget=budget, cost=COST))
+    except InfeasibleBudgetError:
+        pytest.fail("the case needs a checkpoint plan that fits")
+    step = simulate(graph, out.schedule, COST).step_time
+    assert step >= only * (1 - 1e-9)

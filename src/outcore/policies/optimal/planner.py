@@ -11,8 +11,10 @@ Steps (``plan_optimal``):
 3. Plan: the primal model, as a MILP up to ``exact_candidates`` candidates (exact), else
    from its LP relaxation (``_search``): the rounded LP (``("offload", q)`` by the largest
    prefetch share, recompute when its share is the largest), the node-limited MILP over the
-   LP's fractional candidates, outcore-checkpoint's and the greedy planner's plans mapped to
-   the model (warm starts, ``_seed_plans``), and a segment local search from the best.
+   LP's fractional candidates, a segment local search from it, and only when that search
+   ends short of ``STOP_GAP``: outcore-checkpoint's and the greedy planner's plans mapped to
+   the model (warm starts, ``_seed_plans``), with a second segment pass from the best seed
+   when it beats the fractional MILP's solution.
    The search's MILPs stop at ``SEARCH_GAP`` (HiGHS's RINS/RENS heuristics stay on:
    ``SEARCH_LIGHT``), and a segment's MILP is cut off at the incumbent's step (it only
    looks for better). Stopping rule: the LP value is a lower bound on every integral
@@ -267,21 +269,28 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
 def _search(model: Model, start: Solution, segments: int | None,
             seeds: Sequence[list[tuple]] = ()) -> list[Solution]:
     """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
-    rounded LP; the MILP over the candidates the LP left fractional (the others fixed);
-    each of ``seeds`` (other planners' plans as the model's choices, ``_choice_of``) the
-    model finds feasible (warm starts); then a local search from the best of these by the
-    model's step: each ``SEGMENT`` of candidates in production order is re-solved as a MILP
-    with every other candidate fixed, and kept when the model's step falls, for one pass
-    (at most ``segments`` re-solves). Every MILP is bounded by ``NODE_LIMIT`` nodes and
-    stops at ``SEARCH_GAP`` (deterministic work; no wall-clock limit); a segment's MILP
-    looks only for plans better than the incumbent (``cutoff``), so HiGHS stops at the root
-    where its bound shows there are none.
+    rounded LP; the MILP over the candidates the LP left fractional (the others fixed); a
+    segment local search from it (``_segment_pass``); then, only when that search ends
+    without meeting the stopping rule below, each of ``seeds`` (other planners' plans as the
+    model's choices, ``_choice_of``) the model finds feasible (warm starts), and a second
+    segment pass from the best seed when it beats the fractional MILP's solution. Every
+    MILP is bounded by ``NODE_LIMIT`` nodes and stops at ``SEARCH_GAP`` (deterministic work;
+    no wall-clock limit).
 
     Stopping rule: ``start`` is the LP optimum, a lower bound on every integral solution
     of ``model``; once the incumbent's model step is at most ``(1 + STOP_GAP)`` times it,
-    no search can gain more than ``STOP_GAP`` on the model, and the search stops (before
-    the seeds when the fractional MILP already meets it: ``seeds`` is read only then, so a
-    lazy sequence's planners never run). Deterministic: a comparison of model steps."""
+    no search can gain more than ``STOP_GAP`` on the model, and the search stops: after
+    the fractional MILP, or after the first segment pass. ``seeds`` is read only when
+    neither meets it, so a lazy sequence's planners never run otherwise (on ResNet-152
+    b256 v100-pcie the first pass meets it, and outcore-checkpoint's search, 3.7-5.2 s
+    CPU, is never run for a seed that was model-infeasible there anyway).
+
+    Where the rule does not fire, the solutions returned include every one the earlier
+    order (seeds before the pass) returned: the fractional MILP's, each feasible seed's, and
+    the pass from the best of these (the second pass starts from the seed exactly when the
+    earlier order's single pass did). Where the first pass meets the rule and a seed would
+    have beaten the fractional MILP, the plan may differ from the earlier order's, still
+    within ``STOP_GAP`` of the LP on the model. Deterministic: a comparison of model steps."""
     out = [start]
     enough = start.objective * (1 + STOP_GAP) if math.isfinite(start.objective) else -math.inf
     fixed: dict[int, float] = {}
@@ -290,11 +299,19 @@ def _search(model: Model, start: Solution, segments: int | None,
             fixed.update(model.fix(k, pick))
     sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
                       light=SEARCH_LIGHT)
-    incumbent = sol if sol.choice and math.isfinite(sol.objective) else None
+    first = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
-    if incumbent is not None and incumbent.objective <= enough:
+    if first is not None and first.objective <= enough:
         return out
+    best = first
+    if first is not None:
+        best = _segment_pass(model, first, segments, enough)
+        if best is not first:
+            out.append(best)
+        if best.objective <= enough:
+            return out
+    warm_best: Solution | None = None
     for seed in seeds:
         pins: dict[int, float] = {}
         for k, pick in enumerate(seed):
@@ -302,13 +319,27 @@ def _search(model: Model, start: Solution, segments: int | None,
         warm = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT)
         if warm.choice and math.isfinite(warm.objective):
             out.append(warm)
-            if incumbent is None or warm.objective < incumbent.objective:
-                incumbent = warm
-    if incumbent is None:
-        return out
+            if warm_best is None or warm.objective < warm_best.objective:
+                warm_best = warm
+    if warm_best is not None and (first is None or warm_best.objective < first.objective):
+        again = _segment_pass(model, warm_best, segments, enough)
+        if again is not warm_best:
+            out.append(again)
+    return out
+
+
+def _segment_pass(model: Model, incumbent: Solution, segments: int | None,
+                  enough: float) -> Solution:
+    """The segment local search from ``incumbent``: each ``SEGMENT`` of candidates in
+    production order is re-solved as a MILP with every other candidate fixed, and kept when
+    the model's step falls, for ``SEARCH_PASSES`` passes at most (at most ``segments``
+    re-solves); it stops at a fixed point (every segment re-solved against the same
+    incumbent) or once the incumbent is within ``enough`` (the stopping rule). A segment's
+    MILP looks only for plans better than the incumbent (``cutoff``), so HiGHS stops at the
+    root where its bound shows there are none. Returns the final incumbent (``incumbent``
+    itself when nothing better was found)."""
     cands = model.p.candidates
     order = sorted(range(len(cands)), key=lambda k: (cands[k].produce, cands[k].tensor))
-    improved = False
     starts = list(range(0, len(order), SEGMENT))
     sweep = [lo for _ in range(SEARCH_PASSES) for lo in starts]
     idle = 0  # segments re-solved since the incumbent last changed
@@ -317,7 +348,7 @@ def _search(model: Model, start: Solution, segments: int | None,
             break  # a fixed point (every segment re-solved against this incumbent), or
             # within STOP_GAP of the LP bound
         free = set(order[lo:lo + SEGMENT])
-        pins = {}
+        pins: dict[int, float] = {}
         for k, pick in enumerate(incumbent.choice):
             if k not in free:
                 pins.update(model.fix(k, pick))
@@ -326,15 +357,14 @@ def _search(model: Model, start: Solution, segments: int | None,
                            cutoff=better, light=SEARCH_LIGHT)
         idle += 1
         if step.choice and step.objective < better:
-            incumbent, improved, idle = step, True, 0
-    if improved:
-        out.append(incumbent)
-    return out
+            incumbent, idle = step, 0
+    return incumbent
 
 
 class _LazySeeds(Sequence[list[tuple]]):
     """``_seed_plans`` as the model's choices, planned on first read only (the search
-    reads them only when its fractional MILP is not within ``STOP_GAP`` of the LP)."""
+    reads them only when neither its fractional MILP nor its first segment pass is within
+    ``STOP_GAP`` of the LP)."""
 
     def __init__(self, graph: Graph, problem: Problem, cost: CostModel) -> None:
         self._args = (graph, problem, cost)

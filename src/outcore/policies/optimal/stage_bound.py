@@ -64,9 +64,12 @@ _GIB = 2.0**-30
 _MS = 1e3
 
 
-def stage_bound(problem: Problem, stages: int = STAGES) -> float:
+def stage_bound(problem: Problem, stages: int = STAGES, *, offload: bool = True) -> float:
     """``T + max_t LP_t`` over the ``stages`` stages of largest excess (module doc); ``T``
-    when the in-core memory fits the budget."""
+    when the in-core memory fits the budget. ``offload=False``: the bound of plans that
+    never offload (recompute-only, as outcore-checkpoint's): every ``o_k`` is 0, so each
+    ``LP_t`` is the least recompute time that frees ``X_t`` bytes at ``t`` (the same
+    derivation with no offloaded candidate), a bound on those plans only."""
     times = np.asarray(problem.op_time, dtype=float)
     total = float(times.sum())
     excess = np.asarray(problem.memory, dtype=float) - problem.budget
@@ -78,12 +81,15 @@ def stage_bound(problem: Problem, stages: int = STAGES) -> float:
     best = 0.0
     for t in sorted(picked):
         best = max(best, _stage_lp(problem, t, float(excess[t]), float(before[t]),
-                                   float(total - before[t + 1])))
+                                   float(total - before[t + 1]), offload))
     return total + best
 
 
-def _stage_lp(problem: Problem, t: int, need: float, forward: float, after: float) -> float:
-    """The least ``R + u + w`` (seconds) that frees ``need`` bytes at stage ``t``."""
+def _stage_lp(problem: Problem, t: int, need: float, forward: float, after: float,
+              offload: bool = True) -> float:
+    """The least ``R + u + w`` (seconds) that frees ``need`` bytes at stage ``t`` (every
+    ``o_k`` 0 when not ``offload``: any candidate can be recomputed, by a chain of any depth,
+    at ``R_k`` or more)."""
     cover = [c for c in problem.candidates if c.last_forward < t < c.first_backward]
     if sum(c.nbytes for c in cover) < need:  # no plan frees enough here: nothing to say
         return 0.0
@@ -122,7 +128,7 @@ def _stage_lp(problem: Problem, t: int, need: float, forward: float, after: floa
     entry(row, w, -1.0)
     hi.append(after * _MS)
     matrix = coo_matrix((vals, (rows, cols)), shape=(row + 1, 2 * n + 2)).tocsr()
-    bounds = [(0.0, 1.0)] * (2 * n) + [(0.0, None), (0.0, None)]
+    bounds = [(0.0, 1.0 if offload else 0.0)] * n + [(0.0, 1.0)] * n + [(0.0, None), (0.0, None)]
     res = linprog(cost, A_ub=matrix, b_ub=np.asarray(hi), bounds=bounds, method="highs")
     if res.status != 0 or res.fun is None:
         return 0.0  # no proof from this stage (the in-core step stands)

@@ -28,7 +28,7 @@ from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import vs_pytorch  # a benchmarks/ module, not a package
-from test_inductor_backend import _lowest_recompute_budget, _whole_step, _workload, _zero
+from test_inductor_backend import _compiled_step, _lowest_recompute_budget, _workload, _zero
 
 
 @pytest.fixture(autouse=True)
@@ -50,12 +50,7 @@ def _compiled_tiny_gpt(buffer_reuse: bool) -> tuple[int, int, list[str]]:
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
     be = outcore.inductor_backend(budget=budget, gpu="this-cpu", buffer_reuse=buffer_reuse)
-    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
-
-    def step():
-        loss = compiled(*w.batch)
-        loss.backward()
-        return loss.detach()
+    step = _compiled_step(w, be)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)

@@ -37,6 +37,19 @@ def _whole_step(model: nn.Module, loss_fn):
     return step
 
 
+def _compiled_step(w, backend):
+    """One training step of ``w`` (forward, loss, backward) compiled whole with ``backend``;
+    returns the detached loss."""
+    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=backend, dynamic=False)
+
+    def step():
+        loss = compiled(*w.batch)
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
 def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
@@ -137,12 +150,7 @@ def test_the_allocator_peak_is_within_the_op_by_op_plans_prediction():
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
     be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fusion=False)
-    compiled = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
-
-    def step():
-        loss = compiled(*w.batch)
-        loss.backward()
-        return loss.detach()
+    step = _compiled_step(w, be)
 
     with pytest.warns(InductorRoundingWarning):
         step()

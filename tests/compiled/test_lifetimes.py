@@ -88,6 +88,16 @@ def test_logits_leave_and_tangent_arrives_at_the_backwards_start(part) -> None:
     assert first_op.temporaries >= graph.tensors[tangent.id].nbytes, "the loss's gradient"
 
 
+def _wired(t: list[Tensor], ops: list[Op], outputs: list[int]) -> Graph:
+    """The graph of ``t`` and ``ops``, each tensor's consumers filled in, validated."""
+    for op in ops:
+        for tid in op.inputs:
+            t[tid].consumers.append(op.id)
+    graph = Graph(tensors=t, ops=ops, outputs=outputs)
+    graph.validate()
+    return graph
+
+
 def _toy() -> Graph:
     """x -> (fwd) y = out (a graph output), z (kept); (bwd) g = f(tangent, z)."""
     t = [Tensor(0, "x", (4,), "float32", 16, TensorKind.INPUT, 0),
@@ -100,12 +110,7 @@ def _toy() -> Graph:
            Op(1, "z", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [2]),
            Op(2, "g", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [3, 2], [4]),
            Op(3, "h", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [4], [5])]
-    for op in ops:
-        for tid in op.inputs:
-            t[tid].consumers.append(op.id)
-    graph = Graph(tensors=t, ops=ops, outputs=[1, 5])
-    graph.validate()
-    return graph
+    return _wired(t, ops, outputs=[1, 5])
 
 
 def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
@@ -170,12 +175,7 @@ def _viewed_toy() -> Graph:
            Op(1, "z", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [2]),
            Op(2, "v", "aten.view", Phase.BACKWARD, OpCategory.VIEW, [3], [4]),
            Op(3, "g", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [4, 2], [5])]
-    for op in ops:
-        for tid in op.inputs:
-            t[tid].consumers.append(op.id)
-    graph = Graph(tensors=t, ops=ops, outputs=[1, 5])
-    graph.validate()
-    return graph
+    return _wired(t, ops, outputs=[1, 5])
 
 
 def test_a_tangent_viewed_by_the_first_backward_op_is_counted_once() -> None:

@@ -12,6 +12,9 @@ budget search against Inductor's min-cut (minutes: each budget is a compile).
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -61,14 +64,29 @@ def _compiled_tiny_gpt(buffer_reuse: bool) -> tuple[int, int, list[str]]:
     return measured, part.predicted_peak - held_before(part.planned.graph), part.saved
 
 
-def test_without_buffer_reuse_the_fused_plan_bounds_the_allocator_peak():
-    """The default: the fused model's prediction bounds the step; Inductor's reuse, on,
-    holds freed buffers beyond it (the same plan: the same saved set)."""
+def _both_ways() -> dict[str, object]:
+    """The tiny GPT compiled without reuse, then with it (the same plan)."""
     measured, predicted, saved = _compiled_tiny_gpt(buffer_reuse=False)
     reused, predicted_again, saved_again = _compiled_tiny_gpt(buffer_reuse=True)
-    assert (predicted_again, saved_again) == (predicted, saved)
-    assert 0 < measured <= predicted
-    assert reused > measured
+    return {"measured": measured, "predicted": predicted, "reused": reused,
+            "same_plan": (predicted_again, saved_again) == (predicted, saved)}
+
+
+def test_without_buffer_reuse_the_fused_plan_bounds_the_allocator_peak():
+    """The default: the fused model's prediction bounds the step; Inductor's reuse, on,
+    holds freed buffers beyond it (the same plan: the same saved set). Run in a fresh
+    interpreter: in the whole suite's process (CI, 2026-11-27) both compiles measured the
+    same peak, 2,156,556 B, so Inductor's choices there depend on what earlier tests left
+    in the process (not found which); alone, and in tests/compiled alone, reuse adds ~80 KB."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env,
+                         timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["same_plan"]
+    assert 0 < got["measured"] <= got["predicted"]
+    assert got["reused"] > got["measured"]
 
 
 # ---- the quick models of benchmarks/vs_pytorch.py (slow) ----------------------------------
@@ -121,3 +139,8 @@ def test_at_min_cuts_memory_the_plan_bounds_the_step_and_recomputes_no_more(
     assert peaks[1] <= target, note
     [part] = [p for s, p in compiles if s is chosen]
     assert part.recomputed_heavy_flops <= min_cut_flops, (note, part.recomputed_targets)
+
+
+if __name__ == "__main__":  # the fresh interpreter of the first test
+    torch.set_num_threads(1)
+    print(json.dumps(_both_ways()))

@@ -174,8 +174,7 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
     limit = check_budget(budget)
     check_policy(policy, options)
     patches: dict[str, Any] = {} if layout_optimization else {"layout_optimization": False}
-    if not buffer_reuse:
-        patches["allow_buffer_reuse"] = False
+    patches["allow_buffer_reuse"] = buffer_reuse  # either way: not the process's setting
     if fallback_random:
         patches["fallback_random"] = True
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),

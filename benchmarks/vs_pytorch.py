@@ -53,6 +53,12 @@ rounds, which the spread test counts as noise. Run:
     python benchmarks/vs_pytorch.py --models gpt --rounds 15 --json out.json
     python benchmarks/vs_pytorch.py --skip-inductor   # without the outcore+inductor rows
     python benchmarks/vs_pytorch.py --skip-executor   # without the outcore @ rows
+    python benchmarks/vs_pytorch.py --device cuda --large --skip-inductor  # on a GPU
+
+On a GPU (``--device cuda``, bench_device.py) outcore plans with the GPU's catalogue profile,
+its executor runs on ``CudaDevice``, the peaks are CUDA's caching allocator's over the step and
+each timed step ends with a device synchronisation; ``--allow-offload`` lets outcore's plans
+use the host link (recompute only by default, as the peers).
 """
 
 from __future__ import annotations
@@ -82,11 +88,12 @@ from torch.utils.checkpoint import (
 import outcore
 from outcore.compiled import InductorRoundingWarning
 from outcore.cost.measure_temporaries import measure_temporaries
-from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+from outcore.runtime.devices.allocator_peak import held_before
 from outcore.runtime.executor import Executor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paired import paired_ratio, round_order  # a sibling module of this script
+from bench_device import LARGE, Target  # sibling modules of this script
+from paired import paired_ratio, round_order
 
 #: ATen ops whose outputs selective checkpointing saves (torchtitan-style op list).
 SAVE_OPS = {
@@ -123,20 +130,24 @@ class Row:
 
 # ---- workloads ------------------------------------------------------------------------------
 
-def gpt(quick: bool) -> Workload:
-    cfg = ({"seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 128} if quick
-           else {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256})
-    w = outcore.zoo.get("transformer", 4 if quick else 8, vocab=512, dropout=0.1,
-                        tie_weights=False, **cfg)
+def gpt(size: str) -> Workload:
+    cfg: dict[str, Any] = {
+        "quick": {"seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 128, "batch": 4},
+        "full": {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256, "batch": 8},
+    }.get(size) or dict(LARGE["gpt"])
+    batch = cfg.pop("batch")
+    w = outcore.zoo.get("transformer", batch, vocab=512, dropout=0.1, tie_weights=False, **cfg)
     return Workload("gpt", w.model, w.loss_fn, w.batch, f"GPT decoder {cfg}, vocab 512, "
                     f"dropout 0.1, batch {w.batch[0].shape[0]}")
 
 
-def resnet(quick: bool) -> Workload:
-    size, batch = (32, 8) if quick else (64, 32)
-    w = outcore.zoo.get("resnet18", batch, image_size=size, num_classes=100)
+def resnet(size: str) -> Workload:
+    large = LARGE["resnet18"]
+    image, batch = {"quick": (32, 8), "full": (64, 32)}.get(
+        size, (large["image_size"], large["batch"]))
+    w = outcore.zoo.get("resnet18", batch, image_size=image, num_classes=100)
     return Workload("resnet18", w.model, w.loss_fn, w.batch,
-                    f"ResNet-18 {size}x{size}, batch {batch}, 100 classes")
+                    f"ResNet-18 {image}x{image}, batch {batch}, 100 classes")
 
 
 class _Logits(nn.Module):
@@ -148,16 +159,19 @@ class _Logits(nn.Module):
         return self.model(input_ids=ids).logits
 
 
-def hf_gpt2(quick: bool) -> Workload:
+def hf_gpt2(size: str) -> Workload:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
     from tv_compat import import_torchvision
 
     import_torchvision()  # transformers imports torchvision (see tv_compat)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    layers, seq, batch = (2, 64, 4) if quick else (4, 128, 8)
-    config = GPT2Config(vocab_size=1000, n_positions=seq, n_embd=128, n_layer=layers, n_head=4,
-                        attn_implementation="eager")
+    large = LARGE["hf-gpt2"]
+    sizes = {"quick": (2, 64, 4, 128, 4), "full": (4, 128, 8, 128, 4)}
+    layers, seq, batch, width, heads = sizes.get(
+        size, (large["n_layer"], large["seq"], large["batch"], large["n_embd"], large["n_head"]))
+    config = GPT2Config(vocab_size=1000, n_positions=seq, n_embd=width, n_layer=layers,
+                        n_head=heads, attn_implementation="eager")
     torch.manual_seed(0)
     model = _Logits(GPT2LMHeadModel(config)).train()
     gen = torch.Generator().manual_seed(0)
@@ -167,11 +181,15 @@ def hf_gpt2(quick: bool) -> Workload:
         return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
     return Workload("hf-gpt2", model, lm_loss, (ids, torch.roll(ids, -1, 1)),
-                    f"transformers GPT2LMHeadModel, {layers} layers, d 128, seq {seq}, "
+                    f"transformers GPT2LMHeadModel, {layers} layers, d {width}, seq {seq}, "
                     f"batch {batch}")
 
 
 WORKLOADS = {"gpt": gpt, "resnet18": resnet, "hf-gpt2": hf_gpt2}
+#: where the steps run (``--device``; bench_device.py)
+TARGET = [Target()]
+#: host bytes outcore's plans may offload into (``--allow-offload``: unbounded, None)
+HOST_BUDGET: list[int | None] = [0]
 
 
 # ---- the peers ------------------------------------------------------------------------------
@@ -235,9 +253,12 @@ def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
 
 
 def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any], Any]:
-    planned = outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
-                           host_budget=0)
-    executor = Executor(planned.graph, planned.schedule)
+    planned = outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
+                           host_budget=HOST_BUDGET[0])
+    device = TARGET[0].executor_device()
+    if device is not None:
+        device.reserve_host(planned.host_sizes)
+    executor = Executor(planned.graph, planned.schedule, device)
     def step() -> Any:
         return executor.run(w.batch).loss
 
@@ -256,10 +277,7 @@ def peaks(step: Callable[[], Any], model: nn.Module) -> tuple[int, int]:
     zero_grad(model)
     step()  # warm up (allocator caches, lazy inits)
     zero_grad(model)
-    whole = allocator_peak(step).peak
-    zero_grad(model)
-    grads = [p for p in model.parameters() if p.requires_grad]
-    return allocator_peak(step, lambda: [p.grad for p in grads]).peak, whole
+    return TARGET[0].step_peaks(step, model, zero_grad)
 
 
 #: What ``match_budget`` compares: index into ``peaks``'s pair (set by ``--match``).
@@ -271,8 +289,8 @@ def lowest_budget(graph: Any, static: int) -> int:
     budget = static
     for _ in range(6):  # each refusal names what its first candidate needs: climb to it
         try:
-            outcore.plan(graph, budget, gpu="this-cpu", simulate=False,
-                           host_budget=0)
+            outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
+                         host_budget=HOST_BUDGET[0])
             return budget
         except outcore.InfeasibleBudgetError as exc:
             budget = max(budget + 1, int(exc.required))
@@ -328,7 +346,7 @@ def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], n
     """A fresh copy of the model compiled with ``outcore.inductor_backend(budget)``, its first
     step run (the compile); returns the step, the copy and the graph's ``Partition``."""
     m = copy.deepcopy(w.model)
-    be = outcore.inductor_backend(budget, gpu="this-cpu", fusion=FUSION[0],
+    be = outcore.inductor_backend(budget, gpu=TARGET[0].gpu, fusion=FUSION[0],
                                   fallback_random=FALLBACK_RANDOM[0],
                                   buffer_reuse=BUFFER_REUSE[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
@@ -501,11 +519,12 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
     peers = [] if skip_executor else [k for k in tools if k != "eager"]
     if peers:
         graph = outcore.capture(w.model, w.loss_fn, w.batch)
-        measure_temporaries(graph, w.batch)  # the plans budget the kernels' temporaries
+        # the plans budget the kernels' temporaries
+        measure_temporaries(graph, w.batch, device=TARGET[0].kind)
         static = sum(p.numel() * p.element_size() for p in w.model.parameters())
         lo = lowest_budget(graph, static)
-        hi = outcore.plan(graph, None, gpu="this-cpu", simulate=False,
-                          host_budget=0).predicted_peak
+        hi = outcore.plan(graph, None, gpu=TARGET[0].gpu, simulate=False,
+                          host_budget=HOST_BUDGET[0]).predicted_peak
     for peer in peers:
         t0 = time.perf_counter()
         step, act, note = match_budget(w, graph, tools[peer][1][match], lo, hi, match)
@@ -528,9 +547,7 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
     for _ in range(rounds):
         for k in round_order(list(tools)):
             zero_grad(models.get(k, w.model))
-            t0 = time.perf_counter()
-            tools[k][0]()
-            rows[k].seconds.append(time.perf_counter() - t0)
+            rows[k].seconds.append(TARGET[0].timed(tools[k][0]))
     return list(rows.values())
 
 
@@ -579,6 +596,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--large", action="store_true",
+                        help="GPU-sized models (bench_device.LARGE); meant for --device cuda")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where every tool's steps run (bench_device.py)")
+    parser.add_argument("--allow-offload", action="store_true",
+                        help="outcore's plans may offload to host memory (default: recompute "
+                             "only, host_budget=0; on the CPU offloading saves nothing)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile-budget", type=float, default=0.5)
     parser.add_argument("--skip-compile", action="store_true")
@@ -608,19 +632,25 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     rounds = args.rounds or (5 if args.quick else 15)
+    TARGET[0] = Target.of(args.device)
+    HOST_BUDGET[0] = None if args.allow_offload else 0
+    size = "quick" if args.quick else "large" if args.large else "full"
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     rows: list[Row] = []
     for name in args.models:
-        w = WORKLOADS[name](args.quick)
+        w = WORKLOADS[name](size)
+        w.model, w.batch = TARGET[0].move(w.model, w.batch)
         log(f"{name}: {w.about}")
         done = run_model(w, rounds, args.compile_budget, args.skip_compile, log,
                          MATCH[args.match], args.skip_inductor, args.skip_executor)
         log(table(done))  # each model's table as soon as it is done (long runs get cut)
         rows.extend(done)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds\n")
+    where = (torch.cuda.get_device_name() + f" (profile {TARGET[0].gpu})" if TARGET[0].cuda
+             else f"{torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {where}, {rounds} rounds\n")
     print(table(rows))
     print()
     for line in verdicts(rows, args.match):

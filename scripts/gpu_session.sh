@@ -7,7 +7,12 @@
 #
 # A stage is NAME[:SECONDS]; SECONDS bounds it (timeout, then SIGKILL 5 s later). Stages:
 #   env        nvidia-smi, torch and CUDA versions, outcore imported from src/
-#   suite      the CUDA suite, scripts/test_cuda.sh (xdist over 8 workers); PYTEST_ARGS adds
+#   suite      the CUDA suite, scripts/test_cuda.sh (xdist over $WORKERS, default 8); PYTEST_ARGS
+#              adds (e.g. --ignore=tests/cuda/test_cuda_allocator_peak.py, run as allocpeak)
+#   allocpeak  tests/cuda/test_cuda_allocator_peak.py alone, every test's result in the log
+#   vs         benchmarks/vs_pytorch.py --device cuda $VS_ARGS (default: --large GPT, recompute
+#              only, without the compile peer and the Inductor rows)
+#   vsoffload  the same with --allow-offload (outcore's plans may use the host link)
 #   speed      benchmarks/cuda_speed.py; SPEED_ARGS (default: GPT-2 at 50%, three policies)
 #   calibrate  benchmarks/cuda_calibrate.py, profile written under $OUT/profiles
 #   hostmem    benchmarks/host_memory.py --cuda --small
@@ -32,8 +37,16 @@ run_stage() {
 print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0),
 torch.backends.cudnn.version()); import outcore; print(\"outcore\", outcore.__version__)"' \
       >"$log" 2>&1 ;;
-    suite*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n 8 -rfEs --tb=short \
-      ${PYTEST_ARGS:-} >"$log" 2>&1 ;;
+    suite*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n "${WORKERS:-8}" -rfEs \
+      --tb=short ${PYTEST_ARGS:-} >"$log" 2>&1 ;;
+    allocpeak*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n "${WORKERS:-8}" -v -rfEs \
+      --tb=short -k cuda_allocator_peak_never >"$log" 2>&1 ;;
+    vsoffload*) timeout -k 5 "$limit" $PY benchmarks/vs_pytorch.py --device cuda --allow-offload \
+      ${VS_ARGS:---large --models gpt --skip-compile --skip-inductor --rounds 11} \
+      --json "$OUT/logs/vsoffload.json" >"$log" 2>&1 ;;
+    vs*) timeout -k 5 "$limit" $PY benchmarks/vs_pytorch.py --device cuda \
+      ${VS_ARGS:---large --models gpt --skip-compile --skip-inductor --rounds 11} \
+      --json "$OUT/logs/vs.json" >"$log" 2>&1 ;;
     speed*) timeout -k 5 "$limit" $PY benchmarks/cuda_speed.py \
       ${SPEED_ARGS:---models gpt2 --budgets 0.5 --policies outcore-auto offload-all recompute-cheap --skip-compile --steps 5 --warmup 2} \
       --json "$OUT/logs/speed.json" >"$log" 2>&1 ;;

@@ -92,8 +92,9 @@ from outcore.runtime.devices.allocator_peak import held_before
 from outcore.runtime.executor import Executor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_device import LARGE, Target  # sibling modules of this script
+from bench_device import Target  # sibling modules of this script
 from paired import paired_ratio, round_order
+from vs_workloads import WORKLOADS, Workload
 
 #: ATen ops whose outputs selective checkpointing saves (torchtitan-style op list).
 SAVE_OPS = {
@@ -103,15 +104,6 @@ SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
 }
-
-
-@dataclass
-class Workload:
-    name: str
-    model: nn.Module
-    loss_fn: Callable[..., torch.Tensor]
-    batch: tuple[torch.Tensor, torch.Tensor]
-    about: str
 
 
 @dataclass
@@ -128,64 +120,6 @@ class Row:
         return statistics.median(self.seconds)
 
 
-# ---- workloads ------------------------------------------------------------------------------
-
-def gpt(size: str) -> Workload:
-    cfg: dict[str, Any] = {
-        "quick": {"seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 128, "batch": 4},
-        "full": {"seq_len": 256, "n_layer": 6, "n_head": 4, "d_model": 256, "batch": 8},
-    }.get(size) or dict(LARGE["gpt"])
-    batch = cfg.pop("batch")
-    w = outcore.zoo.get("transformer", batch, vocab=512, dropout=0.1, tie_weights=False, **cfg)
-    return Workload("gpt", w.model, w.loss_fn, w.batch, f"GPT decoder {cfg}, vocab 512, "
-                    f"dropout 0.1, batch {w.batch[0].shape[0]}")
-
-
-def resnet(size: str) -> Workload:
-    large = LARGE["resnet18"]
-    image, batch = {"quick": (32, 8), "full": (64, 32)}.get(
-        size, (large["image_size"], large["batch"]))
-    w = outcore.zoo.get("resnet18", batch, image_size=image, num_classes=100)
-    return Workload("resnet18", w.model, w.loss_fn, w.batch,
-                    f"ResNet-18 {image}x{image}, batch {batch}, 100 classes")
-
-
-class _Logits(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids).logits
-
-
-def hf_gpt2(size: str) -> Workload:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
-    from tv_compat import import_torchvision
-
-    import_torchvision()  # transformers imports torchvision (see tv_compat)
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    large = LARGE["hf-gpt2"]
-    sizes = {"quick": (2, 64, 4, 128, 4), "full": (4, 128, 8, 128, 4)}
-    layers, seq, batch, width, heads = sizes.get(
-        size, (large["n_layer"], large["seq"], large["batch"], large["n_embd"], large["n_head"]))
-    config = GPT2Config(vocab_size=1000, n_positions=seq, n_embd=width, n_layer=layers,
-                        n_head=heads, attn_implementation="eager")
-    torch.manual_seed(0)
-    model = _Logits(GPT2LMHeadModel(config)).train()
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 1000, (batch, seq), generator=gen)
-
-    def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
-
-    return Workload("hf-gpt2", model, lm_loss, (ids, torch.roll(ids, -1, 1)),
-                    f"transformers GPT2LMHeadModel, {layers} layers, d {width}, seq {seq}, "
-                    f"batch {batch}")
-
-
-WORKLOADS = {"gpt": gpt, "resnet18": resnet, "hf-gpt2": hf_gpt2}
 #: where the steps run (``--device``; bench_device.py)
 TARGET = [Target()]
 #: host bytes outcore's plans may offload into (``--allow-offload``: unbounded, None)

@@ -114,7 +114,7 @@ def test_at_min_cuts_memory_the_plan_bounds_the_step_and_recomputes_no_more(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every compile of the benchmark's budget search measures at most its prediction, and
     the compile it picks at min-cut's step peak recomputes at most min-cut's heavy flops."""
-    w = vs_pytorch.WORKLOADS[name](True)
+    w = vs_pytorch.WORKLOADS[name]("quick")
     target, min_cut_flops = _min_cut(w)
     compiles: list[tuple[object, object]] = []  # (step, partition) of each compile
     original = vs_pytorch.inductor_step

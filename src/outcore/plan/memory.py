@@ -65,7 +65,8 @@ def rounded_peak_bound(trace: MemoryTrace, granularity: int) -> int:
     ``granularity`` bytes can hold at once for ``trace``'s schedule: each instruction's
     device bytes plus ``granularity - 1`` for every tensor live after it (a live storage is
     at most that much larger than its bytes; views share a storage, so counting tensors
-    over-counts, never under). CUDA's caching allocator rounds to 512 B."""
+    over-counts, never under). Rounding only: CUDA's caching allocator also hands out large
+    blocks unsplit, which ``outcore.plan.allocator_rounding.caching_allocator_bound`` counts."""
     if granularity <= 1:
         return trace.peak
     pad = granularity - 1

@@ -97,11 +97,15 @@ class Profile:
         self.activations = {t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT}
         self.features = self._features() if features is None else list(features)
         self.size = {x: graph.tensors[x].nbytes for x in self.features}
+        self.all_swap: dict[int, FeatureClass] = dict.fromkeys(self.features, SWAP)
         self._uses()
         self.out_time = {x: float(self.cost.transfer_time(self.size[x], "d2h"))
                          for x in self.features}
         self.in_time = {x: float(self.cost.transfer_time(self.size[x], "h2d"))
                         for x in self.features}
+        #: storages a recompute chain never re-makes (static tensors and graph outputs)
+        self._static = {t.storage for t in graph.tensors
+                        if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
         self.chains = {x: self._chain(x) for x in self.features}
         base = np.array(memory_per_step(graph, self.order), dtype=np.float64)
         for x in self.features:
@@ -157,8 +161,7 @@ class Profile:
         """The ops a recompute of ``x`` re-runs: its producer, and the producers of every
         dropped forward intermediate it reads, down to activations or static tensors."""
         g = self.graph
-        static = {t.storage for t in g.tensors
-                  if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
+        static = self._static
         ops: list[int] = []
         reads: list[int] = []
         seen: set[int] = set()
@@ -244,12 +247,18 @@ def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
     if sync_forward is None:
         first = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=False,
                          strict=strict)
-        if first.feasible or not strict:
+        if first.feasible or not strict or first.peak == math.inf:
+            # peak inf: the forward replay overflowed, and it does not depend on the
+            # end-of-forward wait, so the second replay would overflow there too (and
+            # ``first`` is returned either way)
             return first
         second = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=True,
                           strict=strict)
         return second if second.feasible else first
-    cls = {x: classes.get(x, SWAP) for x in p.features}
+    cls = dict(p.all_swap)  # every feature, in their order; absent = swap
+    cls.update(classes)
+    if len(cls) != len(p.all_swap):  # ``classes`` names more than the features
+        cls = {x: classes.get(x, SWAP) for x in p.features}
     ev = Evaluation(0.0, 0.0, True, 0.0, cls)
     t, d2h = _forward(p, cls, budget, ev, strict)
     if not ev.feasible:

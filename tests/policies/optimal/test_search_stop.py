@@ -171,3 +171,31 @@ def test_a_seed_better_than_the_fractional_milp_still_starts_a_segment_pass(monk
     objectives = [s.objective for s in found[1:]]
     assert min(objectives) <= best.objective * (1 + 1e-9)
     assert len(found) >= len(plain) + 1, "the seed's own solution is among the tries"
+
+
+def test_the_stop_gap_is_the_large_one_only_beyond_large_search(monkeypatch):
+    model, _ = _model_and_lp()
+    n = len(model.p.candidates)
+    monkeypatch.setattr(optimal_planner, "LARGE_SEARCH", n)
+    assert optimal_planner._stop_gap(model) == optimal_planner.STOP_GAP
+    monkeypatch.setattr(optimal_planner, "LARGE_SEARCH", n - 1)
+    assert optimal_planner._stop_gap(model) == optimal_planner.LARGE_STOP_GAP
+
+
+def test_a_large_model_stops_at_the_large_gap(monkeypatch):
+    """Above ``LARGE_SEARCH`` candidates the rule fires at ``LARGE_STOP_GAP``: with a
+    ``STOP_GAP`` that never fires, the search still stops after the fractional MILP (no
+    segment, no seed); below it the same ``STOP_GAP`` runs the segments."""
+    model, start = _model_and_lp()
+    monkeypatch.setattr(optimal_planner, "STOP_GAP", -1.0)
+    monkeypatch.setattr(optimal_planner, "LARGE_STOP_GAP", 10.0)
+    monkeypatch.setattr(optimal_planner, "LARGE_SEARCH", 0)
+    calls = _count_solves(monkeypatch)
+    found = optimal_planner._search(model, start, None, _Untouchable())
+    assert len(calls) == 1, "only the fractional MILP ran: no seed, no segment"
+    assert min(s.objective for s in found[1:]) <= start.objective * (1 + 10.0)
+    monkeypatch.setattr(optimal_planner, "LARGE_SEARCH", len(model.p.candidates))
+    calls.clear()
+    seeds = _Seeds()
+    optimal_planner._search(model, start, None, seeds)
+    assert seeds.read and any(kw.get("cutoff") is not None for kw in calls)

@@ -97,11 +97,15 @@ class Profile:
         self.activations = {t.id for t in graph.activations() if t.kind is not TensorKind.OUTPUT}
         self.features = self._features() if features is None else list(features)
         self.size = {x: graph.tensors[x].nbytes for x in self.features}
+        self.all_swap: dict[int, FeatureClass] = dict.fromkeys(self.features, SWAP)
         self._uses()
         self.out_time = {x: float(self.cost.transfer_time(self.size[x], "d2h"))
                          for x in self.features}
         self.in_time = {x: float(self.cost.transfer_time(self.size[x], "h2d"))
                         for x in self.features}
+        #: storages a recompute chain never re-makes (static tensors and graph outputs)
+        self._static = {t.storage for t in graph.tensors
+                        if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
         self.chains = {x: self._chain(x) for x in self.features}
         base = np.array(memory_per_step(graph, self.order), dtype=np.float64)
         for x in self.features:
@@ -157,8 +161,7 @@ class Profile:
         """The ops a recompute of ``x`` re-runs: its producer, and the producers of every
         dropped forward intermediate it reads, down to activations or static tensors."""
         g = self.graph
-        static = {t.storage for t in g.tensors
-                  if t.kind in STATIC_KINDS or t.kind is TensorKind.OUTPUT}
+        static = self._static
         ops: list[int] = []
         reads: list[int] = []
         seen: set[int] = set()
@@ -233,25 +236,34 @@ def earliest_fit(profile: Profile, x: int, lo: int, need: int, memory: np.ndarra
 
 def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
              swap_in_at: SwapInRule = earliest_fit, sync_forward: bool | None = False,
-             strict: bool = True) -> Evaluation:
+             strict: bool = True, resume: ForwardState | None = None) -> Evaluation:
     """Replay ``classes`` (feature map -> keep / swap / recompute; absent = swap).
 
     With ``strict`` an overflow stops the replay (``feasible`` False); otherwise the replay
     goes on past the budget (to price a classification that ignores memory, PoocH's r(X)).
     ``sync_forward=None`` replays without the end-of-forward wait and, if that overflows
     (maps whose copy-out outlives forward are needed before it ends and so stay), with it.
+    ``resume`` (``ForwardPrefixes.at``): the forward replay starts from that state instead
+    of position 0; the caller guarantees ``classes`` agrees with the classification it was
+    recorded on for every map made before its position (the result is then the same).
     """
     if sync_forward is None:
         first = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=False,
-                         strict=strict)
-        if first.feasible or not strict:
+                         strict=strict, resume=resume)
+        if first.feasible or not strict or first.peak == math.inf:
+            # peak inf: the forward replay overflowed, and it does not depend on the
+            # end-of-forward wait, so the second replay would overflow there too (and
+            # ``first`` is returned either way)
             return first
         second = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=True,
-                          strict=strict)
+                          strict=strict, resume=resume)
         return second if second.feasible else first
-    cls = {x: classes.get(x, SWAP) for x in p.features}
+    cls = dict(p.all_swap)  # every feature, in their order; absent = swap
+    cls.update(classes)
+    if len(cls) != len(p.all_swap):  # ``classes`` names more than the features
+        cls = {x: classes.get(x, SWAP) for x in p.features}
     ev = Evaluation(0.0, 0.0, True, 0.0, cls)
-    t, d2h = _forward(p, cls, budget, ev, strict)
+    t, d2h = _forward(p, cls, budget, ev, strict, resume)
     if not ev.feasible:
         ev.time = ev.peak = float("inf")
         return ev
@@ -270,14 +282,70 @@ def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
     return ev
 
 
+@dataclass(frozen=True)
+class ForwardState:
+    """The forward replay's state before position ``j`` (``ForwardPrefixes``)."""
+
+    j: int
+    t: float
+    d2h: float
+    ext: float
+    pending: tuple[tuple[float, int], ...]
+    free_at: dict[int, int]
+    copy_out_end: dict[int, float]
+    forward_stall: dict[int, float]
+
+
+class ForwardPrefixes:
+    """Forward states of one classification at chosen positions, to replay classifications
+    that differ from it in one map ``x`` from ``x``'s producer on (PoocH's step 2 prices
+    every swapped map against one classification).
+
+    Before position ``prod[x]`` the forward replay reads no map's class but those made
+    earlier (``_forward``: a class is read when its map is made or leaves), so a
+    classification equal to ``classes`` on those maps reaches the same state there. The
+    states come from a replay that goes on past the budget; a strict replay is the same
+    up to the first position where it stops (``fail``), so ``at`` gives no state beyond it.
+    """
+
+    def __init__(self, p: Profile, classes: Mapping[int, FeatureClass], budget: float,
+                 positions: set[int]) -> None:
+        cls = {x: classes.get(x, SWAP) for x in p.features}
+        self.states: dict[int, ForwardState] = {}
+        self.fail = p.nf
+        _forward(p, cls, budget, Evaluation(0.0, 0.0, True, 0.0, cls), False, None, self,
+                 positions)
+
+    def at(self, p: Profile, x: int, strict: bool) -> ForwardState | None:
+        """The state to replay a classification differing from this one only in ``x``
+        from (None: from position 0)."""
+        j = p.prod[x]
+        if strict and j > self.fail:
+            return None
+        return self.states.get(j)
+
+
 def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evaluation,
-             strict: bool) -> tuple[float, float]:
-    """Forward timeline; fills copy-out ends, release positions and memory stalls."""
-    t, d2h, ext = 0.0, 0.0, 0.0
+             strict: bool, resume: ForwardState | None = None,
+             record: ForwardPrefixes | None = None,
+             positions: set[int] | None = None) -> tuple[float, float]:
+    """Forward timeline; fills copy-out ends, release positions and memory stalls. From
+    ``resume``'s position and state when given; ``record`` (with ``positions``) keeps the
+    state before each of ``positions`` and the first position a strict replay stops at."""
+    t, d2h, ext, j0 = 0.0, 0.0, 0.0, 0
     pending: list[tuple[float, int]] = []  # (copy-out end, map): swapped, past last forward use
+    if resume is not None:
+        t, d2h, ext, j0, pending = resume.t, resume.d2h, resume.ext, resume.j, [*resume.pending]
+        ev.free_at.update(resume.free_at)
+        ev.copy_out_end.update(resume.copy_out_end)
+        ev.forward_stall.update(resume.forward_stall)
     size, out_time = p.size, p.out_time
     free_at, copy_out_end = ev.free_at, ev.copy_out_end
-    for j, (base, dt, made, leaving) in enumerate(p.forward_steps):
+    steps = p.forward_steps if j0 == 0 else p.forward_steps[j0:]
+    for j, (base, dt, made, leaving) in enumerate(steps, j0):
+        if record is not None and positions is not None and j in positions:
+            record.states[j] = ForwardState(j, t, d2h, ext, tuple(pending), dict(free_at),
+                                            dict(copy_out_end), dict(ev.forward_stall))
         while pending and pending[0][0] <= t:
             _, x = heapq.heappop(pending)
             ext -= size[x]
@@ -290,10 +358,13 @@ def _forward(p: Profile, cls: dict[int, FeatureClass], budget: float, ev: Evalua
             ext -= size[x]
             need -= size[x]
             free_at[x] = j
-        if need > budget and strict:
-            ev.feasible = False
-            ev.peak = need
-            return t, d2h
+        if need > budget:
+            if strict:
+                ev.feasible = False
+                ev.peak = need
+                return t, d2h
+            if record is not None:
+                record.fail = min(record.fail, j)
         t += dt
         for x in made:
             if cls[x] == SWAP:

@@ -40,6 +40,8 @@ from outcore.policies.common.timeline import (
     SWAP,
     Evaluation,
     FeatureClass,
+    ForwardPrefixes,
+    ForwardState,
     Profile,
     SwapInRule,
     earliest_fit,
@@ -86,10 +88,11 @@ class _Search:
         self.p, self.budget, self.rule = p, budget, rule
         self.evaluations = 0
 
-    def run(self, classes: Mapping[int, FeatureClass], strict: bool = True) -> Evaluation:
+    def run(self, classes: Mapping[int, FeatureClass], strict: bool = True,
+            resume: ForwardState | None = None) -> Evaluation:
         self.evaluations += 1
         return evaluate(self.p, classes, self.budget, swap_in_at=self.rule, strict=strict,
-                        sync_forward=None)
+                        sync_forward=None, resume=resume)
 
 
 def classify(p: Profile, budget: float, *, step1_evaluations: int = 400,
@@ -161,11 +164,16 @@ def _recompute(search: _Search, classes: dict[int, FeatureClass], current: Evalu
     while pool and search.evaluations - start < limit:
         r: dict[int, float] = {}
         trials: dict[int, Evaluation] = {}
+        # every run below differs from ``classes`` in one map: its forward replay starts
+        # at that map's producer (the same evaluations, ``ForwardPrefixes``)
+        prefixes = ForwardPrefixes(search.p, classes, search.budget,
+                                   {search.p.prod[x] for x in pool})
         for x in pool:
             if search.evaluations - start >= limit:
                 break
-            kept = search.run({**classes, x: KEEP}, strict=False).time
-            redo = search.run({**classes, x: RECOMPUTE})
+            kept = search.run({**classes, x: KEEP}, strict=False,
+                              resume=prefixes.at(search.p, x, False)).time
+            redo = search.run({**classes, x: RECOMPUTE}, resume=prefixes.at(search.p, x, True))
             if not redo.feasible:
                 r[x] = float("inf")
                 continue

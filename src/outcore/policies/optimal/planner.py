@@ -30,7 +30,7 @@ Steps (``plan_optimal``):
    and the model re-solved, up to ``MAX_CUTS`` rounds. Where the search's best model step
    ended more than ``rounding.FAR_ABOVE_LP`` above the primal LP (the model's search is
    poor there), the fastest plan that fits is improved by ``polish``, a local search on
-   lowered plans by their simulated step (ResNet-50 b256 at its floor: 1.817 -> 1.404 s).
+   lowered plans by their simulated step (ResNet-50 b256 at its floor: 1.817 -> 1.372 s).
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
 

@@ -408,7 +408,8 @@ class Model:
                 rows.add({b: 1.0, a: -1.0}, -math.inf, 0.0)  # released later => offloaded
         if self.relaxed:
             self._dead_inputs(rows)
-            self.leaf_res.add_rows(rows, self.r, self._later_options())
+            self.leaf_res.add_rows(rows, self.r, self._later_options(),
+                                   {d: col for d, (col, _, _, _) in self.ext.items()})
             self.runs.add_rows(rows, self.r, self.p)
             return
         for k, c in enumerate(cands):
@@ -486,7 +487,7 @@ class Model:
         """Bound model, per need ``(u, b)`` of ``leaf_residency``: the column ``y_u,j`` of
         ``u``'s first prefetch option wholly after stage ``b`` (``u`` still freed at ``b``)."""
         out: dict[tuple[int, int], int] = {}
-        for _, b, u in self.leaf_res.needs:
+        for u, b in self.leaf_res.cols:
             later = [j for j in range(len(self.x[u])) if self.time_stage(u, j) > b]
             if later:
                 out[(u, b)] = self.x[u][later[0]]

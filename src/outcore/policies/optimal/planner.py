@@ -27,7 +27,10 @@ Steps (``plan_optimal``):
    Each is lowered (``outcore.plan.lower``), verified (``outcore.plan.verify``), its peak taken with
    ``outcore.plan.memory`` and simulated; the fastest that fits wins. When none fits, the
    budget of the model at the Compute the excess precedes is lowered by the excess (a cut)
-   and the model re-solved, up to ``MAX_CUTS`` rounds.
+   and the model re-solved, up to ``MAX_CUTS`` rounds. Where the search's best model step
+   ended more than ``rounding.FAR_ABOVE_LP`` above the primal LP (the model's search is
+   poor there), the fastest plan that fits is improved by ``polish``, a local search on
+   lowered plans by their simulated step (ResNet-50 b256 at its floor: 1.817 -> 1.372 s).
 4. The step time is the simulator's (``outcore.sim.simulate``), and the gap is
    ``step / bound - 1``.
 
@@ -58,8 +61,9 @@ from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Compute, Schedule
 from outcore.plan.verify import verify
 from outcore.policies.optimal.formulation import Model, Solution
+from outcore.policies.optimal.polish import polish
 from outcore.policies.optimal.problem import Problem, build_problem
-from outcore.policies.optimal.rounding import improve
+from outcore.policies.optimal.rounding import FAR_ABOVE_LP, improve
 
 NAME = "outcore-optimal"
 #: Up to this many candidates the primal and bound models are solved as MILPs.
@@ -257,6 +261,9 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
             if best is None or step < best[0]:
                 best = (step, plan, schedule, found)
         if best is not None:
+            if not exact and _far_from_lp(sol, tries):
+                plan, schedule, _ = polish(graph, problem, cost, best[1], best[2], best[0])
+                return plan, schedule, False
             return best[1], best[2], exact and best[3].optimal and not cuts
         assert worst is not None
         last = (worst[0], worst[1])
@@ -277,6 +284,13 @@ def _primal(graph: Graph, problem: Problem, cost: CostModel, exact: bool, exact_
         NAME, budget, memory_curve(graph, last[1]).peak,
         "The model's plan did not fit after its cuts; try outcore-auto's other candidates, "
         "sub-batches (modnn) or a larger budget.")
+
+
+def _far_from_lp(lp: Solution, tries: Sequence[Solution]) -> bool:
+    """The search's best model step is more than ``FAR_ABOVE_LP`` above the primal LP
+    ``lp`` (where the model's own search is known to be poor, ``polish`` runs)."""
+    found = [t.objective for t in tries if t is not lp and t.choice]
+    return bool(found) and min(found) > lp.objective * (1 + FAR_ABOVE_LP)
 
 
 def _search(model: Model, start: Solution, segments: int | None,

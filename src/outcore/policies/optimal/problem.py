@@ -122,6 +122,8 @@ class Problem:
     budget: int
     candidates: tuple[Candidate, ...]
     copy_engines: int
+    #: stages of the forward pass (the first backward stage); 0: unknown
+    forward_stages: int = 0
 
     @property
     def stages(self) -> int:
@@ -204,7 +206,7 @@ def build_problem(graph: Graph, cost: CostModel, budget: int, *,
             dead_inputs=_dead_inputs(graph, producer.id, b, spans, movable_set,
                                      rebuildable, op_time, stage_of, gaps)))
     return Problem(tuple(order), op_time, tuple(memory), budget, tuple(cands),
-                   int(model.copy_engines))
+                   int(model.copy_engines), first_bwd)
 
 
 def _storage_spans(graph: Graph, stage_of: dict[int, int]

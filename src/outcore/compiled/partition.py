@@ -69,6 +69,7 @@ from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
+from .dropout import mask_only_dropout
 from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
@@ -295,6 +296,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         ``num_fwd_outputs`` and ``static_lifetime_input_indices`` are read."""
         num_fwd_outputs = int(kwargs["num_fwd_outputs"])
         static_lifetime_input_indices = kwargs.get("static_lifetime_input_indices")
+        mask_only_dropout(gm)  # eager-generator dropouts hand the backward their masks only
         gm.graph.eliminate_dead_code()
         gm.recompile()
         if functorch_config.cse:  # as the min-cut partitioner: the graph it would split

@@ -14,7 +14,9 @@ times the 0/1 mask, then times the scale: the same two roundings).
 reads ``mul(mul(input, mask), scale)`` instead: the output node is left without readers, so
 the one thing the draw must hand the backward is its mask, and a recompute of anything
 downstream goes through the mask and the input, which the plan keeps or recomputes as any
-other value. Invariants: the draws are unchanged (same node, same generator calls, in the
+other value. The unread output is marked ``capture.convert.SCRATCH_OUTPUTS``: the eager
+kernel still allocates it and drops it when it returns, so the planned graph holds it as
+the op's scratch (``Op.temporaries``), not as a tensor no op reads. Invariants: the draws are unchanged (same node, same generator calls, in the
 same order); each value the graph computes is the same function of the draws, to the same
 roundings; a ``native_dropout`` not in training mode (``train`` False) is left as is.
 """
@@ -25,6 +27,8 @@ import operator
 
 import torch
 from torch import fx
+
+from outcore.capture.convert import SCRATCH_OUTPUTS
 
 _aten = torch.ops.aten
 
@@ -74,6 +78,7 @@ def mask_only_dropout(gm: fx.GraphModule) -> int:
                     scaled = graph.call_function(_aten.mul.Tensor, (kept, scale))
                     scaled.meta = _fresh(out)
         out.replace_all_uses_with(scaled)
+        node.meta[SCRATCH_OUTPUTS] = {0}  # read by nothing now: the kernel's scratch
         done += 1
     if done:
         gm.graph.eliminate_dead_code()

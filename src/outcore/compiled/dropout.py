@@ -16,9 +16,10 @@ the one thing the draw must hand the backward is its mask, and a recompute of an
 downstream goes through the mask and the input, which the plan keeps or recomputes as any
 other value. The unread output is marked ``capture.convert.SCRATCH_OUTPUTS``: the eager
 kernel still allocates it and drops it when it returns, so the planned graph holds it as
-the op's scratch (``Op.temporaries``), not as a tensor no op reads. Invariants: the draws are unchanged (same node, same generator calls, in the
-same order); each value the graph computes is the same function of the draws, to the same
-roundings; a ``native_dropout`` not in training mode (``train`` False) is left as is.
+the op's scratch (``Op.temporaries``), not as a tensor no op reads.
+
+Invariants: the draws are unchanged (same node, same generator calls, in the same order);
+each value the graph computes is the same function of the draws, to the same roundings; a ``native_dropout`` not in training mode (``train`` False) is left as is.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ kernel still allocates it and drops it when it returns, so the planned graph hol
 the op's scratch (``Op.temporaries``), not as a tensor no op reads.
 
 Invariants: the draws are unchanged (same node, same generator calls, in the same order);
-each value the graph computes is the same function of the draws, to the same roundings; a ``native_dropout`` not in training mode (``train`` False) is left as is.
+each value the graph computes is the same function of the draws, to the same roundings; a
+``native_dropout`` not in training mode (``train`` False) is left as is.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ value it needs from them. Inductor then compiles both graphs into fused kernels.
 partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set by its own
 heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 
-1. The joint graph (after Inductor's joint-graph passes, dead code removed) is converted to
+1. The joint graph (after Inductor's joint-graph passes, dead code removed; under Inductor's
+   ``fallback_random`` each eager dropout's output rewritten as input * mask * scale, so the
+   backward needs its mask alone: ``dropout.mask_only_dropout``) is converted to
    outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
    phases are read from the dataflow, Inductor's seeded random ops are planned as
    point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured

@@ -164,6 +164,24 @@ def _seeded_as_pointwise(graph: Graph, nodes: NodeMap) -> None:
             op.category = OpCategory.ELEMENTWISE
 
 
+def _undrawable_kept(graph: Graph) -> int:
+    """Mark every output of a random op left after ``_seeded_as_pointwise`` (eager's
+    ``native_dropout`` under ``fallback_random``, ``inductor_seeds``) as ``Tensor.host``:
+    the compiled backward cannot draw it again, so no policy may recompute (or offload) it
+    (it is never among ``Graph.activations`` nor ``lower.forward_intermediates``). The plan
+    keeps it to its last read and counts its bytes in the predicted peak, so the partition
+    saves it as kept, not *forced* outside the plan. The flag's other meaning (held in host
+    memory on an accelerator) changes nothing here: the memory rule counts a host-flagged
+    output as any other. Returns the number of tensors marked."""
+    marked = 0
+    for op in graph.ops:
+        if op.random:
+            for tid in op.outputs:
+                graph.tensors[tid].host = True
+                marked += 1
+    return marked
+
+
 #: The IR targets of Inductor's inline random draws (``_seeded_ops`` but the seed lookup).
 _DRAW_TARGETS = ("prims.inductor_random.default", "prims.inductor_randint.default")
 
@@ -312,6 +330,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
         _phases_from_dataflow(graph, nodes, info)
         _seeded_as_pointwise(graph, nodes)
+        _undrawable_kept(graph)
         if self.measure:
             measure_extern(graph, nodes)
         if self.fusion:

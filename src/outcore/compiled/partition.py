@@ -12,11 +12,14 @@ heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
    backward needs its mask alone: ``dropout.mask_only_dropout``) is converted to
    outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
    phases are read from the dataflow, Inductor's seeded random ops are planned as
-   point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
-   (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
-   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op). The forward's outputs
-   the backward does not read leave, and the tangents arrive, when the backward starts
-   (``lifetimes``), as in a training step whose loss is computed outside the graph.
+   point-wise (``_seeded_as_pointwise``), the outputs of the random ops left (eager's
+   ``native_dropout``, ``inductor_seeds``) are flagged ``Tensor.host``, which no policy
+   recomputes, so the plan keeps them and counts them (``_undrawable_kept``), the library
+   kernels' scratch is measured (``temporaries.measure_extern``), and the graph is
+   contracted as Inductor fuses it (``fusion.fuse_elementwise``; ``fusion=False`` plans it
+   op by op). The forward's outputs the backward does not read leave, and the tangents
+   arrive, when the backward starts (``lifetimes``), as in a training step whose loss is
+   computed outside the graph.
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan

@@ -9,7 +9,9 @@ GPT-2), one training step per tool:
   policy in the manner of torchtitan's "op" mode (outputs of matmuls, convolutions and
   attention saved, everything else recomputed);
 * ``compile``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget``
-  (``--compile-budget``, default 0.5);
+  (``--compile-budget``, default 0.5); ``--compile-fallback-random``: with Inductor's
+  ``fallback_random`` (dropout on eager's generator, as the eager peers and
+  ``--inductor-fallback-random``'s rows draw it);
 * ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
   ``host_budget=0``: recompute only, the host is the device's own memory), its budget
   searched so that its measured peak is at most the peer's (``match_budget``), by the
@@ -272,6 +274,8 @@ Tool = tuple[Callable[[], Any], tuple[int, int], str]
 FUSION = [True]
 #: ``outcore.inductor_backend``'s ``fallback_random`` (``--inductor-fallback-random``).
 FALLBACK_RANDOM = [False]
+#: Inductor's ``fallback_random`` for the compile peer (``--compile-fallback-random``).
+PEER_FALLBACK_RANDOM = [False]
 #: ``outcore.inductor_backend``'s ``buffer_reuse`` (``--inductor-buffer-reuse``).
 BUFFER_REUSE = [False]
 
@@ -440,7 +444,8 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         torch._dynamo.reset()
         fconfig.activation_memory_budget = compile_budget
         m = copy.deepcopy(w.model)
-        cm = torch.compile(m)
+        cm = torch.compile(m, options={"fallback_random": True} if PEER_FALLBACK_RANDOM[0]
+                           else None)
         t0 = time.perf_counter()
         s = eager_step(cm, w)
         s()
@@ -549,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor-fallback-random", action="store_true",
                         help="outcore+inductor rows draw dropout with eager's generator "
                              "(Inductor's fallback_random; the compile peer keeps Inductor's)")
+    parser.add_argument("--compile-fallback-random", action="store_true",
+                        help="the compile peer draws dropout with eager's generator "
+                             "(Inductor's fallback_random)")
     parser.add_argument("--inductor-buffer-reuse", action="store_true",
                         help="outcore+inductor rows with Inductor's buffer reuse on "
                              "(allow_buffer_reuse; off by default: outcore.inductor_backend)")
@@ -559,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     FUSION[0] = not args.inductor_no_fusion
     FALLBACK_RANDOM[0] = args.inductor_fallback_random
+    PEER_FALLBACK_RANDOM[0] = args.compile_fallback_random
     BUFFER_REUSE[0] = args.inductor_buffer_reuse
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
     # (past the default limit dynamo would silently run the newest copies eagerly)

@@ -140,8 +140,10 @@ def test_the_min_cut_recorder_splits_as_min_cut(fresh_dynamo) -> None:
 def test_fallback_random_draws_eagers_masks_and_saves_them(fresh_dynamo) -> None:
     """With ``fallback_random=True`` dropout runs eager's ``native_dropout``: at the same
     seed the masks are eager's, so the gradients equal eager's to rounding; another seed's
-    are far from them (so the tolerance can fail). The masks are saved (forced), never
-    drawn again in the backward."""
+    are far from them (so the tolerance can fail). The masks are saved (kept or forced),
+    never drawn again in the backward, and they are all the backward gets of a dropout: its
+    float output is recomputed from input and mask (``compiled.dropout``), and the planned
+    graph holds it as the dropout op's scratch, not as a tensor."""
     w = _workload(0.1)
     eager = copy.deepcopy(w.model)
     be = outcore.inductor_backend(None, gpu="this-cpu", fallback_random=True)
@@ -152,7 +154,12 @@ def test_fallback_random_draws_eagers_masks_and_saves_them(fresh_dynamo) -> None
     torch.manual_seed(3)
     w.loss_fn(eager(w.batch[0]), w.batch[1]).backward()
     [part] = be.partitions
-    assert part.forced and part.forced_bytes > 0
+    graph = part.planned.graph
+    drops = [op for op in graph.ops if op.target == "aten.native_dropout.default"]
+    assert drops and all(op.temporaries > 0 for op in drops)
+    from_drops = [graph.tensors[t] for op in drops for t in op.outputs]
+    assert [t.dtype for t in from_drops] == ["bool"] * len(drops)  # the masks alone
+    assert {t.name for t in from_drops} <= set(part.saved)
     assert not any("dropout" in k or "rand" in k for k in part.recomputed_targets)
     ours = [p.grad.clone() for p in w.model.parameters()]
     for got, want in zip(ours, [p.grad for p in eager.parameters()], strict=True):

@@ -123,7 +123,9 @@ class _Builder:
             raise _node_error(node, "has no traced value (meta['val']), so its size is unknown")
         val = node.meta.get("val")  # None: an op run for its effect (``_assert_async``)
         outputs: list[int] = []
+        scratch = 0
         if isinstance(val, (tuple, list)):
+            scratch = _scratch_bytes(node, val)
             slots: list[int | None] = []
             masked = _masked_outputs(node)
             for i, v in enumerate(val):
@@ -147,7 +149,7 @@ class _Builder:
         self.ops.append(Op(id=oid, name=node.name, target=target, phase=phase,
                            category=category, inputs=inputs, outputs=outputs,
                            flops=fx_flops(node), bytes_touched=self._bytes(inputs, outputs),
-                           random=_is_random(node, target),
+                           random=_is_random(node, target), temporaries=scratch,
                            variant_options=_variant_options(node, target,
                                                                             self.step_device)))
         self.map.op_nodes.append(node)
@@ -212,10 +214,25 @@ def _returns_nothing(node: fx.Node) -> bool:
     return schema is not None and not schema.returns
 
 
+#: ``node.meta`` key: positions of a multi-output op's outputs that nothing reads, marked so
+#: by a graph rewrite (``outcore.compiled.dropout``): the kernel allocates them and they are
+#: dropped when it returns, so they are the op's scratch (``Op.temporaries``), not tensors.
+SCRATCH_OUTPUTS = "outcore_scratch_outputs"
+
+
+def _scratch_bytes(node: fx.Node, val: Any) -> int:
+    """Bytes of ``node``'s outputs marked ``SCRATCH_OUTPUTS`` (0 when none are)."""
+    marked = node.meta.get(SCRATCH_OUTPUTS, ())
+    return sum(int(v.untyped_storage().nbytes()) for i, v in enumerate(val)
+               if i in marked and isinstance(v, torch.Tensor))
+
+
 def _masked_outputs(node: fx.Node) -> set[int]:
     """Output positions an ``output_mask`` argument turns off (``native_batch_norm_backward``
     with ``[False, True, True]``): the real kernel returns no tensor there, although the fake
-    one may, so the graph must not count one (it over-predicted the peak by that tensor)."""
+    one may, so the graph must not count one (it over-predicted the peak by that tensor);
+    and those marked ``SCRATCH_OUTPUTS`` (counted as the op's temporaries instead)."""
+    scratch = set(node.meta.get(SCRATCH_OUTPUTS, ()))
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return set()
@@ -223,8 +240,8 @@ def _masked_outputs(node: fx.Node) -> set[int]:
         if arg.name == "output_mask":
             mask = node.args[k] if k < len(node.args) else node.kwargs.get("output_mask")
             if isinstance(mask, (list, tuple)):
-                return {i for i, on in enumerate(mask) if on is False}
-    return set()
+                return scratch | {i for i, on in enumerate(mask) if on is False}
+    return scratch
 
 
 def _placeholder_role(desc: Any) -> tuple[TensorKind, str]:

@@ -154,8 +154,11 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             seed) instead of Inductor's inline one, which costs far more per element on the
             CPU (the full GPT of ``benchmarks/vs_pytorch.py``: plain ``torch.compile`` 0.83x
             its default step time). Its masks cannot be drawn again in the backward, so each
-            dropout's outputs are saved (reported as ``Partition.forced``). Off by default:
-            on, the draws differ from plain ``torch.compile``'s.
+            dropout's mask is kept by the plan (one byte per element, counted in its
+            predicted peak; never recomputed, never in ``Partition.forced``) and its
+            output recomputed from input and mask where the backward needs it
+            (``outcore.compiled.dropout``). Off by default: on, the draws differ from
+            plain ``torch.compile``'s.
         options: policy-specific options (see each policy's docstring).
 
     Returns:

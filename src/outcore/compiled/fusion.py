@@ -173,7 +173,8 @@ def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused
     new_id = {old: new for new, old in enumerate(original)}
     tensors = [Tensor(id=new_id[t.id], name=t.name, shape=t.shape, dtype=t.dtype,
                       nbytes=t.nbytes, kind=t.kind, storage=new_id[t.storage],
-                      source=t.source) for t in graph.tensors if t.id not in absorbed]
+                      source=t.source, host=t.host)
+               for t in graph.tensors if t.id not in absorbed]
     ops: list[Op] = []
     merged: dict[int, list[int]] = {}
     for op in graph.ops:

@@ -7,14 +7,19 @@ value it needs from them. Inductor then compiles both graphs into fused kernels.
 partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set by its own
 heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 
-1. The joint graph (after Inductor's joint-graph passes, dead code removed) is converted to
+1. The joint graph (after Inductor's joint-graph passes, dead code removed; under Inductor's
+   ``fallback_random`` each eager dropout's output rewritten as input * mask * scale, so the
+   backward needs its mask alone: ``dropout.mask_only_dropout``) is converted to
    outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
    phases are read from the dataflow, Inductor's seeded random ops are planned as
-   point-wise (``_seeded_as_pointwise``), the library kernels' scratch is measured
-   (``temporaries.measure_extern``), and the graph is contracted as Inductor fuses it
-   (``fusion.fuse_elementwise``; ``fusion=False`` plans it op by op). The forward's outputs
-   the backward does not read leave, and the tangents arrive, when the backward starts
-   (``lifetimes``), as in a training step whose loss is computed outside the graph.
+   point-wise (``_seeded_as_pointwise``), the outputs of the random ops left (eager's
+   ``native_dropout``, ``inductor_seeds``) are flagged ``Tensor.host``, which no policy
+   recomputes, so the plan keeps them and counts them (``_undrawable_kept``), the library
+   kernels' scratch is measured (``temporaries.measure_extern``), and the graph is
+   contracted as Inductor fuses it (``fusion.fuse_elementwise``; ``fusion=False`` plans it
+   op by op). The forward's outputs the backward does not read leave, and the tangents
+   arrive, when the backward starts (``lifetimes``), as in a training step whose loss is
+   computed outside the graph.
 2. ``outcore.plan`` plans it under the budget, recompute only (``host_budget=0``): outcore-auto
    by default, whose plans recompute chains of any depth. A schedule that re-makes a tensor
    during the forward cannot be split; outcore-auto then uses its own greedy plan
@@ -69,6 +74,7 @@ from outcore.plan.schedule import Compute, Offload, Prefetch
 from outcore.planned import PlannedStep, plan
 from outcore.runtime.split import split_point
 
+from .dropout import mask_only_dropout
 from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
@@ -159,6 +165,24 @@ def _seeded_as_pointwise(graph: Graph, nodes: NodeMap) -> None:
         if node.target in seeded:
             op.random = False
             op.category = OpCategory.ELEMENTWISE
+
+
+def _undrawable_kept(graph: Graph) -> int:
+    """Mark every output of a random op left after ``_seeded_as_pointwise`` (eager's
+    ``native_dropout`` under ``fallback_random``, ``inductor_seeds``) as ``Tensor.host``:
+    the compiled backward cannot draw it again, so no policy may recompute (or offload) it
+    (it is never among ``Graph.activations`` nor ``lower.forward_intermediates``). The plan
+    keeps it to its last read and counts its bytes in the predicted peak, so the partition
+    saves it as kept, not *forced* outside the plan. The flag's other meaning (held in host
+    memory on an accelerator) changes nothing here: the memory rule counts a host-flagged
+    output as any other. Returns the number of tensors marked."""
+    marked = 0
+    for op in graph.ops:
+        if op.random:
+            for tid in op.outputs:
+                graph.tensors[tid].host = True
+                marked += 1
+    return marked
 
 
 #: The IR targets of Inductor's inline random draws (``_seeded_ops`` but the seed lookup).
@@ -295,6 +319,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         ``num_fwd_outputs`` and ``static_lifetime_input_indices`` are read."""
         num_fwd_outputs = int(kwargs["num_fwd_outputs"])
         static_lifetime_input_indices = kwargs.get("static_lifetime_input_indices")
+        mask_only_dropout(gm)  # eager-generator dropouts hand the backward their masks only
         gm.graph.eliminate_dead_code()
         gm.recompile()
         if functorch_config.cse:  # as the min-cut partitioner: the graph it would split
@@ -308,6 +333,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         graph, nodes = build_graph(gm, f"inductor{len(self.partitions)}")
         _phases_from_dataflow(graph, nodes, info)
         _seeded_as_pointwise(graph, nodes)
+        _undrawable_kept(graph)
         if self.measure:
             measure_extern(graph, nodes)
         if self.fusion:

@@ -74,7 +74,8 @@ class Tensor:
     ``host`` marks a tensor an op returns in host memory although the step runs on an
     accelerator (the RNG seed and offset of CUDA's fused attention): no policy may offload
     or recompute it (it is never among ``Graph.activations``); its bytes still count, as the
-    executor's tracker counts every output.
+    executor's tracker counts every output. ``outcore.compiled`` flags the same way the
+    outputs of random ops its compiled backward cannot draw again (eager dropout masks).
     """
 
     id: int

@@ -70,9 +70,11 @@ def effective_decisions(graph: Graph, plan: Plan) -> dict[int, Decision]:
 
 def forward_intermediates(graph: Graph) -> set[int]:
     """Base activations produced in forward that are not step outputs (whether or not
-    backward reads them): what a recompute chain may rebuild."""
+    backward reads them): what a recompute chain may rebuild. A ``Tensor.host`` value is
+    never one (no policy may recompute it)."""
     return {t.id for t in graph.tensors
             if not t.is_view and t.kind is TensorKind.ACTIVATION and t.producer is not None
+            and not t.host
             and graph.ops[t.producer].phase is Phase.FORWARD}
 
 

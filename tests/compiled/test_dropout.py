@@ -1,0 +1,124 @@
+"""``outcore.compiled.dropout.mask_only_dropout``: a dropout's readers read input*mask*scale.
+
+FX graphs traced with ``make_fx`` (no compile): the rewrite must leave every value the graph
+returns bit-identical at the same seed (same draws, same roundings), leave the dropout's
+float output without readers, and leave an inference-mode dropout alone.
+
+Compiled (``inductor_backend(fallback_random=True)``, a budget that forces recomputation):
+the plan keeps every eager dropout's mask (it cannot be drawn again in the backward), so the
+partition forces none outside the plan and the allocator's peak is within the prediction.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import outcore
+from outcore.compiled import InductorRoundingWarning
+from outcore.compiled.dropout import mask_only_dropout
+from outcore.plan.schedule import Compute
+from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_inductor_backend import _compiled_step, _workload, _zero
+
+_aten = torch.ops.aten
+
+
+def _net(p: float, train: bool = True):
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out, mask = _aten.native_dropout(x, p, train)
+        y = (out.sin() + out) * 2.0
+        z, _ = _aten.native_dropout(y.exp(), p, train)  # its mask is never read
+        return y, z.sum(-1), mask
+    return f
+
+
+def _run(gm: torch.fx.GraphModule, x: torch.Tensor, seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return list(gm(x))
+
+
+def _output_readers(gm: torch.fx.GraphModule) -> int:
+    """Readers of native_dropout outputs 0, over the graph."""
+    return sum(len(u.users) for n in gm.graph.find_nodes(
+        op="call_function", target=_aten.native_dropout.default)
+        for u in n.users if u.target is operator.getitem and u.args[1] == 0)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 1.0])
+def test_values_are_bit_identical_and_outputs_unread(p: float) -> None:
+    x = torch.randn(6, 33)
+    gm = make_fx(_net(p))(x)
+    want = _run(gm, x, 7)
+    assert _output_readers(gm) == 3  # sin, add; sum
+    assert mask_only_dropout(gm) == 2
+    assert _output_readers(gm) == 0
+    got = _run(gm, x, 7)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert not all(torch.equal(g, w) for g, w in zip(_run(gm, x, 8), want, strict=True)) \
+        or p == 1.0  # another seed draws other masks (p=1 drops everything either way)
+    assert sum(1 for _ in gm.graph.find_nodes(
+        op="call_function", target=_aten.native_dropout.default)) == 2  # draws unchanged
+
+
+def test_inference_dropout_is_left_alone() -> None:
+    x = torch.randn(4, 5)
+    gm = make_fx(_net(0.3, train=False))(x)
+    before = gm.code
+    assert mask_only_dropout(gm) == 0
+    assert gm.code == before
+
+
+@pytest.fixture
+def one_thread():
+    """One thread, as ``test_buffer_reuse`` measures; dynamo's caches reset around it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.set_num_threads(threads)
+
+
+def _in_core_peak(w) -> int:
+    """The predicted peak of ``w``'s step planned without a budget (outcore's capture)."""
+    graph = outcore.capture(w.model, w.loss_fn, w.batch)
+    return outcore.plan(graph, None, gpu="this-cpu", simulate=False,
+                        host_budget=0).predicted_peak
+
+
+@pytest.mark.parametrize("fraction", [0.55, 0.7])
+def test_eager_masks_are_kept_by_the_plan_and_counted_in_its_peak(one_thread,
+                                                                  fraction: float) -> None:
+    """Under ``fallback_random`` a mask cannot be drawn again in the backward: the plan
+    keeps each one (the partition forces none outside it), no recompute draws, and the
+    allocator's peak of the compiled step is within the plan's predicted peak. At these
+    budgets (a fraction of the in-core peak) a plan that may "recompute" the masks left two
+    of them forced, outside its prediction (the step measured 8 B above it; 2026-11-27)."""
+    w = _workload(0.1)
+    budget = int(_in_core_peak(w) * fraction)
+    be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fallback_random=True)
+    step = _compiled_step(w, be)
+    with pytest.warns(InductorRoundingWarning):
+        step()
+    _zero(w.model)
+    measured = allocator_peak(step).peak
+    [part] = be.partitions
+    graph = part.planned.graph
+    drops = {op.id for op in graph.ops if op.target == "aten.native_dropout.default"}
+    masks = {graph.tensors[t].name for d in drops for t in graph.ops[d].outputs}
+    assert drops and masks <= set(part.kept), (masks, part.forced)
+    assert not part.forced and part.forced_bytes == 0, part.forced
+    assert not any(isinstance(ins, Compute) and ins.recompute and ins.op in drops
+                   for ins in part.planned.schedule.instructions)
+    assert part.recomputed > 0  # the budget forced recomputation
+    assert part.predicted_peak <= budget
+    assert 0 < measured <= part.predicted_peak - held_before(graph)

@@ -33,17 +33,9 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import vs_pytorch  # a benchmarks/ module, not a package
 from test_inductor_backend import _compiled_step, _lowest_recompute_budget, _workload, _zero
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread, as the benchmark runs (the fused model measured below its prediction
-    with two threads even with reuse on); dynamo's caches reset around each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    torch.set_num_threads(threads)
+#: one thread, as the benchmark runs (the fused model measured below its prediction with two
+#: threads even with reuse on); ``one_thread`` in conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _compiled_tiny_gpt(buffer_reuse: bool) -> tuple[int, int, list[str]]:

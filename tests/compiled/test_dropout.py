@@ -20,13 +20,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import outcore
-from outcore.compiled import InductorRoundingWarning
 from outcore.compiled.dropout import mask_only_dropout
 from outcore.plan.schedule import Compute
-from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+from outcore.runtime.devices.allocator_peak import held_before
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_inductor_backend import _compiled_step, _workload, _zero
+from test_inductor_backend import _measured_compile, _workload
 
 _aten = torch.ops.aten
 
@@ -77,17 +76,6 @@ def test_inference_dropout_is_left_alone() -> None:
     assert gm.code == before
 
 
-@pytest.fixture
-def one_thread():
-    """One thread, as ``test_buffer_reuse`` measures; dynamo's caches reset around it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    torch.set_num_threads(threads)
-
-
 def _in_core_peak(w) -> int:
     """The predicted peak of ``w``'s step planned without a budget (outcore's capture)."""
     graph = outcore.capture(w.model, w.loss_fn, w.batch)
@@ -106,12 +94,7 @@ def test_eager_masks_are_kept_by_the_plan_and_counted_in_its_peak(one_thread,
     w = _workload(0.1)
     budget = int(_in_core_peak(w) * fraction)
     be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fallback_random=True)
-    step = _compiled_step(w, be)
-    with pytest.warns(InductorRoundingWarning):
-        step()
-    _zero(w.model)
-    measured = allocator_peak(step).peak
-    [part] = be.partitions
+    measured, part = _measured_compile(w, be)
     graph = part.planned.graph
     drops = {op.id for op in graph.ops if op.target == "aten.native_dropout.default"}
     masks = {graph.tensors[t].name for d in drops for t in graph.ops[d].outputs}

@@ -50,6 +50,18 @@ def _compiled_step(w, backend):
     return step
 
 
+def _measured_compile(w, backend) -> tuple[int, object]:
+    """Compile ``w``'s step with ``backend`` (the first call, warning of Inductor's rounding),
+    then measure one step's allocator peak; returns it and the one ``Partition``."""
+    step = _compiled_step(w, backend)
+    with pytest.warns(InductorRoundingWarning):
+        step()
+    _zero(w.model)
+    measured = allocator_peak(step).peak
+    [part] = backend.partitions
+    return measured, part
+
+
 def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
@@ -150,13 +162,7 @@ def test_the_allocator_peak_is_within_the_op_by_op_plans_prediction():
     w = _workload(0.0)
     budget = _lowest_recompute_budget(w)
     be = outcore.inductor_backend(budget=budget, gpu="this-cpu", fusion=False)
-    step = _compiled_step(w, be)
-
-    with pytest.warns(InductorRoundingWarning):
-        step()
-    _zero(w.model)
-    measured = allocator_peak(step).peak
-    [part] = be.partitions
+    measured, part = _measured_compile(w, be)
     predicted = part.predicted_peak - held_before(part.planned.graph)
     assert part.predicted_peak <= budget
     assert 0 < measured <= predicted

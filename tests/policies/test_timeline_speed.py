@@ -12,8 +12,17 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.policies.common import KEEP, RECOMPUTE, SWAP, Profile, earliest_fit, evaluate, span_sum
-from outcore.policies.common.timeline import Evaluation, ForwardPrefixes
+from outcore.policies.common import (
+    KEEP,
+    RECOMPUTE,
+    SWAP,
+    Evaluation,
+    ForwardPrefixes,
+    Profile,
+    earliest_fit,
+    evaluate,
+    span_sum,
+)
 from outcore.sim.synthetic import residual_chain
 
 

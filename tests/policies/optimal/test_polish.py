@@ -18,8 +18,7 @@ from outcore.plan.lower import lower
 from outcore.plan.memory import memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.verify import verify
-from outcore.policies.optimal import build_problem, planner, polish
-from outcore.policies.optimal.formulation import Solution
+from outcore.policies.optimal import build_problem, formulation, planner, polish
 from outcore.sim import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -73,9 +72,9 @@ def test_polish_without_a_better_move_returns_the_plan():
 
 
 def test_the_planner_polishes_only_far_above_the_primal_lp():
-    lp = Solution(choice=[("keep",)], objective=1.0)
-    near = Solution(choice=[("keep",)], objective=1.0 + planner.FAR_ABOVE_LP / 2)
-    far = Solution(choice=[("keep",)], objective=1.0 + planner.FAR_ABOVE_LP * 2)
+    lp = formulation.Solution(choice=[("keep",)], objective=1.0)
+    near = formulation.Solution(choice=[("keep",)], objective=1.0 + planner.FAR_ABOVE_LP / 2)
+    far = formulation.Solution(choice=[("keep",)], objective=1.0 + planner.FAR_ABOVE_LP * 2)
     assert not planner._far_from_lp(lp, [lp, near])
     assert not planner._far_from_lp(lp, [lp, near, far])  # the best one counts
     assert planner._far_from_lp(lp, [lp, far])

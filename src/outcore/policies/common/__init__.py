@@ -14,6 +14,7 @@ from outcore.policies.common.timeline import (
     SWAP,
     Evaluation,
     FeatureClass,
+    ForwardPrefixes,
     Profile,
     SwapInRule,
     earliest_fit,
@@ -26,7 +27,7 @@ from outcore.policies.common.variants import FRAMEWORK, Variants, candidates
 
 __all__ = [
     "FRAMEWORK", "INPLACE_ACTIVATIONS", "KEEP", "RECOMPUTE", "SWAP", "Evaluation",
-    "FeatureClass", "Profile", "SwapInRule", "VariantSpec", "Variants", "bound", "budget_of",
-    "candidates", "cost_of", "earliest_fit", "evaluate", "fuses_into_activation", "producer",
+    "FeatureClass", "ForwardPrefixes", "Profile", "SwapInRule", "VariantSpec", "Variants",
+    "bound", "budget_of", "candidates", "cost_of", "earliest_fit", "evaluate", "fuses_into_activation", "producer",
     "span_sum", "through_activations", "variant_table",
 ]

@@ -28,6 +28,6 @@ from outcore.policies.common.variants import FRAMEWORK, Variants, candidates
 __all__ = [
     "FRAMEWORK", "INPLACE_ACTIVATIONS", "KEEP", "RECOMPUTE", "SWAP", "Evaluation",
     "FeatureClass", "ForwardPrefixes", "Profile", "SwapInRule", "VariantSpec", "Variants",
-    "bound", "budget_of", "candidates", "cost_of", "earliest_fit", "evaluate", "fuses_into_activation", "producer",
-    "span_sum", "through_activations", "variant_table",
+    "bound", "budget_of", "candidates", "cost_of", "earliest_fit", "evaluate",
+    "fuses_into_activation", "producer", "span_sum", "through_activations", "variant_table",
 ]

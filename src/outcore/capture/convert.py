@@ -235,7 +235,7 @@ def _masked_outputs(node: fx.Node) -> set[int]:
     scratch = set(node.meta.get(SCRATCH_OUTPUTS, ()))
     schema = getattr(node.target, "_schema", None)
     if schema is None:
-        return set()
+        return scratch
     for k, arg in enumerate(schema.arguments):
         if arg.name == "output_mask":
             mask = node.args[k] if k < len(node.args) else node.kwargs.get("output_mask")

@@ -77,19 +77,20 @@ def caching_allocator_bound(graph: Graph, schedule: Schedule,
     grow = expandable_segments() if expandable is None else expandable
     seeds = {t.storage for t in graph.tensors if t.kind is TensorKind.TANGENT}
     live: dict[int, int] = {}
-    peak = 0
+    resident = peak = 0  # resident == sum(live.values())
     for step in residency_steps(graph, schedule):
         transient = 0
         for alloc in step.allocations:
             held = alloc.nbytes if step.at < 0 and alloc.storage not in seeds \
                 else block_bound(alloc.nbytes, grow)
             if alloc.storage >= 0:
+                resident += held - live.get(alloc.storage, 0)
                 live[alloc.storage] = held
             else:
                 transient += held
-        peak = max(peak, sum(live.values()) + transient)
+        peak = max(peak, resident + transient)
         if step.released >= 0:
-            live.pop(step.released, None)
+            resident -= live.pop(step.released, 0)
     return peak
 
 

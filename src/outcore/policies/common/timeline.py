@@ -258,10 +258,7 @@ def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
         second = evaluate(p, classes, budget, swap_in_at=swap_in_at, sync_forward=True,
                           strict=strict, resume=resume)
         return second if second.feasible else first
-    cls = dict(p.all_swap)  # every feature, in their order; absent = swap
-    cls.update(classes)
-    if len(cls) != len(p.all_swap):  # ``classes`` names more than the features
-        cls = {x: classes.get(x, SWAP) for x in p.features}
+    cls = _every_feature(p, classes)
     ev = Evaluation(0.0, 0.0, True, 0.0, cls)
     t, d2h = _forward(p, cls, budget, ev, strict, resume)
     if not ev.feasible:
@@ -280,6 +277,16 @@ def evaluate(p: Profile, classes: Mapping[int, FeatureClass], budget: float, *,
     t, h2d = _backward_time(p, cls, ev, t, h2d)
     ev.time = max(t, h2d, d2h)
     return ev
+
+
+def _every_feature(p: Profile, classes: Mapping[int, FeatureClass]) -> dict[int, FeatureClass]:
+    """``classes`` on every feature map of ``p``, in their order (absent = swap), and on
+    nothing else."""
+    cls = dict(p.all_swap)
+    cls.update(classes)
+    if len(cls) != len(p.all_swap):  # ``classes`` names more than the features
+        cls = {x: classes.get(x, SWAP) for x in p.features}
+    return cls
 
 
 @dataclass(frozen=True)
@@ -310,7 +317,7 @@ class ForwardPrefixes:
 
     def __init__(self, p: Profile, classes: Mapping[int, FeatureClass], budget: float,
                  positions: set[int]) -> None:
-        cls = {x: classes.get(x, SWAP) for x in p.features}
+        cls = _every_feature(p, classes)
         self.states: dict[int, ForwardState] = {}
         self.fail = p.nf
         _forward(p, cls, budget, Evaluation(0.0, 0.0, True, 0.0, cls), False, None, self,

@@ -77,6 +77,19 @@ class Target:
         grad_bytes = sum(p.numel() * p.element_size() for p in grads)
         return max(0, whole - grad_bytes), whole
 
+    def measured_cost(self, graph: Any, batch: Any, repeats: int = 5) -> Any:
+        """A ``MeasuredProfile`` of ``graph`` on this device: each op's seconds inside a real
+        step (``outcore.cost.measure_ops``; CUDA events on a GPU), copies priced at the
+        link of this target's catalogue profile. Plans made with it (``outcore.plan(...,
+        cost=...)``) price compute as this device runs it, not as the roofline guesses."""
+        from outcore.cost.measure_ops import measure_ops
+        from outcore.cost.profiles import get_profile
+
+        link = get_profile(self.gpu)
+        ops = measure_ops(graph, batch, repeats=repeats, warmup=2, device=self.gpu)
+        return ops.with_link(link.h2d_bandwidth, link.d2h_bandwidth,
+                             copy_engines=link.copy_engines)
+
     def timed(self, step: Callable[[], Any]) -> float:
         """Seconds one run of ``step`` takes (on a GPU, until its kernels have finished)."""
         if self.cuda:

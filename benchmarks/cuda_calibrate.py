@@ -191,54 +191,12 @@ def measure_link(sizes: Sequence[int], repeats: int) -> list[LinkSample]:
     return samples
 
 
-def measure_ops_cuda(graph: Graph, batch: Any, repeats: int, warmup: int) -> list[float]:
-    """Per-op median seconds inside a real step on the GPU (one event after each op)."""
-    import statistics
-    from collections.abc import Callable
-    from typing import cast
-
-    import torch
-    from torch import fx
-
-    step = graph.source
-    gm: fx.GraphModule = step.gm
-    values = step.static_values(graph, batch)
-    placeholders = {n: values[step.nodes.node_tensors[n]] for n in gm.graph.nodes
-                    if n.op == "placeholder"}
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    op_of = {node: i for i, node in enumerate(step.op_nodes)}
-    samples: list[list[float]] = [[] for _ in graph.ops]
-    for rep in range(warmup + repeats):
-        env: dict[fx.Node, Any] = dict(placeholders)
-        marks: list[tuple[int, torch.cuda.Event]] = []
-        first = torch.cuda.Event(enable_timing=True)
-        first.record()
-        with torch.no_grad():
-            for node in nodes:
-                args = fx.node.map_arg(node.args, env.__getitem__)
-                kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-                env[node] = cast(Callable[..., Any], node.target)(*args, **kwargs)
-                i = op_of.get(node)
-                if i is not None:
-                    event = torch.cuda.Event(enable_timing=True)
-                    event.record()
-                    marks.append((i, event))
-        torch.cuda.synchronize()
-        if rep >= warmup:
-            prev = first
-            for i, event in marks:
-                samples[i].append(prev.elapsed_time(event) / 1e3)
-                prev = event
-        del env
-    return [statistics.median(s) if s else 0.0 for s in samples]
-
-
 def calibrate(args: argparse.Namespace) -> None:
     import torch
 
     import outcore
     from outcore import zoo
-    from outcore.cost.measured import MeasuredProfile
+    from outcore.cost.measure_ops import measure_ops
 
     gpu = torch.cuda.get_device_name()
     name = args.name or f"{slug(gpu)}-measured"
@@ -255,11 +213,12 @@ def calibrate(args: argparse.Namespace) -> None:
         model = work.model.cuda()
         batch = tuple(b.cuda() for b in work.batch)
         graph = outcore.capture(model, work.loss_fn, batch)
-        seconds = measure_ops_cuda(graph, batch, args.repeats, warmup=2)
+        ops = measure_ops(graph, batch, repeats=args.repeats, warmup=2, device=gpu)
+        seconds = ops.op_seconds
         print(f"{key}: {len(graph.ops)} ops, {sum(seconds) * 1e3:.1f} ms in-step op time")
-        MeasuredProfile.for_graph(graph, seconds, device=gpu).with_link(
-            link["h2d concurrent"].bandwidth, link["d2h concurrent"].bandwidth,
-            latency=link["h2d concurrent"].latency_s).save(out_dir / f"{name}.{key}.ops.json")
+        ops.with_link(link["h2d concurrent"].bandwidth, link["d2h concurrent"].bandwidth,
+                      latency=link["h2d concurrent"].latency_s).save(
+                          out_dir / f"{name}.{key}.ops.json")
         measured.append((graph, seconds))
         del model, batch, work
     fitted, rms = fit_efficiency(get_profile(args.base), measured)

@@ -126,6 +126,9 @@ class Row:
 TARGET = [Target()]
 #: host bytes outcore's plans may offload into (``--allow-offload``: unbounded, None)
 HOST_BUDGET: list[int | None] = [0]
+#: ``--measured-ops``: the workload's measured per-op profile (``Target.measured_cost``).
+COST: list[Any] = [None]
+MEASURED_OPS = [False]
 
 
 # ---- the peers ------------------------------------------------------------------------------
@@ -190,7 +193,7 @@ def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
 
 def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any], Any]:
     planned = outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
-                           host_budget=HOST_BUDGET[0])
+                           host_budget=HOST_BUDGET[0], cost=COST[0])
     device = TARGET[0].executor_device()
     if device is not None:
         device.reserve_host(planned.host_sizes)
@@ -226,7 +229,7 @@ def lowest_budget(graph: Any, static: int) -> int:
     for _ in range(6):  # each refusal names what its first candidate needs: climb to it
         try:
             outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
-                         host_budget=HOST_BUDGET[0])
+                         host_budget=HOST_BUDGET[0], cost=COST[0])
             return budget
         except outcore.InfeasibleBudgetError as exc:
             budget = max(budget + 1, int(exc.required))
@@ -460,10 +463,11 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         graph = outcore.capture(w.model, w.loss_fn, w.batch)
         # the plans budget the kernels' temporaries
         measure_temporaries(graph, w.batch, device=TARGET[0].kind)
+        COST[0] = TARGET[0].measured_cost(graph, w.batch) if MEASURED_OPS[0] else None
         static = sum(p.numel() * p.element_size() for p in w.model.parameters())
         lo = lowest_budget(graph, static)
         hi = outcore.plan(graph, None, gpu=TARGET[0].gpu, simulate=False,
-                          host_budget=HOST_BUDGET[0]).predicted_peak
+                          host_budget=HOST_BUDGET[0], cost=COST[0]).predicted_peak
     for peer in peers:
         t0 = time.perf_counter()
         step, act, note = match_budget(w, graph, tools[peer][1][match], lo, hi, match)
@@ -542,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-offload", action="store_true",
                         help="outcore's plans may offload to host memory (default: recompute "
                              "only, host_budget=0; on the CPU offloading saves nothing)")
+    parser.add_argument("--measured-ops", action="store_true",
+                        help="outcore @ rows plan with each op's time measured in a step on "
+                             "the device (bench_device.Target.measured_cost), not the profile")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile-budget", type=float, default=0.5)
     parser.add_argument("--skip-compile", action="store_true")
@@ -577,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (5 if args.quick else 15)
     TARGET[0] = Target.of(args.device)
     HOST_BUDGET[0] = None if args.allow_offload else 0
+    MEASURED_OPS[0] = args.measured_ops
     size = "quick" if args.quick else "large" if args.large else "full"
 
     def log(msg: str) -> None:

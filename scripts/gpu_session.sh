@@ -13,6 +13,8 @@
 #   vs         benchmarks/vs_pytorch.py --device cuda $VS_ARGS (default: --large GPT, recompute
 #              only, without the compile peer and the Inductor rows)
 #   vsoffload  the same with --allow-offload (outcore's plans may use the host link)
+#   vsm, vsoffloadm  vs and vsoffload with --measured-ops (outcore plans with each op's time
+#              measured on the GPU in a step, not the catalogue profile's roofline)
 #   speed      benchmarks/cuda_speed.py; SPEED_ARGS (default: GPT-2 at 50%, three policies)
 #   calibrate  benchmarks/cuda_calibrate.py, profile written under $OUT/profiles
 #   hostmem    benchmarks/host_memory.py --cuda --small
@@ -41,6 +43,12 @@ torch.backends.cudnn.version()); import outcore; print(\"outcore\", outcore.__ve
       --tb=short ${PYTEST_ARGS:-} >"$log" 2>&1 ;;
     allocpeak*) timeout -k 5 "$limit" bash scripts/test_cuda.sh -n "${WORKERS:-8}" -v -rfEs \
       --tb=short -k cuda_allocator_peak_never >"$log" 2>&1 ;;
+    vsoffloadm*) timeout -k 5 "$limit" $PY benchmarks/vs_pytorch.py --device cuda --allow-offload \
+      --measured-ops ${VS_ARGS:---large --models gpt --skip-compile --skip-inductor --rounds 11} \
+      --json "$OUT/logs/vsoffloadm.json" >"$log" 2>&1 ;;
+    vsm*) timeout -k 5 "$limit" $PY benchmarks/vs_pytorch.py --device cuda --measured-ops \
+      ${VS_ARGS:---large --models gpt --skip-compile --skip-inductor --rounds 11} \
+      --json "$OUT/logs/vsm.json" >"$log" 2>&1 ;;
     vsoffload*) timeout -k 5 "$limit" $PY benchmarks/vs_pytorch.py --device cuda --allow-offload \
       ${VS_ARGS:---large --models gpt --skip-compile --skip-inductor --rounds 11} \
       --json "$OUT/logs/vsoffload.json" >"$log" 2>&1 ;;

@@ -10,7 +10,9 @@ after ``warmup`` runs, the result a ``MeasuredProfile`` keyed to the graph:
   (argument handling, dispatch, frees), which a CPU run pays in series with the kernels,
   so the times add up to the pass's wall time. ``context`` wraps each pass (e.g. the
   executor's ``MemoryTracker``, so its per-op dispatch cost is in the profile as it is in
-  the executor's time).
+  the executor's time). On a graph whose tensors live on a CUDA GPU the marks are CUDA
+  events instead (GPU time from the previous op's end, launch gaps included), read after
+  the pass is synchronized.
 * alone (no ``batch``, or a fake capture): op ``i``'s FX node ``graph.source.op_nodes[i]``
   runs on its own with fresh inputs of the right shape, stride, storage offset and dtype
   (floating inputs random normal, integer and bool inputs zeros, so indices stay in range).
@@ -99,9 +101,62 @@ def _last_users(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
     return result
 
 
+class _HostClock:
+    """Marks on the host's clock: an op's time is the wall time since the previous mark."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def mark(self) -> float | None:
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        return seconds
+
+    def finish(self) -> list[float]:
+        return []
+
+
+class _CudaClock:
+    """Marks as CUDA events on the current stream: an op's time is the GPU time between its
+    event and the previous one (launch gaps included, as in a step), read once the pass has
+    been synchronized, so timing does not serialize the host with the GPU."""
+
+    def __init__(self) -> None:
+        self._events: list[torch.cuda.Event] = []
+
+    def _record(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._events.append(event)
+
+    def start(self) -> None:
+        self._events = []
+        self._record()
+
+    def mark(self) -> float | None:
+        self._record()
+        return None
+
+    def finish(self) -> list[float]:
+        torch.cuda.synchronize()
+        ev = self._events
+        return [ev[k - 1].elapsed_time(ev[k]) / 1e3 for k in range(1, len(ev))]
+
+
+def _clock_for(placeholders: dict[fx.Node, Any]) -> _HostClock | _CudaClock:
+    """A CUDA clock when the step's tensors live on a CUDA device, else the host's."""
+    on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda"
+                  for v in placeholders.values())
+    return _CudaClock() if on_cuda else _HostClock()
+
+
 def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
              context: Callable[[], AbstractContextManager[Any]] | None) -> list[float]:
-    """Per-op median seconds from running the whole joint graph ``warmup + repeats`` times."""
+    """Per-op median seconds from running the whole joint graph ``warmup + repeats`` times
+    (on a CUDA graph, GPU time between events; module docstring)."""
     step = graph.source
     gm: fx.GraphModule = step.gm
     values = step.static_values(graph, batch)
@@ -110,11 +165,13 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     op_of = {node: i for i, node in enumerate(step.op_nodes)}
     last = _last_users(nodes)
+    clock = _clock_for(placeholders)
     samples: list[list[float]] = [[] for _ in graph.ops]
     for rep in range(warmup + repeats):
         env: dict[fx.Node, Any] = dict(placeholders)
+        marked: list[int] = []
         with torch.no_grad(), (context() if context else contextlib.nullcontext()):
-            mark = time.perf_counter()
+            clock.start()
             for node in nodes:
                 args = fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
@@ -124,12 +181,16 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
                         env.pop(dead, None)
                 i = op_of.get(node)
                 if i is not None:
-                    now = time.perf_counter()
-                    if rep >= warmup:
-                        samples[i].append(now - mark)
-                    mark = now
+                    seconds = clock.mark()
+                    if seconds is not None and rep >= warmup:
+                        samples[i].append(seconds)
+                    marked.append(i)
+            deferred = clock.finish()
+        if rep >= warmup:
+            for i, seconds in zip(marked, deferred, strict=False):
+                samples[i].append(seconds)
         del env
-    return [statistics.median(s) for s in samples]
+    return [statistics.median(s) if s else 0.0 for s in samples]
 
 
 def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: int = 1,

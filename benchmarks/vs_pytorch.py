@@ -242,8 +242,11 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
     among budgets
     bisected in ``[lo, hi]`` (outcore-auto's lowest budget, its in-core peak). The planned
     peak holds the kernels' measured temporaries, but the peer's number leaves gradients
-    out and outcore's budget counts them, so each budget is measured. Returns the lowest
-    plan, marked, when even that is above ``target``."""
+    out and outcore's budget counts them, so each budget is measured. The next budget is
+    the last one moved by ``target`` less its measured peak (a plan's measured peak follows
+    its budget nearly one for one: the budget also counts what the step holds before it
+    starts), bisection where that step leaves ``(lo, hi)``. Returns the lowest plan, marked,
+    when even that is above ``target``."""
     best: tuple[Callable[[], Any], tuple[int, int], str] | None = None
     lowest: tuple[Callable[[], Any], tuple[int, int], str] | None = None
     budget = lo
@@ -264,7 +267,8 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
             if i == 0:
                 break
             hi = budget
-        budget = (lo + hi) // 2
+        guess = budget + target - act
+        budget = guess if lo < guess < hi else (lo + hi) // 2
     return best or lowest or (None, (0, 0), "no plan")
 
 

@@ -57,3 +57,15 @@ def test_a_plan_priced_by_the_measured_profile() -> None:
     assert planned.simulation is not None
     assert abs(planned.simulation.step_time - sum(profile.op_seconds)) <= 0.05 * sum(
         profile.op_seconds)
+
+
+def test_ops_measured_alone_run_on_the_gpu() -> None:
+    """Alone (no batch): each op runs on the GPU on fresh inputs, timed to its kernels' end;
+    the alone times of the matmuls are of the same order as in the step."""
+    graph, *_, batch = _graph()
+    alone = measure_ops(graph, repeats=3, warmup=1, device="cuda").op_seconds
+    in_step = measure_ops(graph, batch, repeats=3, warmup=1, device="cuda").op_seconds
+    mm = [op.id for op in graph.ops if op.category is OpCategory.MATMUL]
+    a, b = sum(alone[i] for i in mm), sum(in_step[i] for i in mm)
+    assert a > 0 and b > 0
+    assert 0.25 * b < a < 4 * b, (a, b)

@@ -17,7 +17,8 @@ after ``warmup`` runs, the result a ``MeasuredProfile`` keyed to the graph:
   runs on its own with fresh inputs of the right shape, stride, storage offset and dtype
   (floating inputs random normal, integer and bool inputs zeros, so indices stay in range).
   Repeating one op on the same inputs keeps them in cache: on small tensors this measures
-  less than the op costs inside a step.
+  less than the op costs inside a step. Inputs of a CUDA capture are made on its GPU (where
+  one is visible) and each run is timed from a synchronized start to its kernels' end.
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ from typing import Any, cast
 
 import torch
 from torch import fx
+from torch.utils._pytree import tree_leaves
 
 from outcore.cost.measured import MeasuredProfile
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph
 
 
+def _on_gpu(val: torch.Tensor) -> bool:
+    """Whether a tensor shaped like ``val`` is made on its CUDA device (one is visible)."""
+    return val.device.type == "cuda" and torch.cuda.is_available()
+
+
 def _materialize(val: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """A real tensor laid out like the (fake) ``val``."""
+    """A real tensor laid out like the (fake) ``val``, on ``val``'s CUDA device where it has
+    one and a GPU is visible, else on the CPU (values drawn on the CPU either way, so a
+    seed gives the same inputs on both)."""
     shape, stride, offset = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
     numel = 1
     for s in shape:
@@ -49,6 +58,8 @@ def _materialize(val: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         base = torch.randn(max(span, 1), dtype=val.dtype, generator=generator)
     else:
         base = torch.zeros(max(span, 1), dtype=val.dtype)
+    if _on_gpu(val):
+        base = base.to(val.device)
     return base.as_strided(shape, stride, offset)
 
 
@@ -69,19 +80,30 @@ def _arguments(node: fx.Node, generator: torch.Generator) -> tuple[tuple[Any, ..
     return tuple(args), dict(kwargs)
 
 
+def _no_sync() -> None:
+    """Nothing to wait for: a CPU op has finished when it returns."""
+
+
 def time_node(node: fx.Node, *, repeats: int = 5, warmup: int = 1, seed: int = 0) -> float:
-    """Median seconds of running ``node.target`` alone on inputs shaped like its arguments."""
+    """Median seconds of running ``node.target`` alone on inputs shaped like its arguments
+    (on its CUDA device, timed to the kernels' end, where its inputs live on one)."""
     generator = torch.Generator().manual_seed(seed)
     args, kwargs = _arguments(node, generator)
     fn = cast(Callable[..., Any], node.target)
+    leaves = tree_leaves((args, kwargs))
+    on_gpu = any((isinstance(a, torch.Tensor) and a.device.type == "cuda")
+                 or (isinstance(a, torch.device) and a.type == "cuda") for a in leaves)
+    sync = torch.cuda.synchronize if on_gpu else _no_sync
     samples: list[float] = []
     try:
         with torch.no_grad():
             for _ in range(warmup):
                 fn(*args, **kwargs)
             for _ in range(repeats):
+                sync()
                 t0 = time.perf_counter()
                 fn(*args, **kwargs)
+                sync()
                 samples.append(time.perf_counter() - t0)
     except Exception as exc:  # torch raises many types; name the op and keep its reason
         raise ProfileError(f"cannot measure op {node.name!r} ({fn}): {type(exc).__name__}: "

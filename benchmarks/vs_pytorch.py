@@ -10,8 +10,8 @@ GPT-2), one training step per tool:
   attention saved, everything else recomputed);
 * ``compile``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget``
   (``--compile-budget``, default 0.5); ``--compile-fallback-random``: with Inductor's
-  ``fallback_random`` (dropout on eager's generator, as the eager peers and
-  ``--inductor-fallback-random``'s rows draw it);
+  ``fallback_random`` (dropout on eager's generator, as the eager peers and the
+  outcore+inductor rows draw it by default);
 * ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
   ``host_budget=0``: recompute only, the host is the device's own memory), its budget
   searched so that its measured peak is at most the peer's (``match_budget``), by the
@@ -25,7 +25,9 @@ GPT-2), one training step per tool:
   compiled model, as for ``compile``. The backend's defaults: the graph planned as Inductor
   fuses it (``--inductor-no-fusion``: op by op), Inductor's layout optimisation off, its
   buffer reuse off (``--inductor-buffer-reuse``: on; the compile peer keeps Inductor's
-  default, on).
+  default, on), dropout on eager's generator (``fallback_random``: the masks the eager
+  peers draw at the same seed; ``--inductor-own-random``: Inductor's inline generator, as
+  the compile peer's default).
   Gradients match eager's to Inductor's rounding (a warning says so; silenced here).
 
 Two peaks, both from the CPU allocator's own events (``torch.profiler``,
@@ -279,8 +281,8 @@ Tool = tuple[Callable[[], Any], tuple[int, int], str]
 
 #: ``outcore.inductor_backend``'s ``fusion`` (``--inductor-no-fusion`` turns it off).
 FUSION = [True]
-#: ``outcore.inductor_backend``'s ``fallback_random`` (``--inductor-fallback-random``).
-FALLBACK_RANDOM = [False]
+#: ``outcore.inductor_backend``'s ``fallback_random`` (``--inductor-own-random``: False).
+FALLBACK_RANDOM = [True]
 #: Inductor's ``fallback_random`` for the compile peer (``--compile-fallback-random``).
 PEER_FALLBACK_RANDOM = [False]
 #: ``outcore.inductor_backend``'s ``buffer_reuse`` (``--inductor-buffer-reuse``).
@@ -562,9 +564,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the outcore @ rows (outcore's own executor)")
     parser.add_argument("--inductor-no-fusion", action="store_true",
                         help="outcore+inductor planned op by op (fusion=False)")
+    parser.add_argument("--inductor-own-random", action="store_true",
+                        help="outcore+inductor rows draw dropout with Inductor's inline "
+                             "generator (fallback_random=False; the default is eager's, "
+                             "outcore.inductor_backend's default)")
     parser.add_argument("--inductor-fallback-random", action="store_true",
-                        help="outcore+inductor rows draw dropout with eager's generator "
-                             "(Inductor's fallback_random; the compile peer keeps Inductor's)")
+                        help="accepted for old commands: eager's generator is the default")
     parser.add_argument("--compile-fallback-random", action="store_true",
                         help="the compile peer draws dropout with eager's generator "
                              "(Inductor's fallback_random)")
@@ -577,7 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     FUSION[0] = not args.inductor_no_fusion
-    FALLBACK_RANDOM[0] = args.inductor_fallback_random
+    if args.inductor_own_random and args.inductor_fallback_random:
+        parser.error("--inductor-own-random and --inductor-fallback-random contradict")
+    FALLBACK_RANDOM[0] = not args.inductor_own_random
     PEER_FALLBACK_RANDOM[0] = args.compile_fallback_random
     BUFFER_REUSE[0] = args.inductor_buffer_reuse
     # every compiled copy of a model is a new dynamo cache entry for the same code: keep all
@@ -605,7 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(done)
     where = (torch.cuda.get_device_name() + f" (profile {TARGET[0].gpu})" if TARGET[0].cuda
              else f"{torch.get_num_threads()} threads")
-    print(f"torch {torch.__version__}, {where}, {rounds} rounds\n")
+    draws = "eager's" if FALLBACK_RANDOM[0] else "Inductor's"
+    peer_draws = "eager's" if PEER_FALLBACK_RANDOM[0] else "Inductor's"
+    print(f"torch {torch.__version__}, {where}, {rounds} rounds; dropout: outcore+inductor "
+          f"on {draws} generator, compile peer on {peer_draws}\n")
     print(table(rows))
     print()
     for line in verdicts(rows, args.match):

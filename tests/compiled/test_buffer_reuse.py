@@ -83,16 +83,18 @@ def test_without_buffer_reuse_the_fused_plan_bounds_the_allocator_peak():
 
 # ---- the quick models of benchmarks/vs_pytorch.py (slow) ----------------------------------
 
-def _min_cut(w: vs_pytorch.Workload) -> tuple[int, int]:
+def _min_cut(w: vs_pytorch.Workload, eager_draws: bool) -> tuple[int, int]:
     """(step peak, recomputed heavy flops) of plain torch.compile at
-    ``activation_memory_budget=0.5``, the benchmark's compile level."""
+    ``activation_memory_budget=0.5``, the benchmark's compile level, dropout drawn with
+    eager's generator (Inductor's ``fallback_random``) or Inductor's own."""
     recorder = MinCutRecorder()
     model = copy.deepcopy(w.model)
     before = functorch_config.activation_memory_budget
     functorch_config.activation_memory_budget = 0.5
     try:
         step = vs_pytorch.eager_step(torch.compile(
-            model, options={"custom_partitioner_fn": recorder}, dynamic=False), w)
+            model, options={"custom_partitioner_fn": recorder, "fallback_random": eager_draws},
+            dynamic=False), w)
         step()
         peak = vs_pytorch.peaks(step, model)[1]
     finally:
@@ -101,13 +103,17 @@ def _min_cut(w: vs_pytorch.Workload) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("eager_draws", [True, False], ids=["eager-rng", "inductor-rng"])
 @pytest.mark.parametrize("name", ["gpt", "hf-gpt2"])
 def test_at_min_cuts_memory_the_plan_bounds_the_step_and_recomputes_no_more(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        name: str, eager_draws: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every compile of the benchmark's budget search measures at most its prediction, and
-    the compile it picks at min-cut's step peak recomputes at most min-cut's heavy flops."""
+    the compile it picks at min-cut's step peak recomputes at most min-cut's heavy flops,
+    both drawing dropout with the same generator (eager's: the backend's default; a mask is
+    then kept, never re-drawn, by both; Inductor's: both may re-draw it from its seed)."""
     w = vs_pytorch.WORKLOADS[name]("quick")
-    target, min_cut_flops = _min_cut(w)
+    monkeypatch.setattr(vs_pytorch, "FALLBACK_RANDOM", [eager_draws])
+    target, min_cut_flops = _min_cut(w, eager_draws)
     compiles: list[tuple[object, object]] = []  # (step, partition) of each compile
     original = vs_pytorch.inductor_step
 

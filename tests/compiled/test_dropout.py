@@ -4,13 +4,16 @@ FX graphs traced with ``make_fx`` (no compile): the rewrite must leave every val
 returns bit-identical at the same seed (same draws, same roundings), leave the dropout's
 float output without readers, and leave an inference-mode dropout alone.
 
-Compiled (``inductor_backend(fallback_random=True)``, a budget that forces recomputation):
-the plan keeps every eager dropout's mask (it cannot be drawn again in the backward), so the
-partition forces none outside the plan and the allocator's peak is within the prediction.
+Compiled (``inductor_backend``'s default, ``fallback_random=True``): at the same seed the
+compiled step draws eager PyTorch's masks (another seed's differ, so the check can fail). At a
+budget that forces recomputation the plan keeps every eager dropout's mask (it cannot be
+drawn again in the backward), so the partition forces none outside the plan and the
+allocator's peak is within the prediction.
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import outcore
+from outcore.compiled import InductorRoundingWarning
 from outcore.compiled.dropout import mask_only_dropout
 from outcore.plan.schedule import Compute
 from outcore.runtime.devices.allocator_peak import held_before
@@ -74,6 +78,48 @@ def test_inference_dropout_is_left_alone() -> None:
     before = gm.code
     assert mask_only_dropout(gm) == 0
     assert gm.code == before
+
+
+class _DropNet(torch.nn.Module):
+    """A linear layer, dropout (p=0.5), and a loss that reads the dropout's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.nn.functional.dropout(self.lin(x), 0.5, training=True)
+        return h, (h.tanh() * h).sum()
+
+
+def test_the_default_backend_draws_eagers_masks_at_the_same_seed(one_thread) -> None:
+    """``inductor_backend``'s default (``fallback_random=True``): the compiled step's
+    dropout mask is eager PyTorch's at the same seed (the same zeros, values and gradients
+    to Inductor's rounding); eager's own mask at another seed differs (the check can fail)."""
+    torch.manual_seed(0)
+    net = _DropNet()
+    twin = copy.deepcopy(net)
+    x = torch.randn(8, 16)
+    be = outcore.inductor_backend(None, gpu="this-cpu")
+    compiled = torch.compile(net, backend=be, dynamic=False)
+    torch.manual_seed(11)
+    with pytest.warns(InductorRoundingWarning):
+        h, loss = compiled(x)
+    loss.backward()
+    torch.manual_seed(11)
+    want, want_loss = twin(x)
+    want_loss.backward()
+    dropped = h == 0
+    assert 0 < int(dropped.sum()) < h.numel()
+    assert torch.equal(dropped, want == 0)
+    torch.testing.assert_close(h, want)
+    for got, ref in zip(net.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-6)
+    [part] = be.partitions
+    assert any(op.target == "aten.native_dropout.default" for op in part.planned.graph.ops)
+    torch.manual_seed(12)
+    other, _ = twin(x)
+    assert not torch.equal(other == 0, dropped)
 
 
 def _in_core_peak(w) -> int:

@@ -1,10 +1,12 @@
 """``outcore.inductor_backend``: outcore's recompute plan run by Inductor's fused kernels.
 
 Differential tests: gradients against eager PyTorch (to Inductor's rounding, which the
-backend announces) and, with dropout, against plain ``torch.compile`` at the same seed (both
-draw from Inductor's RNG, so they must agree bit for bit); the saved set against the plan's
-kept set; the CPU allocator's peak against the plan's predicted peak. Each compile takes
-seconds (Inductor generates C++), so the models are tiny and each test compiles once.
+backend announces) and, with dropout under ``fallback_random=False``, against plain
+``torch.compile`` at the same seed (both draw from Inductor's RNG, so the masks must be the
+same draws; the default, eager's generator, is tested in ``test_dropout.py``); the saved
+set against the plan's kept set; the CPU allocator's peak against the plan's predicted peak.
+Each compile takes seconds (Inductor generates C++), so the models are tiny and each test
+compiles once.
 """
 
 from __future__ import annotations
@@ -123,14 +125,16 @@ def test_gradients_match_eager_and_the_saved_set_is_the_plans():
 
 
 def test_dropout_draws_as_plain_torch_compile_at_the_same_seed():
-    """Both draw from Inductor's RNG; the dropout masks must be the same draws. The two
+    """With ``fallback_random=False`` (the default is eager's generator) both draw from
+    Inductor's RNG; the dropout masks must be the same draws. The two
     partitions fuse differently, so the gradients agree to rounding; another seed's masks
     move them far beyond that tolerance (checked, so the tolerance can fail). At this budget
     the plan keeps the masks (fused-first keeps what Inductor would draw again first), so
     the backward re-draws none, where plain torch.compile's min-cut re-draws them."""
     w = _workload(0.1)
     twin = copy.deepcopy(w.model)
-    be = outcore.inductor_backend(budget=_lowest_recompute_budget(w), gpu="this-cpu")
+    be = outcore.inductor_backend(budget=_lowest_recompute_budget(w), gpu="this-cpu",
+                                  fallback_random=False)
     ours = torch.compile(_whole_step(w.model, w.loss_fn), backend=be, dynamic=False)
     plain = torch.compile(_whole_step(twin, w.loss_fn), dynamic=False)
     torch.manual_seed(5)

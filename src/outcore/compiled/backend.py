@@ -15,8 +15,11 @@ under ``budget`` (recompute only, any depth) and every kernel is Inductor's fuse
 
 Gradients: Inductor's fused kernels round differently from eager PyTorch's (reassociated
 reductions, fused multiply-adds), so gradients match eager's to a tolerance (about 1e-5
-relative in float32), not bit for bit; random ops (dropout) draw from Inductor's own RNG, as
-under plain ``torch.compile``. The backend says so once, with a warning, at its first graph.
+relative in float32), not bit for bit. Random ops (dropout) draw from eager PyTorch's
+generator by default (``fallback_random=True``): the masks are eager's at the same seed, so
+what the step computes is eager's up to rounding; ``fallback_random=False`` draws from
+Inductor's own RNG, as plain ``torch.compile`` does. The backend warns of the rounding once,
+at its first graph.
 
 Refused, from the first call of the compiled model (dynamo would otherwise hide the reason in
 its own ``BackendCompilerFailed``): a budget below what a recompute-only plan reaches
@@ -112,7 +115,7 @@ class InductorBackend:
 def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
                      fusion: bool = True, layout_optimization: bool = False,
-                     buffer_reuse: bool = False, fallback_random: bool = False,
+                     buffer_reuse: bool = False, fallback_random: bool = True,
                      **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
@@ -149,16 +152,19 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             real backward above the plan (the quick GPT of ``benchmarks/vs_pytorch.py`` at
             a 6.32 MiB budget: Inductor's estimate 5.89 MiB, the step's allocator peak 4.78
             MiB with reuse, 3.77 without, the plan 4.26).
-        fallback_random: Inductor's own ``fallback_random``: dropout draws with eager
-            PyTorch's generator (``native_dropout``, the same masks as eager at the same
-            seed) instead of Inductor's inline one, which costs far more per element on the
-            CPU (the full GPT of ``benchmarks/vs_pytorch.py``: plain ``torch.compile`` 0.83x
-            its default step time). Its masks cannot be drawn again in the backward, so each
-            dropout's mask is kept by the plan (one byte per element, counted in its
-            predicted peak; never recomputed, never in ``Partition.forced``) and its
-            output recomputed from input and mask where the backward needs it
-            (``outcore.compiled.dropout``). Off by default: on, the draws differ from
-            plain ``torch.compile``'s.
+        fallback_random: Inductor's own ``fallback_random``, on by default: dropout draws
+            with eager PyTorch's generator (``native_dropout``), so at the same seed the
+            masks are eager's and the step computes what the user's eager step computes, up
+            to Inductor's rounding (not a different dropout pattern). Eager's generator is
+            also far cheaper per element on the CPU than Inductor's inline one (the full GPT
+            of ``benchmarks/vs_pytorch.py``: plain ``torch.compile`` 0.83x its default step
+            time). Its masks cannot be drawn again in the backward, so each dropout's mask
+            is kept by the plan (one byte per element, counted in its predicted peak; never
+            recomputed, never in ``Partition.forced``) and its output recomputed from input
+            and mask where the backward needs it (``outcore.compiled.dropout``). False:
+            Inductor's inline generator, the same draws as plain ``torch.compile`` at the
+            same seed (masks then re-drawable in the backward from a few bytes of seed).
+            Set either way, whatever the process's Inductor config says.
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -178,8 +184,7 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
     check_policy(policy, options)
     patches: dict[str, Any] = {} if layout_optimization else {"layout_optimization": False}
     patches["allow_buffer_reuse"] = buffer_reuse  # either way: not the process's setting
-    if fallback_random:
-        patches["fallback_random"] = True
+    patches["fallback_random"] = fallback_random  # either way, as allow_buffer_reuse
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
                                               host_budget=host_budget, fusion=fusion,
                                               **options), patches)

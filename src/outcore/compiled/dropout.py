@@ -1,14 +1,15 @@
 """Eager dropout in a joint graph: the backward needs its mask, never its output.
 
-Under Inductor's ``fallback_random`` a dropout stays one ``aten.native_dropout`` node that
-draws with eager's generator and returns ``(output, mask)``. The draw cannot be repeated in
-the backward, so the partition must save whatever the backward reads of it
-(``saved.is_forced``): the mask (one byte per element) for the dropout's own gradient, and
-the float output (four bytes) whenever the plan recomputes a value downstream of it (the
-attention's dropped probabilities for its value product's gradient, a residual sum). Both
-outputs are functions of the input and the mask: ``output = input * mask * scale`` with
-``scale = 1 / (1 - p)`` (0 when ``p == 1``), as ATen's CPU kernel computes it (the input
-times the 0/1 mask, then times the scale: the same two roundings).
+Under Inductor's ``fallback_random`` (``inductor_backend``'s default) a dropout stays one
+``aten.native_dropout`` node that draws with eager's generator and returns ``(output,
+mask)``. The draw cannot be repeated in the backward, so the partition must save whatever
+the backward reads of it (``saved.is_forced``): the mask (one byte per element) for the
+dropout's own gradient, and the float output (four bytes) whenever the plan recomputes a
+value downstream of it (the attention's dropped probabilities for its value product's
+gradient, a residual sum). Both outputs are functions of the input and the mask: ``output =
+input * mask * scale`` with ``scale = 1 / (1 - p)`` (0 when ``p == 1``), as ATen's CPU
+kernel computes it (the input times the 0/1 mask, then times the scale: the same two
+roundings).
 
 ``mask_only_dropout(gm)`` rewrites the joint graph so that every reader of a dropout's output
 reads ``mul(mul(input, mask), scale)`` instead: the output node is left without readers, so

@@ -8,9 +8,10 @@ partitioner (min-cut, with ``activation_memory_budget``) chooses the saved set b
 heuristics. ``OutcorePartitioner`` chooses it with outcore's planner instead:
 
 1. The joint graph (after Inductor's joint-graph passes, dead code removed; under Inductor's
-   ``fallback_random`` each eager dropout's output rewritten as input * mask * scale, so the
-   backward needs its mask alone: ``dropout.mask_only_dropout``) is converted to
-   outcore's IR with the same converter ``outcore.capture`` uses (``build_graph``); the
+   ``fallback_random``, ``inductor_backend``'s default, each eager dropout's output
+   rewritten as input * mask * scale, so the backward needs its mask alone:
+   ``dropout.mask_only_dropout``) is converted to outcore's IR with the same converter
+   ``outcore.capture`` uses (``build_graph``); the
    phases are read from the dataflow, Inductor's seeded random ops are planned as
    point-wise (``_seeded_as_pointwise``), the outputs of the random ops left (eager's
    ``native_dropout``, ``inductor_seeds``) are flagged ``Tensor.host``, which no policy

@@ -22,8 +22,8 @@ from outcore.graph.ir import OpCategory
 from cuda_helpers import to_cuda
 
 
-def _graph():
-    work = zoo.get("transformer", 4)
+def _graph(**small: int):
+    work = zoo.get("transformer", 4, **small)
     model, batch = work.model.cuda(), to_cuda(work.batch)
     return outcore.capture(model, work.loss_fn, batch), model, work.loss_fn, batch
 
@@ -61,8 +61,9 @@ def test_a_plan_priced_by_the_measured_profile() -> None:
 
 def test_ops_measured_alone_run_on_the_gpu() -> None:
     """Alone (no batch): each op runs on the GPU on fresh inputs, timed to its kernels' end;
-    the alone times of the matmuls are of the same order as in the step."""
-    graph, *_, batch = _graph()
+    the alone times of the matmuls are of the same order as in the step. A small GPT: each
+    op's inputs are drawn on the CPU first, which takes seconds for GPT-2 small's."""
+    graph, *_, batch = _graph(seq_len=128, n_layer=2, d_model=256, n_head=4)
     alone = measure_ops(graph, repeats=3, warmup=1, device="cuda").op_seconds
     in_step = measure_ops(graph, batch, repeats=3, warmup=1, device="cuda").op_seconds
     mm = [op.id for op in graph.ops if op.category is OpCategory.MATMUL]

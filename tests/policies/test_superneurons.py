@@ -291,3 +291,34 @@ def test_runs_within_its_least_budget_on_the_emulated_device():
     assert torch.equal(result.loss, loss)
     for pname, g in grads.items():
         assert torch.equal(result.grads[pname], g), pname
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.5, 0.35])
+def test_window_prefetch_lists_the_same_tensors_as_scanning_every_evicted_one(
+        monkeypatch, fraction):
+    """``_Pool._evicted_read_in`` (a walk over the window's read events) returns, at every
+    backward CONV of a pass, exactly the list of the scan over every evicted tensor it
+    replaced: ``sorted((next read after i, s))`` of those whose next read is at most ``end``."""
+    import bisect
+
+    from outcore.api import cost_model_for
+    from outcore.graph.bounds import reference_peaks
+    from outcore.policies.superneurons import utp
+    from outcore.sim.synthetic import residual_chain
+
+    calls = []
+    fast = utp._Pool._evicted_read_in
+
+    def checked(self, i, end):
+        got = fast(self, i, end)
+        firsts = {s: self.reads[s][bisect.bisect_right(self.reads[s], i)] for s in self.evicted
+                  if bisect.bisect_right(self.reads[s], i) < len(self.reads[s])}
+        assert got == sorted((f, s) for s, f in firsts.items() if f <= end)
+        calls.append(len(got))
+        return got
+
+    monkeypatch.setattr(utp._Pool, "_evicted_read_in", checked)
+    graph = residual_chain(40)
+    budget = int(reference_peaks(graph).liveness * fraction)
+    sn(graph, budget, cost_model_for("v100-pcie"))
+    assert calls and max(calls) > 0  # prefetch windows were listed, some not empty

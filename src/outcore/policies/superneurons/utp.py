@@ -175,6 +175,9 @@ class _Pool:
     def _index_sequence(self) -> None:
         g = self.graph
         self.reads: dict[int, list[int]] = defaultdict(list)
+        # every (step, storage) read of an offloadable storage, by step then storage
+        self.read_steps: list[int] = []
+        self.read_storages: list[int] = []
         forward_convs: list[int] = []
         self.backward_convs: list[int] = []
         self.last_forward_read: dict[int, int] = {}
@@ -188,8 +191,10 @@ class _Pool:
                 self.boundary = i
             if op.category is OpCategory.CONV and not ins.recompute:
                 (forward_convs if forward else self.backward_convs).append(i)
-            for s in {g.tensors[t].storage for t in op.inputs} & self.offloadable:
+            for s in sorted({g.tensors[t].storage for t in op.inputs} & self.offloadable):
                 self.reads[s].append(i)
+                self.read_steps.append(i)
+                self.read_storages.append(s)
                 if forward:
                     self.last_forward_read[s] = i
         self.forward_convs = forward_convs
@@ -286,10 +291,7 @@ class _Pool:
     def window_prefetch(self, i: int, locked: set[int], need: int) -> None:
         nxt = bisect.bisect_right(self.backward_convs, i)
         end = self.backward_convs[nxt] if nxt < len(self.backward_convs) else len(self.seq)
-        wanted = sorted((self.reads[s][bisect.bisect_right(self.reads[s], i)], s)
-                        for s in self.evicted
-                        if bisect.bisect_right(self.reads[s], i) < len(self.reads[s])
-                        and self.reads[s][bisect.bisect_right(self.reads[s], i)] <= end)
+        wanted = self._evicted_read_in(i, end)
         for first, s in wanted:
             size = self.graph.tensors[s].nbytes
             if self.budget is None:
@@ -299,6 +301,23 @@ class _Pool:
                 break
             self._prefetch(s)
             locked = locked | {s}
+
+    def _evicted_read_in(self, i: int, end: int) -> list[tuple[int, int]]:
+        """``(first, s)`` for every evicted ``s`` read at a step of ``(i, end]``, ``first``
+        its first such read, sorted by ``(first, s)``. Walks the static read events of that
+        window (``_index_sequence``) instead of every evicted tensor: the same list as
+        sorting the evicted tensors' next reads, in time linear in the window (the scan of
+        every evicted tensor at every backward CONV was quadratic on SuperNeurons' 2,500-unit
+        ResNet)."""
+        lo = bisect.bisect_right(self.read_steps, i)
+        hi = bisect.bisect_right(self.read_steps, end, lo)
+        seen: set[int] = set()
+        wanted: list[tuple[int, int]] = []
+        for at, s in zip(self.read_steps[lo:hi], self.read_storages[lo:hi], strict=True):
+            if s in self.evicted and s not in seen:
+                seen.add(s)
+                wanted.append((at, s))
+        return wanted
 
     def _under_ceiling(self, i: int, first: int, size: int) -> bool:
         """Without a budget: would ``size`` more bytes from step ``i`` to ``first`` stay under

@@ -13,8 +13,9 @@ workspace, so the peak can only go down).
 Nothing a candidate returned is mutated: the winner's Plan and Schedule are copied before
 outcore-auto's name and reasons go on them. Each fitting entry's output carries the memory
 trace and the simulation the portfolio computed on it (``PolicyOutput.trace`` and
-``simulation``), so ``outcore.plan`` does not replay the winner's schedule again. ``PortfolioResult.explain()`` says which
-candidate won and by how much, and why each other one lost.
+``simulation``), so ``outcore.plan`` does not replay the winner's schedule again.
+``PortfolioResult.explain()`` says which candidate won and by how much, and why each other
+one lost.
 
 On a profile with ``shared_memory`` (this CPU), host copies free nothing: ``SHARED_MEMORY``
 and ``HOST_SPARING`` run first with a host budget of 0. With a host budget

@@ -194,7 +194,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
         with _refused(graph, model, recapture is not None and not split_ok):
-            result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok)
+            result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok,
+                                       simulate)
     _check_host(result, trace, name, host_limit, host_source)
     if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
@@ -239,16 +240,19 @@ def _plan_with_weights(graph: Graph, limit: int | None, name: str, model: Any,
     return result
 
 
-def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool
-               ) -> tuple[PlannedStep, MemoryTrace]:
+def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool,
+               simulate: bool = True) -> tuple[PlannedStep, MemoryTrace]:
     """Run policy ``name`` and check its schedule with the memory rule: the policy's own
     predicted peak (when it states one) must be the rule's, and the peak must fit the budget.
+    With ``simulate``, the simulation the policy made of its schedule (if any) is kept.
     """
     from outcore import progress
 
     with progress.task(f"planning {graph.name} with {name}"):
         out = _run_policy(get(name).fn, graph, ctx, unsplit)
-    trace = memory_curve(out.graph, out.schedule)
+    # the trace and simulation a policy computed on exactly this graph and schedule
+    # (outcore-auto's portfolio: ``PolicyOutput.trace``) are reused, not replayed again
+    trace = out.trace if out.trace is not None else memory_curve(out.graph, out.schedule)
     peak = trace.peak
     if out.predicted_peak is not None and out.predicted_peak != peak:
         raise AssertionError(f"policy {name!r} predicted a peak of {out.predicted_peak} "
@@ -257,7 +261,7 @@ def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool
         raise InfeasibleBudgetError(name, ctx.budget, peak, "This policy ignores budgets or "
                                     "cannot move enough; try policy='auto'.")
     return PlannedStep(out.graph, out.plan, out.schedule, peak, ctx.budget,
-                       notes=list(out.notes)), trace
+                       out.simulation if simulate else None, notes=list(out.notes)), trace
 
 
 def _check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: int | None,

@@ -185,3 +185,26 @@ def test_config_for_reads_command_line_strings():
         config_for("vdnn-all", {"algo": "fast"})
     with pytest.raises(ValueError, match="its options are: variants, algo"):
         config_for("vdnn-conv", {"recompute": "none"})
+
+
+@pytest.mark.parametrize("fraction", [0.8, 0.6])
+def test_outcore_plan_reuses_the_portfolios_replay_of_the_winner(vgg, fraction):
+    """The portfolio hands its memory trace and simulation of the winner to ``outcore.plan``
+    (``PolicyOutput.trace`` / ``simulation``): the reused figures equal a fresh replay of
+    the returned schedule, the peak is the memory rule's, and ``simulate=False`` leaves
+    ``simulation`` empty."""
+    from outcore.plan.memory import memory_curve
+
+    cost = TableCost(1e-3, 2e8)
+    budget = int(reference_peaks(vgg).liveness * fraction)
+    planned = outcore.plan(vgg, budget, policy="auto", cost=cost, cache=False,
+                           host_budget=None)
+    fresh = simulate(planned.graph, planned.schedule, cost)
+    assert planned.simulation is not None
+    assert planned.simulation.step_time == fresh.step_time
+    assert planned.simulation.memory == fresh.memory
+    assert planned.simulation.end == fresh.end
+    assert planned.predicted_peak == memory_curve(planned.graph, planned.schedule).peak
+    quiet = outcore.plan(vgg, budget, policy="auto", cost=cost, cache=False,
+                         host_budget=None, simulate=False)
+    assert quiet.simulation is None and quiet.predicted_peak == planned.predicted_peak

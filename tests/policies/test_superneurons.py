@@ -291,3 +291,30 @@ def test_runs_within_its_least_budget_on_the_emulated_device():
     assert torch.equal(result.loss, loss)
     for pname, g in grads.items():
         assert torch.equal(result.grads[pname], g), pname
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_first_reads_in_a_window_equal_the_scan_of_every_tensor(seed):
+    """``first_reads_in`` (SuperNeurons' prefetch window, a walk over the window's read
+    events) lists exactly what scanning every tensor of ``among`` for its next read gives:
+    ``sorted((next read after i, s))`` of those whose next read is at most ``end``."""
+    import bisect
+    import random
+
+    from outcore.policies.superneurons import first_reads_in
+
+    rng = random.Random(seed)
+    reads = {s: sorted(rng.sample(range(200), rng.randint(0, 6))) for s in range(60)}
+    events = sorted((step, s) for s, steps in reads.items() for step in steps)
+    steps, storages = [e[0] for e in events], [e[1] for e in events]
+    nonempty = 0
+    for _ in range(200):
+        among = set(rng.sample(range(60), rng.randint(0, 60)))
+        i = rng.randint(-1, 200)
+        end = rng.randint(i, 210)
+        firsts = {s: reads[s][bisect.bisect_right(reads[s], i)] for s in among
+                  if bisect.bisect_right(reads[s], i) < len(reads[s])}
+        got = first_reads_in(steps, storages, among, i, end)
+        assert got == sorted((f, s) for s, f in firsts.items() if f <= end)
+        nonempty += bool(got)
+    assert nonempty > 20  # the windows were not all empty

@@ -70,6 +70,11 @@ class PolicyOutput:
     known (``outcore.plan`` computes the peak and the simulation for every policy on its
     ``PlannedStep``, and checks a filled ``predicted_peak`` against the memory rule).
     ``notes`` are lines for ``explain`` (e.g. which portfolio candidate won).
+    ``trace`` (the memory rule's ``MemoryTrace`` of ``schedule`` on ``graph``) and
+    ``simulation`` (``outcore.sim.simulate``'s result on the context's cost model) are
+    filled where the policy computed exactly those (outcore-auto's portfolio does for its
+    winner); ``outcore.plan`` then reuses them instead of replaying the schedule again.
+    Whoever fills them must not change ``graph`` or ``schedule`` afterwards.
     """
 
     plan: Plan
@@ -79,6 +84,8 @@ class PolicyOutput:
     step_time: float | None = None
     bound: float | None = None
     notes: list[str] = field(default_factory=list)
+    trace: Any = None
+    simulation: Any = None
 
     @property
     def decisions(self) -> dict[int, Decision]:

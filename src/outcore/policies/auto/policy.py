@@ -35,7 +35,7 @@ from outcore.cost.model import CostModel
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph, OpCategory, Phase
 from outcore.plan.lower import lower
-from outcore.plan.memory import memory_curve
+from outcore.plan.memory import MemoryTrace, memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.residency import resident_spans
 from outcore.plan.schedule import Schedule
@@ -138,9 +138,13 @@ def plan_auto(graph: Graph, budget: int | None, cost: CostModel | None,
     if budget is None:
         return plan, schedule
     pricer = _Pricer(graph, cost)
-    best_peak = memory_curve(graph, schedule).peak
+    # ``trace`` is the memory rule's trace of ``schedule``, replayed once per new schedule
+    first = memory_curve(graph, schedule)
+    trace: MemoryTrace | None = first
+    best_peak = first.peak
     for _ in range(MAX_ROUNDS):
-        trace = memory_curve(graph, schedule)
+        if trace is None:
+            trace = memory_curve(graph, schedule)
         best_peak = min(best_peak, trace.peak)
         if trace.peak <= budget:
             return plan, schedule
@@ -150,7 +154,7 @@ def plan_auto(graph: Graph, budget: int | None, cost: CostModel | None,
                       and any(s <= at < e for s, e in spans.get(t, []))]
         if not candidates:
             if _delay_prefetches(graph, plan, spans, at):
-                schedule = lowerer(graph, plan)
+                schedule, trace = lowerer(graph, plan), None
                 continue
             break
         choices = sorted((pricer.price(t, plan.decisions) for t in candidates),
@@ -163,7 +167,7 @@ def plan_auto(graph: Graph, budget: int | None, cost: CostModel | None,
             covered += choice.nbytes
             if covered >= excess:
                 break
-        schedule = lowerer(graph, plan)
+        schedule, trace = lowerer(graph, plan), None
     fallback = _fallback(graph, budget, lowerer)
     if fallback is not None:
         return fallback

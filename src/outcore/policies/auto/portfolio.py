@@ -11,8 +11,11 @@ earlier candidate). Without ``allow_variants`` a candidate's operator variants a
 workspace, so the peak can only go down).
 
 Nothing a candidate returned is mutated: the winner's Plan and Schedule are copied before
-outcore-auto's name and reasons go on them. ``PortfolioResult.explain()`` says which
-candidate won and by how much, and why each other one lost.
+outcore-auto's name and reasons go on them. Each fitting entry's output carries the memory
+trace and the simulation the portfolio computed on it (``PolicyOutput.trace`` and
+``simulation``), so ``outcore.plan`` does not replay the winner's schedule again.
+``PortfolioResult.explain()`` says which candidate won and by how much, and why each other
+one lost.
 
 On a profile with ``shared_memory`` (this CPU), host copies free nothing: ``SHARED_MEMORY``
 and ``HOST_SPARING`` run first with a host budget of 0. With a host budget
@@ -273,10 +276,12 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
         if ctx.host_budget is not None and host > ctx.host_budget:
             entries[name] = Entry(name, host_peak=host)
             continue
-        seconds = simulate(out.graph, out.schedule, ctx.cost).step_time
+        simulation = simulate(out.graph, out.schedule, ctx.cost)
+        seconds = simulation.step_time
         best = min(best, seconds)
-        entries[name] = Entry(name, dataclasses.replace(out, predicted_peak=peak,
-                                                        step_time=seconds), seconds)
+        entries[name] = Entry(name, dataclasses.replace(
+            out, predicted_peak=peak, step_time=seconds, trace=trace, simulation=simulation),
+            seconds)
     return entries
 
 
@@ -313,7 +318,8 @@ def _near_bound(name: str, best: float, floor: float, bounds: dict[str, float],
 def _without_variants(out: PolicyOutput) -> PolicyOutput:
     """A copy of ``out`` on framework kernels only (``out`` itself is left as it is)."""
     return dataclasses.replace(out, schedule=dataclasses.replace(out.schedule, variants={}),
-                               plan=dataclasses.replace(out.plan, variants={}))
+                               plan=dataclasses.replace(out.plan, variants={}),
+                               trace=None, simulation=None)  # those were of the old schedule
 
 
 def crowned(result: PortfolioResult, budget: int) -> PolicyOutput:

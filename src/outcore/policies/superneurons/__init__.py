@@ -19,7 +19,7 @@ from outcore.policies.superneurons.segments import (
     checkpoint_tensor,
     segment,
 )
-from outcore.policies.superneurons.utp import LruCache, UtpStats
+from outcore.policies.superneurons.utp import LruCache, UtpStats, first_reads_in
 
 __all__ = [
     "NAME",
@@ -33,6 +33,7 @@ __all__ = [
     "SuperNeuronsResult",
     "UtpStats",
     "checkpoint_tensor",
+    "first_reads_in",
     "least_budget",
     "plan_superneurons",
     "segment",

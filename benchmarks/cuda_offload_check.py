@@ -6,7 +6,8 @@ what the simulator predicts (step, compute, exposed copies, bytes each way); the
 measured step (median of ``--steps``); and one step under ``torch.profiler`` (CUDA
 activity): the GPU time of the copies each way and of the kernels, so a slow link (copies
 longer than priced) can be told from poor overlap (copies as priced, but exposed). The
-link is measured first (pinned buffers, both directions at once: ``cuda_calibrate``).
+link is measured first (pinned buffers, both directions at once: ``cuda_calibrate``) and
+printed beside the catalogue profile's; the plans price copies at the catalogue's link.
 
     PYTHONPATH=src python benchmarks/cuda_offload_check.py --budgets 2498.5 5016.7
 """

@@ -171,6 +171,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     gpu = check_gpu(gpu)
     split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
     model = cost if cost is not None else cost_model_for(gpu, graph)
+    if hasattr(model, "bind"):  # before any policy: a measured profile writes its kernel
+        model.bind(graph)       # temporaries onto the ops, which the memory rule counts
     if optimizer is not None or weights is not None:
         return _plan_with_weights(graph, limit, name, model, optimizer, weights, simulate,
                                   host_budget, host_adam_rate)

@@ -208,3 +208,33 @@ def test_outcore_plan_reuses_the_portfolios_replay_of_the_winner(vgg, fraction):
     quiet = outcore.plan(vgg, budget, policy="auto", cost=cost, cache=False,
                          host_budget=None, simulate=False)
     assert quiet.simulation is None and quiet.predicted_peak == planned.predicted_peak
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.7])
+@pytest.mark.parametrize("allow_variants", [False, True])
+def test_a_measured_profiles_temporaries_bind_before_any_candidate_plans(fraction,
+                                                                       allow_variants):
+    """A measured profile carries kernel temporaries that ``bind`` writes onto the graph's
+    ops (the memory rule counts them). ``outcore.plan`` binds it before any candidate runs,
+    so every candidate (the greedy too, which never binds) plans with them, and the reused
+    portfolio trace is the memory rule's on the returned graph: the plan fits its budget by
+    a fresh replay, or is refused. Found in review: with ``allow_variants`` a plan 4.7x over
+    its budget came back without an error."""
+    from outcore.cost.measured import MeasuredProfile
+    from outcore.plan.memory import memory_curve
+
+    model, loss_fn, batch = make("vgg")
+    graph = outcore.capture(model, loss_fn, batch)  # its own: bind writes onto its ops
+    budget = int(reference_peaks(graph).liveness * fraction)
+    heavy = {"conv", "matmul"}
+    profile = MeasuredProfile.for_graph(
+        graph, [1e-3] * len(graph.ops),
+        temporaries=[2**20 if op.category in heavy else 0 for op in graph.ops]).with_link(2e8)
+    assert all(op.temporaries == 0 for op in graph.ops)
+    try:
+        planned = outcore.plan(graph, budget, policy="auto", cost=profile, cache=False,
+                               host_budget=None, allow_variants=allow_variants)
+    except InfeasibleBudgetError:
+        return  # refused: nothing over the budget came back
+    replay = memory_curve(planned.graph, planned.schedule).peak
+    assert planned.predicted_peak == replay <= budget

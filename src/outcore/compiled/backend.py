@@ -164,7 +164,10 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             and mask where the backward needs it (``outcore.compiled.dropout``). False:
             Inductor's inline generator, the same draws as plain ``torch.compile`` at the
             same seed (masks then re-drawable in the backward from a few bytes of seed).
-            Set either way, whatever the process's Inductor config says.
+            Set either way, whatever the process's Inductor config says. The speed
+            figures above are the CPU's; on a GPU Inductor's inline generator fuses into
+            its neighbours and needs no kept mask, so ``False`` may be faster there (not
+            measured yet: the default is chosen for what the step computes).
         options: policy-specific options (see each policy's docstring).
 
     Returns:

@@ -188,11 +188,14 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
     op_of = {node: i for i, node in enumerate(step.op_nodes)}
     last = _last_users(nodes)
     clock = _clock_for(placeholders)
+    gpu = next((v.device for v in placeholders.values()
+                if isinstance(v, torch.Tensor) and v.device.type == "cuda"), None)
     samples: list[list[float]] = [[] for _ in graph.ops]
     for rep in range(warmup + repeats):
         env: dict[fx.Node, Any] = dict(placeholders)
         marked: list[int] = []
-        with torch.no_grad(), (context() if context else contextlib.nullcontext()):
+        with torch.no_grad(), (context() if context else contextlib.nullcontext()), \
+                (torch.cuda.device(gpu) if gpu is not None else contextlib.nullcontext()):
             clock.start()
             for node in nodes:
                 args = fx.node.map_arg(node.args, env.__getitem__)
@@ -204,15 +207,20 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
                 i = op_of.get(node)
                 if i is not None:
                     seconds = clock.mark()
-                    if seconds is not None and rep >= warmup:
+                    if seconds is None:
+                        marked.append(i)  # read after the pass (the CUDA clock)
+                    elif rep >= warmup:
                         samples[i].append(seconds)
-                    marked.append(i)
             deferred = clock.finish()
         if rep >= warmup:
-            for i, seconds in zip(marked, deferred, strict=False):
+            for i, seconds in zip(marked, deferred, strict=True):
                 samples[i].append(seconds)
         del env
-    return [statistics.median(s) if s else 0.0 for s in samples]
+    missing = [graph.ops[i].name for i, s in enumerate(samples) if not s]
+    if missing:
+        raise ProfileError(f"graph {graph.name!r}: {len(missing)} ops were never run by the "
+                           f"step's FX graph (first: {missing[0]}); capture it again")
+    return [statistics.median(s) for s in samples]
 
 
 def measure_ops(graph: Graph, batch: Any = None, *, repeats: int = 5, warmup: int = 1,

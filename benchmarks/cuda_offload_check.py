@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for ins in planned.schedule.instructions:
             kind = type(ins).__name__.lower()
             if kind in copies:
-                tensors = planned.graph.tensors
-                copies[kind] += tensors[tensors[ins.tensor].storage].nbytes
+                copies[kind] += planned.graph.storage_bytes(ins.tensor)
         print(f"\nbudget {budget_mib} MiB: {planned.plan.policy}, simulated step "
               f"{sim.step_time * 1e3:.1f} ms (compute {sim.compute_time * 1e3:.1f}, exposed "
               f"copies {sim.exposed_transfer_time * 1e3:.1f}, stall {sim.stall_time * 1e3:.1f}); "

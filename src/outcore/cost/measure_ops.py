@@ -124,21 +124,21 @@ def _last_users(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
 
 
 class _HostClock:
-    """Marks on the host's clock: an op's time is the wall time since the previous mark."""
+    """Marks on the host's clock: an op's time is the wall time between its mark and the
+    previous one (``start``'s first)."""
 
     def __init__(self) -> None:
-        self._last = 0.0
+        self._marks: list[float] = []
 
     def start(self) -> None:
-        self._last = time.perf_counter()
+        self._marks = [time.perf_counter()]
 
-    def mark(self) -> float | None:
-        now = time.perf_counter()
-        seconds, self._last = now - self._last, now
-        return seconds
+    def mark(self) -> None:
+        self._marks.append(time.perf_counter())
 
     def finish(self) -> list[float]:
-        return []
+        m = self._marks
+        return [m[k] - m[k - 1] for k in range(1, len(m))]
 
 
 class _CudaClock:
@@ -158,21 +158,13 @@ class _CudaClock:
         self._events = []
         self._record()
 
-    def mark(self) -> float | None:
+    def mark(self) -> None:
         self._record()
-        return None
 
     def finish(self) -> list[float]:
         torch.cuda.synchronize()
         ev = self._events
         return [ev[k - 1].elapsed_time(ev[k]) / 1e3 for k in range(1, len(ev))]
-
-
-def _clock_for(placeholders: dict[fx.Node, Any]) -> _HostClock | _CudaClock:
-    """A CUDA clock when the step's tensors live on a CUDA device, else the host's."""
-    on_cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda"
-                  for v in placeholders.values())
-    return _CudaClock() if on_cuda else _HostClock()
 
 
 def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
@@ -187,9 +179,10 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     op_of = {node: i for i, node in enumerate(step.op_nodes)}
     last = _last_users(nodes)
-    clock = _clock_for(placeholders)
+    # a CUDA clock, under the step's device, when the step's tensors live on a CUDA GPU
     gpu = next((v.device for v in placeholders.values()
                 if isinstance(v, torch.Tensor) and v.device.type == "cuda"), None)
+    clock = _CudaClock() if gpu is not None else _HostClock()
     samples: list[list[float]] = [[] for _ in graph.ops]
     for rep in range(warmup + repeats):
         env: dict[fx.Node, Any] = dict(placeholders)
@@ -206,15 +199,12 @@ def _in_step(graph: Graph, batch: Any, repeats: int, warmup: int,
                         env.pop(dead, None)
                 i = op_of.get(node)
                 if i is not None:
-                    seconds = clock.mark()
-                    if seconds is None:
-                        marked.append(i)  # read after the pass (the CUDA clock)
-                    elif rep >= warmup:
-                        samples[i].append(seconds)
-            deferred = clock.finish()
+                    clock.mark()
+                    marked.append(i)
+            seconds = clock.finish()  # one per mark, read after the pass
         if rep >= warmup:
-            for i, seconds in zip(marked, deferred, strict=True):
-                samples[i].append(seconds)
+            for i, s in zip(marked, seconds, strict=True):
+                samples[i].append(s)
         del env
     missing = [graph.ops[i].name for i, s in enumerate(samples) if not s]
     if missing:

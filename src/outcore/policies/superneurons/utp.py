@@ -194,7 +194,6 @@ class _Pool:
     # -- static look-ahead -------------------------------------------------------------------
     def _index_sequence(self) -> None:
         g = self.graph
-        self.reads: dict[int, list[int]] = defaultdict(list)
         # every (step, storage) read of an offloadable storage, by step then storage
         self.read_steps: list[int] = []
         self.read_storages: list[int] = []
@@ -212,7 +211,6 @@ class _Pool:
             if op.category is OpCategory.CONV and not ins.recompute:
                 (forward_convs if forward else self.backward_convs).append(i)
             for s in sorted({g.tensors[t].storage for t in op.inputs} & self.offloadable):
-                self.reads[s].append(i)
                 self.read_steps.append(i)
                 self.read_storages.append(s)
                 if forward:

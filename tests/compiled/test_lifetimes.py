@@ -19,6 +19,7 @@ import torch
 import outcore
 from outcore.compiled import InductorRoundingWarning
 from outcore.compiled.lifetimes import (
+    LOSS_HELD_BYTES,
     LOSS_SCALAR_BYTES,
     arrive_tangents_with_backward,
     as_in_a_training_step,
@@ -136,10 +137,11 @@ def test_on_a_toy_graph_the_peak_drops_by_the_phantoms() -> None:
     assert arrive_tangents_with_backward(again) == []  # idempotent: no tangent left
 
 
-def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
+def test_the_loss_gradient_is_held_at_the_boundary_and_its_scalars_to_the_end() -> None:
     """``hold_loss_at_boundary`` adds one released output's bytes and the loss's scalars as
-    temporaries of the first backward op: the memory rule's peak at that op rises by them, no
-    other op's does."""
+    temporaries of the first backward op, and the loss and its seed to every later backward
+    op: the memory rule's peak at the first rises by the former, at the later ones by the
+    latter, in the forward by nothing."""
     plain = _toy()
     release_forward_outputs(plain)
     arrive_tangents_with_backward(plain)
@@ -147,7 +149,7 @@ def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
     as_in_a_training_step(held)
     added = 256 + LOSS_SCALAR_BYTES
     assert held.ops[2].temporaries == added and plain.ops[2].temporaries == 0
-    assert [op.temporaries for op in held.ops if op.id != 2] == [0, 0, 0]
+    assert [op.temporaries for op in held.ops if op.id != 2] == [0, 0, LOSS_HELD_BYTES]
     device = []
     for graph in (plain, held):
         schedule = lower(graph, Plan(policy="test"))
@@ -155,10 +157,34 @@ def test_the_loss_gradient_is_held_at_the_boundary_only() -> None:
         device.append({schedule.instructions[st.at].op: st.device for st in steps
                        if isinstance(schedule.instructions[st.at], Compute)})
     assert device[1][2] == device[0][2] + added, "the first backward op holds the loss gradient"
-    assert all(device[1][op] == device[0][op] for op in (0, 1, 3)), "no other op does"
+    assert device[1][3] == device[0][3] + LOSS_HELD_BYTES, "the loss and its seed stay"
+    assert all(device[1][op] == device[0][op] for op in (0, 1)), "the forward is unchanged"
     again = _toy()
     assert hold_loss_at_boundary(again, []) == 0
     assert hold_loss_at_boundary(again, release_forward_outputs(again)) == added
+
+
+def _scalar_loss_toy() -> Graph:
+    """As ``_toy`` with the loss computed in the graph: its forward output ``y`` and tangent
+    are one-element tensors (the loss and ``backward()``'s seed)."""
+    graph = _toy()
+    for tid in (1, 3):
+        graph.tensors[tid].shape, graph.tensors[tid].nbytes = (), 4
+    graph.validate()
+    return graph
+
+
+def test_a_loss_and_its_seed_stay_to_the_end() -> None:
+    """A one-element forward output is the loss the caller holds to call ``backward()`` and
+    a one-element tangent the seed ``torch.autograd.backward`` holds until it returns: the
+    rule keeps both to the step's end (released, the compiled GPT's step measured 8 B above
+    its plan, session 15)."""
+    graph = _scalar_loss_toy()
+    assert release_forward_outputs(graph) == []
+    assert arrive_tangents_with_backward(graph) == []
+    assert graph.outputs == [1, 5] and graph.tensors[3].kind is TensorKind.TANGENT
+    schedule = lower(graph, Plan(policy="test"))
+    assert {1, 3} <= _resident_storages(graph, schedule)[-1]
 
 
 def _viewed_toy() -> Graph:

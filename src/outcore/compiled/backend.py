@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -76,18 +77,37 @@ class InductorBackend:
         partitioner: the ``OutcorePartitioner`` every graph is split with.
         config_patches: Inductor config settings applied to every graph's compile (besides
             the partitioner), e.g. ``{"layout_optimization": False}``.
+        recompute_in_place: compile each graph with ``recompute_order.KeepRecomputeInPlace``
+            (its backward then compiled with the forward, not at the first ``backward()``).
         partitions: one ``Partition`` per joint graph, in compile order (property).
     """
 
     def __init__(self, partitioner: OutcorePartitioner,
-                 config_patches: dict[str, Any] | None = None) -> None:
+                 config_patches: dict[str, Any] | None = None,
+                 recompute_in_place: bool = True) -> None:
         self.partitioner = partitioner
         self.config_patches = dict(config_patches or {})
+        self.recompute_in_place = recompute_in_place
         self._warned = False
 
     @property
     def partitions(self) -> list[Partition]:
         return self.partitioner.partitions
+
+    def _recompute_order(self) -> AbstractContextManager[Any]:
+        """The context a graph compiles in: ``KeepRecomputeInPlace`` set and the backward
+        compiled eagerly, under it (``recompute_in_place``), or nothing."""
+        if not self.recompute_in_place:
+            return nullcontext()
+        from torch._functorch import config as functorch_config
+        from torch._inductor.virtualized import V
+
+        from .recompute_order import KeepRecomputeInPlace
+
+        stack = ExitStack()
+        stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+        stack.enter_context(V.set_choices_handler(KeepRecomputeInPlace()))
+        return stack
 
     def __call__(self, gm: fx.GraphModule,
                  example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
@@ -100,10 +120,11 @@ class InductorBackend:
                           "tolerance (about 1e-5 relative in float32), not bit for bit",
                           InductorRoundingWarning, stacklevel=2)
         try:
-            compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
-                gm, list(example_inputs),
-                config_patches={**self.config_patches,
-                                "custom_partitioner_fn": self.partitioner})
+            with self._recompute_order():
+                compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+                    gm, list(example_inputs),
+                    config_patches={**self.config_patches,
+                                    "custom_partitioner_fn": self.partitioner})
             return compiled
         except Exception as err:
             cause = _outcore_cause(err)
@@ -116,7 +137,7 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
                      fusion: bool = True, layout_optimization: bool = False,
                      buffer_reuse: bool = False, fallback_random: bool = True,
-                     **options: Any) -> InductorBackend:
+                     recompute_in_place: bool = True, **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -168,6 +189,12 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             figures above are the CPU's; on a GPU Inductor's inline generator fuses into
             its neighbours and needs no kept mask, so ``False`` may be faster there (not
             measured yet: the default is chosen for what the step computes).
+        recompute_in_place: keep each recompute where the plan put it: Inductor may not
+            fuse a recompute kernel with backward work that reads the same buffers, which
+            would make that work's buffers before the kernels the plan ran between them
+            (``outcore.compiled.recompute_order``; the backward is then compiled with the
+            forward). False: Inductor fuses as it likes (the prediction then bounds the
+            step less often).
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -190,4 +217,5 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
     patches["fallback_random"] = fallback_random  # either way, as allow_buffer_reuse
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
                                               host_budget=host_budget, fusion=fusion,
-                                              **options), patches)
+                                              **options), patches,
+                           recompute_in_place=recompute_in_place)

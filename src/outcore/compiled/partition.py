@@ -80,6 +80,7 @@ from .fused_first import HEAVY, INLINE_DRAWS, plan_fused_first
 from .fusion import fuse_elementwise
 from .heavy import node_flops, recomputed_nodes
 from .lifetimes import as_in_a_training_step
+from .recompute_order import mark_recomputed
 from .saved import kept_at_cut, kept_names, saved_nodes
 from .temporaries import measure_extern
 
@@ -363,6 +364,7 @@ class OutcorePartitioner(CustomPartitionerFn):
         fw_out = pytree_leaves(fw_module)
         fw_saved = [n for n in fw_out[num_fwd_outputs:] if isinstance(n, fx.Node)]
         redone = recomputed_nodes(fw_module, bw_module)
+        mark_recomputed(redone)  # no recompute kernel fused with backward work (recompute_order)
         again = Counter(str(n.target) for n in redone)
         self.partitions.append(Partition(
             planned=planned, saved=names,

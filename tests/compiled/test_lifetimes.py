@@ -187,6 +187,35 @@ def test_a_loss_and_its_seed_stay_to_the_end() -> None:
     assert {1, 3} <= _resident_storages(graph, schedule)[-1]
 
 
+def _interleaved_toy() -> Graph:
+    """As ``_toy`` with a backward op ``b`` (reads the tangent) standing before the forward
+    op that makes the output ``y``, as in a ResNet's joint graph: y's reader must come after
+    y's producer."""
+    t = [Tensor(0, "x", (4,), "float32", 16, TensorKind.INPUT, 0),
+         Tensor(1, "z", (4,), "float32", 16, TensorKind.ACTIVATION, 1, producer=0),
+         Tensor(2, "tangents_1", (64,), "float32", 256, TensorKind.TANGENT, 2),
+         Tensor(3, "b", (64,), "float32", 256, TensorKind.GRADIENT, 3, producer=1),
+         Tensor(4, "y", (64,), "float32", 256, TensorKind.OUTPUT, 4, producer=2),
+         Tensor(5, "g", (4,), "float32", 16, TensorKind.GRADIENT, 5, producer=3)]
+    ops = [Op(0, "z", "aten.mul", Phase.FORWARD, OpCategory.ELEMENTWISE, [0], [1]),
+           Op(1, "b", "aten.squeeze", Phase.BACKWARD, OpCategory.ELEMENTWISE, [2], [3]),
+           Op(2, "y", "aten.addmm", Phase.FORWARD, OpCategory.ELEMENTWISE, [1], [4]),
+           Op(3, "g", "aten.mul", Phase.BACKWARD, OpCategory.ELEMENTWISE, [3, 1], [5])]
+    return _wired(t, ops, outputs=[4, 5])
+
+
+def test_an_output_is_read_at_the_first_backward_op_after_the_forward() -> None:
+    """The released output is read by the first backward op after the last forward op (here
+    ``g``), not by a backward op that stands before its producer: the graph stays valid."""
+    graph = _interleaved_toy()
+    assert release_forward_outputs(graph) == [4]
+    assert 4 in graph.ops[3].inputs and 4 not in graph.ops[1].inputs
+    assert hold_loss_at_boundary(graph, [4]) == 256 + LOSS_SCALAR_BYTES
+    assert graph.ops[3].temporaries == 256 + LOSS_SCALAR_BYTES
+    assert arrive_tangents_with_backward(graph) == []  # read before the boundary: static
+    graph.validate()
+
+
 def _viewed_toy() -> Graph:
     """As ``_toy``, but the first backward op is a view of the tangent (Inductor's joint
     graphs start the backward with ``view(tangents_1)``): (bwd) v = view(tangent),

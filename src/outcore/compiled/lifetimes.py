@@ -62,8 +62,9 @@ Invariants: only outputs made by a forward op are changed, and only when no back
 reads them or any tensor sharing their storage; an output that is a view is released only
 when its base is not an output the rule keeps; a graph with no backward op is unchanged.
 A tangent is changed only when
-it is a base (not a view) and the first backward op precedes every op that reads it (always,
-in a graph whose phases come from the dataflow). The first backward op's added inputs and
+it is a base (not a view) and the first backward op precedes every op that reads it. "The
+first backward op" is the first after the last forward op (the boundary; the graph stays in
+order when a backward op stands among the forward ones). Its added inputs and
 outputs are bookkeeping for the memory rule only: its flops,
 bytes touched and the FX graphs partitioned from the plan are unchanged.
 """
@@ -86,8 +87,13 @@ def _one_element(graph: Graph, tid: int) -> bool:
 
 
 def _first_backward(graph: Graph) -> Op | None:
-    """The graph's first backward op (None in a graph without a backward)."""
-    return next((op for op in graph.ops if op.phase is Phase.BACKWARD), None)
+    """The boundary: the first backward op after the graph's last forward op (None in a graph
+    without one). A joint graph's order may put a backward op among the forward ones (a
+    ResNet's ``squeeze`` of the loss's gradient before the classifier's ``addmm``, session
+    15): read there, a released output would be read before it is made."""
+    last = max((op.id for op in graph.ops if op.phase is Phase.FORWARD), default=-1)
+    return next((op for op in graph.ops if op.phase is Phase.BACKWARD and op.id > last),
+                None)
 
 
 def release_forward_outputs(graph: Graph) -> list[int]:

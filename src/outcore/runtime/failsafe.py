@@ -107,21 +107,9 @@ def _prepared_grad(name: str, param: torch.Tensor, grad: torch.Tensor) -> torch.
             raise OutcoreError(f"{name}.grad is {tuple(current.shape)} {current.dtype}; it "
                                "cannot accumulate the step's gradient")
         return grad
-    if _obeys_layout(grad, param) and grad.data_ptr() != param.data_ptr():
+    if grad.stride() == param.stride() and grad.data_ptr() != param.data_ptr():
         return grad  # used as it is, as autograd's AccumulateGrad does
     return torch.empty_like(param).copy_(grad)
-
-
-def _obeys_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
-    """AccumulateGrad's layout contract: a dense, non-overlapping ``grad`` with ``param``'s
-    strides on every dimension longer than 1 (a stride on a dimension of size 1 never
-    moves to another element, so it may differ: a 1x1 convolution's weight gradient)."""
-    if grad.stride() == param.stride():
-        return True
-    if not grad.is_non_overlapping_and_dense():
-        return False
-    return all(g == p for n, g, p in zip(grad.shape, grad.stride(), param.stride(), strict=True)
-               if n > 1)
 
 
 def commit(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],

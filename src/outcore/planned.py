@@ -204,6 +204,7 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     if hasattr(model, "bind"):  # before any policy: a measured profile writes its kernel
         model.bind(graph)       # temporaries onto the ops, which the memory rule counts
     real = graph
+    can_split = recapture is not None and scope != ACTIVATIONS  # what refusals suggest
     if scope == ACTIVATIONS:  # plan on a copy without the scoped-out bytes (bound above)
         graph = scoped_copy(real)
     if optimizer is not None or weights is not None:
@@ -212,9 +213,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     if limit is not None:
         layer_bound = reference_peaks(graph).layer_lower_bound
         if limit < layer_bound and not split_ok:
-            with _refused(graph, model, recapture is not None, scope):
-                sub_batching.refuse_below_bound(name, limit, layer_bound,
-                                                recapture is not None)
+            with _refused(graph, model, can_split, scope):
+                sub_batching.refuse_below_bound(name, limit, layer_bound, can_split)
     host_limit, host_source = _host_budget(graph, host_budget)
     key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit,
                                           "(scope)": scope}, model, split_ok, cache)
@@ -228,9 +228,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
-        with _refused(graph, model, recapture is not None and not split_ok, scope):
-            result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok,
-                                       simulate)
+        with _refused(graph, model, can_split and not split_ok, scope):
+            result, trace = _run_fresh(graph, name, ctx, can_split and not split_ok, simulate)
     if scope == ACTIVATIONS:
         trace = _attach_real(result, real)
     _check_host(result, trace, name, host_limit, host_source)

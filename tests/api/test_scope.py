@@ -225,3 +225,25 @@ def test_the_plan_cache_keys_on_the_scope(tmp_path, monkeypatch):
     # the same bytes as a step budget: below the static tensors, refused, not served cached
     with pytest.raises(InfeasibleBudgetError):
         _plan(graph, budget, cache=True)
+
+
+def test_the_cli_plans_an_activation_budget(capsys):
+    import json
+
+    from outcore.cli import EXIT_OK, EXIT_USAGE, main
+
+    args = ["plan", "--model", "resnet20-cifar", "--batch", "8", "--budget", "1GB",
+            "--no-cache"]
+    assert main(["--json", *args, "--scope", "activations"]) == EXIT_OK
+    scoped = json.loads(capsys.readouterr().out)
+    assert scoped["scope"] == "activations"
+    assert 0 < scoped["scoped_peak"] < scoped["predicted_peak"]
+    assert scoped["predicted_peak"] - scoped["scoped_peak"] >= scoped["simulation"][
+        "static_bytes"] - 4  # parameters and inputs left out (the loss seed stays in)
+    assert main([*args, "--scope", "weights"]) == EXIT_USAGE
+
+
+def test_the_inductor_backend_checks_its_scope_at_once():
+    with pytest.raises(InvalidArgumentError, match="scope"):
+        outcore.inductor_backend("64KiB", scope="all")
+    assert outcore.inductor_backend("64KiB", scope="activations") is not None

@@ -165,17 +165,36 @@ def peaks(step: Callable[[], Any], model: nn.Module) -> tuple[int, int]:
 MATCH = {"activation": 0, "step": 1}
 
 
-def lowest_budget(graph: Any, static: int) -> int:
+def lowest_budget(graph: Any, static: int, bisect: int = 4) -> int:
     """The lowest budget outcore-auto accepts on this CPU (from its infeasibility error),
-    climbing from ``static`` (from 1 byte under an activation scope: ``SCOPE``)."""
-    budget = static if SCOPE[0] == "step" else 1
-    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+    climbing from ``static`` (from 1 byte under an activation scope: ``SCOPE``), then
+    ``bisect`` halvings between the last refused budget and the first accepted one (a
+    refusal names what its first candidate needs, which another may undercut). A plan that
+    fails otherwise (``OutcoreError``) counts as refused."""
+    def fits(budget: int) -> int | None:  # None: accepted; else what the refusal needs
         try:
             outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
                          host_budget=HOST_BUDGET[0], cost=COST[0], scope=SCOPE[0])
-            return budget
+            return None
         except outcore.InfeasibleBudgetError as exc:
-            budget = max(budget + 1, int(exc.required))
+            return int(exc.required)
+        except outcore.OutcoreError:
+            return budget + 1
+
+    refused, budget = 0, static if SCOPE[0] == "step" else 1
+    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+        needs = fits(budget)
+        if needs is None:
+            break
+        refused, budget = budget, max(budget + 1, needs)
+    for _ in range(bisect if refused else 0):
+        mid = (refused + budget) // 2
+        if mid <= refused:
+            break
+        if fits(mid) is None:
+            budget = mid
+        else:
+            refused = mid
     return budget
 
 

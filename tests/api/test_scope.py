@@ -95,6 +95,7 @@ def test_activation_budget_bounds_every_instruction(name, policy):
     assert planned.scope == "activations" and planned.graph is graph
     assert planned.predicted_peak == memory_curve(graph, planned.schedule).peak
     assert planned.predicted_peak > budget  # the whole step is not what was bounded
+    assert "activations only" in planned.explain().notes[0]
     if policy == "outcore-auto":
         assert planned.counts()["recompute"] > 0
 

@@ -15,7 +15,10 @@ GPT-2), one training step per tool:
 * ``outcore @ <peer>``: outcore-auto planned for this CPU (``gpu="this-cpu"``,
   ``host_budget=0``: recompute only, the host is the device's own memory), its budget
   searched so that its measured peak is at most the peer's (``match_budget``), by the
-  ``--match`` measure (default ``step``), run by outcore's executor (one ATen op at a time);
+  ``--match`` measure (default ``step``), run by outcore's executor (one ATen op at a time).
+  Under ``--match activation`` every outcore plan is made with ``scope="activations"``
+  (``outcore.plan.scope``): its budget bounds the activations only, parameters, inputs and
+  the parameters' gradients left out, as the measure leaves them out;
 * ``outcore+inductor @ <peer>``: the same model under ``torch.compile(model,
   backend=outcore.inductor_backend(budget))``: outcore-auto's recompute-only plan decides
   what the forward saves, Inductor compiles the fused kernels (``outcore.compiled``). Its
@@ -116,6 +119,9 @@ HOST_BUDGET: list[int | None] = [0]
 #: ``--measured-ops``: the workload's measured per-op profile (``Target.measured_cost``).
 COST: list[Any] = [None]
 MEASURED_OPS = [False]
+#: what outcore's budgets bound (``outcore.plan``'s ``scope``): "activations" under
+#: ``--match activation``, so a budget compares directly to the peer's activation peak
+SCOPE = ["step"]
 
 
 def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
@@ -129,7 +135,7 @@ def eager_step(model: nn.Module, w: Workload) -> Callable[[], Any]:
 
 def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any], Any]:
     planned = outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
-                           host_budget=HOST_BUDGET[0], cost=COST[0])
+                           host_budget=HOST_BUDGET[0], cost=COST[0], scope=SCOPE[0])
     device = TARGET[0].executor_device()
     if device is not None:
         device.reserve_host(planned.host_sizes)
@@ -159,16 +165,36 @@ def peaks(step: Callable[[], Any], model: nn.Module) -> tuple[int, int]:
 MATCH = {"activation": 0, "step": 1}
 
 
-def lowest_budget(graph: Any, static: int) -> int:
-    """The lowest budget outcore-auto accepts on this CPU (from its infeasibility error)."""
-    budget = static
-    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+def lowest_budget(graph: Any, static: int, bisect: int = 4) -> int:
+    """The lowest budget outcore-auto accepts on this CPU (from its infeasibility error),
+    climbing from ``static`` (from 1 byte under an activation scope: ``SCOPE``), then
+    ``bisect`` halvings between the last refused budget and the first accepted one (a
+    refusal names what its first candidate needs, which another may undercut). A plan that
+    fails otherwise (``OutcoreError``) counts as refused."""
+    def fits(budget: int) -> int | None:  # None: accepted; else what the refusal needs
         try:
             outcore.plan(graph, budget, gpu=TARGET[0].gpu, simulate=False,
-                         host_budget=HOST_BUDGET[0], cost=COST[0])
-            return budget
+                         host_budget=HOST_BUDGET[0], cost=COST[0], scope=SCOPE[0])
+            return None
         except outcore.InfeasibleBudgetError as exc:
-            budget = max(budget + 1, int(exc.required))
+            return int(exc.required)
+        except outcore.OutcoreError:
+            return budget + 1
+
+    refused, budget = 0, static if SCOPE[0] == "step" else 1
+    for _ in range(6):  # each refusal names what its first candidate needs: climb to it
+        needs = fits(budget)
+        if needs is None:
+            break
+        refused, budget = budget, max(budget + 1, needs)
+    for _ in range(bisect if refused else 0):
+        mid = (refused + budget) // 2
+        if mid <= refused:
+            break
+        if fits(mid) is None:
+            budget = mid
+        else:
+            refused = mid
     return budget
 
 
@@ -190,7 +216,7 @@ def match_budget(w: Workload, graph: Any, target: int, lo: int, hi: int, match: 
         step, planned = outcore_step(w, graph, budget)
         both = peaks(step, w.model)
         act = both[match]
-        note = f"budget {budget / 2**20:.1f} MiB, {planned.plan.policy}"
+        note = f"{_budget_words(budget)}, {planned.plan.policy}"
         if i == 0:
             lowest = (step, both, note + "; ABOVE the peer: outcore's lowest")
         if act <= target:
@@ -229,7 +255,7 @@ def inductor_step(w: Workload, budget: int | None) -> tuple[Callable[[], Any], n
     m = copy.deepcopy(w.model)
     be = outcore.inductor_backend(budget, gpu=TARGET[0].gpu, fusion=FUSION[0],
                                   fallback_random=FALLBACK_RANDOM[0],
-                                  buffer_reuse=BUFFER_REUSE[0])
+                                  buffer_reuse=BUFFER_REUSE[0], scope=SCOPE[0])
     s = eager_step(torch.compile(m, backend=be, dynamic=False), w)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InductorRoundingWarning)
@@ -250,10 +276,22 @@ class _Joined:
         self.recomputed = sum(p.recomputed for p in parts)
         self.planned = parts[0].planned
         self.predicted_peak = max(p.predicted_peak for p in parts)
+        self.scoped_peak = max(p.planned.scoped_peak for p in parts)
+
+
+def _scoped_peak(part: Any) -> int:
+    """What a ``Partition``'s budget bounded at its plan's peak (``SCOPE``'s peak)."""
+    return int(part.scoped_peak if isinstance(part, _Joined) else part.planned.scoped_peak)
+
+
+def _budget_words(budget: int) -> str:
+    """``budget`` as the notes give it, naming an activation scope (``SCOPE``)."""
+    return ("activation " if SCOPE[0] == "activations" else "") + \
+        f"budget {budget / 2**20:.1f} MiB"
 
 
 def _inductor_note(budget: int | None, part: Any) -> str:
-    where = "unbounded" if budget is None else f"budget {budget / 2**20:.1f} MiB"
+    where = "unbounded" if budget is None else _budget_words(budget)
     return (f"{where}, {part.planned.plan.policy}, saves {len(part.saved)} "
             f"(forced {len(part.forced)}), recomputes {part.recomputed} ops")
 
@@ -274,14 +312,17 @@ class InductorMatcher:
         self.top: tuple[Tool, nn.Module] = (
             (step, peaks(step, model), _inductor_note(None, part)), model)
         graph = part.planned.graph
-        self.held = held_before(graph)
-        self.gap = self.top[0][1][match] - (part.predicted_peak - self.held)
-        self.ceiling = part.predicted_peak
+        # under an activation scope the budget and the measure both leave out what the
+        # step finds allocated (parameters, inputs) and the gradients: no offset
+        self.held = held_before(graph) if SCOPE[0] == "step" else 0
+        self.ceiling = _scoped_peak(part)
+        self.gap = self.top[0][1][match] - (self.ceiling - self.held)
         self.floor = lowest_budget(graph, graph.static_bytes())
         self.tried: dict[int, tuple[Tool, nn.Module]] = {}
         log(f"  outcore+inductor unbounded: {self.top[0][1][0] / 2**20:.1f} / "
             f"{self.top[0][1][1] / 2**20:.1f} MiB, predicted {part.predicted_peak / 2**20:.1f}"
-            f" MiB, lowest budget {self.floor / 2**20:.1f} MiB "
+            f" MiB ({SCOPE[0]} scope: {self.ceiling / 2**20:.1f}), lowest budget "
+            f"{self.floor / 2**20:.1f} MiB "
             f"({time.perf_counter() - t0:.0f} s)")
 
     def _compiled(self, budget: int) -> tuple[Tool, nn.Module]:
@@ -407,7 +448,8 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         static = sum(p.numel() * p.element_size() for p in w.model.parameters())
         lo = lowest_budget(graph, static)
         hi = outcore.plan(graph, None, gpu=TARGET[0].gpu, simulate=False,
-                          host_budget=HOST_BUDGET[0], cost=COST[0]).predicted_peak
+                          host_budget=HOST_BUDGET[0], cost=COST[0],
+                          scope=SCOPE[0]).scoped_peak
     for peer in peers:
         t0 = time.perf_counter()
         step, act, note = match_budget(w, graph, tools[peer][1][match], lo, hi, match)
@@ -530,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     TARGET[0] = Target.of(args.device)
     HOST_BUDGET[0] = None if args.allow_offload else 0
     MEASURED_OPS[0] = args.measured_ops
+    SCOPE[0] = "activations" if args.match == "activation" else "step"
     size = "quick" if args.quick else "large" if args.large else "full"
 
     def log(msg: str) -> None:

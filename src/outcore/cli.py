@@ -141,6 +141,13 @@ def _planning_arguments(p: argparse.ArgumentParser) -> None:
                         "PATH` instead of the GPU profile")
 
 
+def _scope_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scope", default="step", choices=("step", "activations"),
+                   help="what --budget bounds: the whole step (default) or the activations "
+                        "only, parameters, buffers, inputs and the parameters' gradients "
+                        "left out (as torch's activation_memory_budget)")
+
+
 def _weights_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=None, choices=("adamw", "adam", "sgd"),
                    help="plan the parameters, gradients and this optimizer's state with the "
@@ -190,12 +197,14 @@ def _add_planning_commands(sub: Any) -> None:
     p = sub.add_parser("plan", help="plan a model under a budget: decisions, peak, time")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _scope_argument(p)
     _weights_arguments(p)
     _gpus_arguments(p)
 
     p = sub.add_parser("simulate", help="simulate a plan on a GPU profile; write plot, trace, HTML")
     _model_arguments(p, default_fake=True)
     _planning_arguments(p)
+    _scope_argument(p)
     p.add_argument("--out", default="out", help="folder for memory.png, trace.json, "
                    "report.html and memory_snapshot.pickle (created; nothing written outside)")
 

@@ -36,7 +36,8 @@ def summary(planned: Any, label: str) -> dict[str, Any]:
     sim = planned.simulation
     return {
         "model": label, "policy": planned.plan.policy, "budget": planned.budget,
-        "predicted_peak": planned.predicted_peak, "decisions": planned.counts(),
+        "predicted_peak": planned.predicted_peak, "scope": planned.scope,
+        "scoped_peak": planned.scoped_peak, "decisions": planned.counts(),
         "sub_batches": planned.plan.sub_batches, "notes": list(planned.notes),
         "instructions": len(planned.schedule),
         "simulation": sim.to_dict() if sim is not None else None,
@@ -87,6 +88,10 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpus > 1:
         from outcore.distributed.cli import cmd_plan_gpus
 
+        if args.scope != "step":
+            from outcore.cli import UsageError
+
+            raise UsageError("--scope activations plans one GPU's step; leave out --gpus")
         work.check(args)
         return cmd_plan_gpus(args)
     planned, label = work.planned(args)
@@ -100,7 +105,12 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         table.add_column("value", justify="right")
         budget = "unbounded" if planned.budget is None else format_bytes(planned.budget)
         table.add_row("budget", budget)
+        table.add_row("the budget bounds", "activations only (parameters, inputs and their "
+                      "gradients left out)" if planned.scope == "activations"
+                      else "the whole step")
         table.add_row("predicted peak", format_bytes(planned.predicted_peak))
+        if planned.scope == "activations":
+            table.add_row("predicted activation peak", format_bytes(planned.scoped_peak))
         for decision, count in planned.counts().items():
             table.add_row(f"activations {decision}", str(count))
         table.add_row("sub-batches", str(planned.plan.sub_batches))

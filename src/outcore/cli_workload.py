@@ -165,7 +165,7 @@ def plan_policy(args: argparse.Namespace, graph: Any, policy: str, *,
                 recapture=recapture_for(args, fake=fake),
                 allow_sub_batches=allow_sub_batches(args),
                 cache=False if args.no_cache else None, bound=bound, **weights,
-                **options(args))
+                scope=getattr(args, "scope", "step"), **options(args))
 
 
 def planned(args: argparse.Namespace) -> tuple[Any, str]:

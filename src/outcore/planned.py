@@ -75,6 +75,13 @@ class PlannedStep:
         host_budget: the host limit planned for, in bytes (None = unbounded).
         host_sizes: bytes of each Offload's storage, in schedule order (what a device's
             pinned pool reserves: ``CudaDevice.reserve_host``).
+        scope: what ``budget`` bounds (``outcore.plan.scope``): "step", every device byte
+            (``predicted_peak <= budget``), or "activations", the device bytes less the
+            parameters, buffers, inputs and the parameters' gradients
+            (``scoped_peak <= budget``; ``predicted_peak`` is still the whole step's).
+        scoped_peak: the peak of what ``budget`` bounds: ``predicted_peak`` under "step",
+            the activation-scoped peak (``outcore.plan.scope.scoped_curve``) under
+            "activations". Always ``<= budget`` when a budget is set.
     """
 
     graph: Graph
@@ -89,6 +96,12 @@ class PlannedStep:
     notes: list[str] = field(default_factory=list)
     lower_bound: float | None = None
     weights: Any = None
+    scope: str = "step"
+    scoped_peak: int = -1
+
+    def __post_init__(self) -> None:
+        if self.scoped_peak < 0:  # step scope: the budget bounds the whole step
+            self.scoped_peak = self.predicted_peak
 
     @property
     def gap(self) -> float | None:
@@ -122,7 +135,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
          allow_sub_batches: bool | None = None, cache: bool | None = None,
          host_budget: int | str | None = MACHINE, bound: bool = False,
          optimizer: Any = None, weights: str | None = None,
-         host_adam_rate: float | None = None, **options: Any) -> PlannedStep:
+         host_adam_rate: float | None = None, scope: str = "step",
+         **options: Any) -> PlannedStep:
     """Plan ``graph`` under ``budget`` with ``policy``; nothing runs.
 
     Args:
@@ -153,38 +167,57 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         weights: with ``optimizer``: "auto" (default), "device" or "host".
         host_adam_rate: with ``optimizer``: the host optimizer's parameters per second
             (default: the profile's ``host_adam_rate``).
+        scope: what ``budget`` bounds (``outcore.plan.scope``): "step" (default), every
+            device byte at every instruction; "activations", those bytes less the
+            parameters, buffers, inputs and the parameters' gradients, as PyTorch's
+            ``activation_memory_budget`` scopes its own (kernel temporaries, workspaces and
+            activations' gradients stay in). The plan is made on a copy of the graph with
+            those storages at 0 bytes, then attached to ``graph``: ``predicted_peak`` is the
+            whole step's, ``scoped_peak`` (``<= budget``) the activations'. Not with
+            ``optimizer``/``weights`` (they move parameters) nor with sub-batches.
         options: policy-specific options (see each policy's docstring).
 
     Raises:
-        InvalidArgumentError: (also a ValueError) an unknown policy, option or GPU, or an
-            unreadable, non-positive or non-finite budget, before any planning.
+        InvalidArgumentError: (also a ValueError) an unknown policy, option, GPU or scope,
+            an unreadable, non-positive or non-finite budget, or ``scope="activations"``
+            with ``optimizer``, ``weights`` or ``allow_sub_batches=True``, before any
+            planning.
         InfeasibleBudgetError: the budget is below what the policy can reach, or below the
-            layer-wise lower bound (the message names the bound and what to change).
+            layer-wise lower bound (the message names the bound and what to change; under
+            ``scope="activations"`` every figure in it is activation-scoped, and it says so).
         outcore.host.HostBudgetError (an InfeasibleBudgetError): the plan's host copies
             exceed ``host_budget``.
     """
     from outcore import plan_cache, progress, sub_batching
+    from outcore.plan.scope import ACTIVATIONS, check_scope, scoped_copy
     from outcore.validation import check_budget, check_gpu, check_policy
 
     limit = check_budget(budget)
     name = check_policy(policy, options)
     gpu = check_gpu(gpu)
-    split_ok = sub_batching.allowed(name, allow_sub_batches) and recapture is not None
+    scope = check_scope(scope)
+    if scope == ACTIVATIONS:
+        _check_activation_scope(optimizer, weights, allow_sub_batches)
+    split_ok = (sub_batching.allowed(name, allow_sub_batches) and recapture is not None
+                and scope != ACTIVATIONS)
     model = cost if cost is not None else cost_model_for(gpu, graph)
     if hasattr(model, "bind"):  # before any policy: a measured profile writes its kernel
         model.bind(graph)       # temporaries onto the ops, which the memory rule counts
+    real = graph
+    can_split = recapture is not None and scope != ACTIVATIONS  # what refusals suggest
+    if scope == ACTIVATIONS:  # plan on a copy without the scoped-out bytes (bound above)
+        graph = scoped_copy(real)
     if optimizer is not None or weights is not None:
         return _plan_with_weights(graph, limit, name, model, optimizer, weights, simulate,
                                   host_budget, host_adam_rate)
     if limit is not None:
         layer_bound = reference_peaks(graph).layer_lower_bound
         if limit < layer_bound and not split_ok:
-            with _refused(graph, model, recapture is not None):
-                sub_batching.refuse_below_bound(name, limit, layer_bound,
-                                                recapture is not None)
+            with _refused(graph, model, can_split, scope):
+                sub_batching.refuse_below_bound(name, limit, layer_bound, can_split)
     host_limit, host_source = _host_budget(graph, host_budget)
-    key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit}, model,
-                     split_ok, cache)
+    key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit,
+                                          "(scope)": scope}, model, split_ok, cache)
     cached = None if key is None else plan_cache.load(key)
     if cached is not None:
         cached_plan, schedule, peak, simulation, notes = cached
@@ -195,27 +228,30 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
-        with _refused(graph, model, recapture is not None and not split_ok):
-            result, trace = _run_fresh(graph, name, ctx, recapture is not None and not split_ok,
-                                       simulate)
+        with _refused(graph, model, can_split and not split_ok, scope):
+            result, trace = _run_fresh(graph, name, ctx, can_split and not split_ok, simulate)
+    if scope == ACTIVATIONS:
+        trace = _attach_real(result, real)
     _check_host(result, trace, name, host_limit, host_source)
     if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
 
         with progress.task(f"simulating {graph.name}"):
             result.simulation = run_simulation(result.graph, result.schedule, model)
-    if key is not None and cached is None and result.graph is graph:
-        plan_cache.store(key, (result.plan, result.schedule, result.predicted_peak,
+    if key is not None and cached is None and result.graph is real:
+        plan_cache.store(key, (result.plan, result.schedule, result.scoped_peak,
                                result.simulation, list(result.notes)))
     if bound and simulate and limit is not None and result.plan.sub_batches == 1:
-        _attach_bound(result, limit, model)
+        _attach_bound(result, limit, model, graph)
     if result.plan.sub_batches > 1:
         result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
     from outcore.log import info as log_info
 
     log_info(f"planned {graph.name} with {result.plan.policy}"
              f"{' (from the plan cache)' if cached is not None else ''}: predicted peak "
-             f"{format_bytes(result.predicted_peak)}, {result.plan.sub_batches} sub-batch(es)")
+             f"{format_bytes(result.predicted_peak)}"
+             + (f", activation peak {format_bytes(result.scoped_peak)}" if scope == ACTIVATIONS
+                else "") + f", {result.plan.sub_batches} sub-batch(es)")
     return result
 
 
@@ -279,14 +315,15 @@ def _check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: 
         raise HostBudgetError(name, host_limit, result.host_peak, host_source)
 
 
-def _attach_bound(result: PlannedStep, limit: int, model: Any) -> None:
-    """Fill ``result.lower_bound`` (``outcore.policies.optimal.lower_bound``), or say in its
-    notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it)."""
+def _attach_bound(result: PlannedStep, limit: int, model: Any, graph: Graph) -> None:
+    """Fill ``result.lower_bound`` (``outcore.policies.optimal.lower_bound`` on ``graph``, the
+    graph the budget was planned on: a scoped copy under ``scope="activations"``), or say in
+    its notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it)."""
     from outcore import progress
     from outcore.policies.optimal import lower_bound
 
     with progress.task(f"bounding {result.graph.name}'s step time (LP relaxation)"):
-        found = lower_bound(result.graph, limit, model)
+        found = lower_bound(graph, limit, model)
     if found is not None and result.simulation is not None \
             and found > result.simulation.step_time:
         # the bound covers schedules that outcore.plan.lower builds from keep/offload/
@@ -327,9 +364,11 @@ def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
 
 
 @contextmanager
-def _refused(graph: Graph, cost: Any, can_split: bool) -> Iterator[None]:
+def _refused(graph: Graph, cost: Any, can_split: bool, scope: str = "step") -> Iterator[None]:
     """Re-raise an InfeasibleBudgetError with the lowest peak any plan reaches and what would
-    lower it (``outcore.refusal``); a host budget's error passes as it is."""
+    lower it (``outcore.refusal``); a host budget's error passes as it is. Under
+    ``scope="activations"`` (``graph`` is then the scoped copy, so every figure is
+    activation-scoped) the message opens by saying so."""
     try:
         yield
     except InfeasibleBudgetError as exc:
@@ -339,7 +378,51 @@ def _refused(graph: Graph, cost: Any, can_split: bool) -> Iterator[None]:
             raise
         from outcore.refusal import refusal
 
-        raise refusal(graph, exc, cost, can_split) from exc
+        found = refusal(graph, exc, cost, can_split)
+        if scope != "step":
+            from outcore.plan.scope import scope_words
+
+            lowest = found.lowest
+            found = InfeasibleBudgetError(
+                found.policy, found.budget, found.required,
+                f"The budget bounds {scope_words(scope)}; every figure here is in those "
+                f"terms. {found.hint}".strip())
+            found.lowest = lowest
+        raise found from exc
+
+
+def _check_activation_scope(optimizer: Any, weights: str | None,
+                            allow_sub_batches: bool | None) -> None:
+    """InvalidArgumentError for what ``scope="activations"`` cannot plan (``plan``'s doc)."""
+    from outcore.errors import InvalidArgumentError
+
+    if optimizer is not None or weights is not None:
+        raise InvalidArgumentError(
+            "scope='activations' with optimizer=/weights=", "scope='step' there",
+            "Planning the weights moves parameters and gradients, which an "
+            "activation-scoped budget leaves out; with scope='step' the budget holds them "
+            "all.")
+    if allow_sub_batches:
+        raise InvalidArgumentError(
+            "scope='activations' with allow_sub_batches=True", "scope='step' there",
+            "Sub-batches are planned on the whole step.")
+
+
+def _attach_real(result: PlannedStep, real: Graph) -> MemoryTrace:
+    """Move an activation-scoped ``result`` (planned on a scoped copy) onto ``real``: its
+    ``scoped_peak`` is the planned peak, ``predicted_peak`` the real graph's, ``scope``
+    "activations"; a simulation of the copy is dropped (``plan`` simulates the real graph).
+    Returns the real graph's memory curve (the schedule replayed and checked on it)."""
+    from outcore.plan.memory import trace_of
+    from outcore.plan.residency import checked_steps
+
+    trace = trace_of(checked_steps(real, result.schedule))
+    result.scoped_peak = result.predicted_peak
+    result.predicted_peak = trace.peak
+    result.graph = real
+    result.scope = "activations"
+    result.simulation = None
+    return trace
 
 
 def _run_policy(fn: Callable[..., Any], graph: Graph, ctx: PolicyContext,

@@ -137,7 +137,8 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
                      gpu: str | None = None, host_budget: int | str | None = 0,
                      fusion: bool = True, layout_optimization: bool = False,
                      buffer_reuse: bool = False, fallback_random: bool = True,
-                     recompute_in_place: bool = True, **options: Any) -> InductorBackend:
+                     recompute_in_place: bool = True, scope: str = "step",
+                     **options: Any) -> InductorBackend:
     """A ``torch.compile`` backend running outcore's plan with Inductor's fused kernels.
 
     Args:
@@ -195,6 +196,11 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
             (``outcore.compiled.recompute_order``; the backward is then compiled with the
             forward). False: Inductor fuses as it likes (the prediction then bounds the
             step less often).
+        scope: what ``budget`` bounds, as ``outcore.plan``'s: "step" (default), every byte
+            of the compiled graph's step; "activations", those bytes less the parameters,
+            inputs and the parameters' gradients (``outcore.plan.scope``), the measure of
+            PyTorch's ``activation_memory_budget``. ``Partition.planned.scoped_peak`` is the
+            planned activation peak.
         options: policy-specific options (see each policy's docstring).
 
     Returns:
@@ -203,19 +209,21 @@ def inductor_backend(budget: int | str | None, *, policy: str = "auto",
         predicted.
 
     Raises:
-        InvalidArgumentError: (a ValueError) an unknown policy or GPU, or an unreadable,
-            non-positive or non-finite budget (at once).
+        InvalidArgumentError: (a ValueError) an unknown policy, GPU or scope, or an
+            unreadable, non-positive or non-finite budget (at once).
         InfeasibleBudgetError, OffloadNotCompiledError, CaptureError: from the first call of
             the compiled model (module docstring).
     """
+    from outcore.plan.scope import check_scope
     from outcore.validation import check_budget, check_gpu, check_policy
 
     limit = check_budget(budget)
     check_policy(policy, options)
+    check_scope(scope)
     patches: dict[str, Any] = {} if layout_optimization else {"layout_optimization": False}
     patches["allow_buffer_reuse"] = buffer_reuse  # either way: not the process's setting
     patches["fallback_random"] = fallback_random  # either way, as allow_buffer_reuse
     return InductorBackend(OutcorePartitioner(limit, policy, check_gpu(gpu),
                                               host_budget=host_budget, fusion=fusion,
-                                              **options), patches,
+                                              scope=scope, **options), patches,
                            recompute_in_place=recompute_in_place)

@@ -166,12 +166,18 @@ def fused_first_plan(graph: Graph, budget: int | None, cost: object) -> tuple[Pl
     return plan, schedule
 
 
-def plan_fused_first(graph: Graph, budget: int | None, gpu: str | None) -> PlannedStep:
+def plan_fused_first(graph: Graph, budget: int | None, gpu: str | None,
+                     scope: str = "step") -> PlannedStep:
     """``fused_first_plan`` priced on ``gpu``'s profile, as ``outcore.plan`` returns a plan:
-    the schedule's peak under the memory rule and its simulated step."""
+    the schedule's peak under the memory rule and its simulated step. ``scope`` is
+    ``outcore.plan``'s: under "activations" the budget bounds the peak of a scoped copy of
+    ``graph`` (``outcore.plan.scope``), which is the returned ``scoped_peak``."""
+    from outcore.plan.scope import ACTIVATIONS, check_scope, scoped_copy
     from outcore.sim import simulate
 
     model = cost_model_for(gpu, graph)
-    plan, schedule = fused_first_plan(graph, budget, model)
+    planned_on = scoped_copy(graph) if check_scope(scope) == ACTIVATIONS else graph
+    plan, schedule = fused_first_plan(planned_on, budget, model)
+    scoped = memory_curve(planned_on, schedule).peak
     return PlannedStep(graph, plan, schedule, memory_curve(graph, schedule).peak, budget,
-                       simulate(graph, schedule, model))
+                       simulate(graph, schedule, model), scope=scope, scoped_peak=scoped)

@@ -294,12 +294,15 @@ class OutcorePartitioner(CustomPartitionerFn):
         measure: measure the scratch of the library kernels Inductor calls (convolutions,
             matrix products, attention; ``temporaries.measure_extern``), so the predicted
             peak counts it; on by default (each such op run once alone, on the CPU).
+        scope: what ``budget`` bounds, as ``outcore.plan``'s ("step" or "activations").
         options: passed to ``outcore.plan`` (``host_budget`` defaults to 0: recompute only).
     """
 
     def __init__(self, budget: int | None, policy: str = "auto", gpu: str | None = None,
-                 *, fusion: bool = True, measure: bool = True, **options: Any) -> None:
+                 *, fusion: bool = True, measure: bool = True, scope: str = "step",
+                 **options: Any) -> None:
         self.budget = budget
+        self.scope = scope
         self.fusion = fusion
         self.measure = measure
         self.policy = policy
@@ -396,7 +399,7 @@ class OutcorePartitioner(CustomPartitionerFn):
             planned, refused = None, err
         if self.policy in _AUTO and self.budget is not None:
             try:
-                other = plan_fused_first(graph, self.budget, self.gpu)
+                other = plan_fused_first(graph, self.budget, self.gpu, self.scope)
             except InfeasibleBudgetError:
                 other = None
             if other is not None and (planned is None or _lighter(other, planned)):
@@ -407,14 +410,15 @@ class OutcorePartitioner(CustomPartitionerFn):
 
     def _plan_auto(self, graph: Any) -> PlannedStep:
         """The plan of ``self.policy``, split-able (outcore-auto's greedy plan otherwise)."""
-        planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu, **self.options)
+        planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu, scope=self.scope,
+                       **self.options)
         try:
             split_point(planned.graph, planned.schedule)
         except ScheduleError:
             if self.policy not in _AUTO or self.options.get("portfolio") is False:
                 raise
             planned = plan(graph, self.budget, policy=self.policy, gpu=self.gpu,
-                           **{**self.options, "portfolio": False})
+                           scope=self.scope, **{**self.options, "portfolio": False})
         return planned
 
     def _recompute_only(self, planned: PlannedStep) -> PlannedStep:

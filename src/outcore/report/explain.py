@@ -72,6 +72,13 @@ def explain_rows(planned: Any) -> Explanation:
     rows.sort(key=lambda r: (_rank(r["decision"]), -r["bytes"]))
     result = Explanation(rows)
     result.notes = list(getattr(planned, "notes", []))
+    if getattr(planned, "scope", "step") != "step" and planned.budget is not None:
+        from outcore.plan.scope import scope_words
+
+        result.notes.insert(0, f"the budget ({format_bytes(planned.budget)}) bounds "
+                               f"{scope_words(planned.scope)}: activation peak "
+                               f"{format_bytes(planned.scoped_peak)}, whole step "
+                               f"{format_bytes(planned.predicted_peak)}")
     weights = getattr(planned, "weights", None)
     result.parameters = list(weights.rows) if weights is not None else []
     result.sub_batches = plan.sub_batches

@@ -441,7 +441,15 @@ class ModnnScheduler:
             return
         t = self.graph.tensors[tid]
         if not t.is_view or t.producer is None:
-            raise AssertionError(f"{t.name!r} should be resident before task {i}")
+            # seen on Inductor's joint graph (``outcore.compiled``) at low budgets, whose op
+            # order has a read before its producer (Graph.validate refuses it): this
+            # scheduler cannot plan it; refused as a budget it cannot meet, so a portfolio
+            # goes on with its other candidates
+            budget = self.mem.capacity + self.reserved_bytes
+            raise InfeasibleBudgetError(
+                "modnn", budget, budget + 1,
+                f"modnn lost {t.name!r} before task {i} reads it (an op order it cannot "
+                "schedule); use another policy.")
         op = self.graph.ops[t.producer]
         for u in op.inputs:
             self._ensure(u, i)

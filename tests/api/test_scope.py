@@ -18,6 +18,7 @@ from outcore.errors import InfeasibleBudgetError, InvalidArgumentError
 from outcore.graph.ir import TensorKind
 from outcore.plan.memory import memory_curve
 from outcore.plan.residency import TRANSIENT, no_workspace, residency_steps
+from outcore.plan.schedule import Compute
 from outcore.plan.scope import scoped_curve
 from outcore.runtime.devices.allocator_peak import allocator_peak
 from outcore.runtime.devices.factory import make_device
@@ -43,8 +44,9 @@ def _plan(graph, budget, **kw):
 
 def activation_bytes(graph, schedule) -> list[int]:
     """Per instruction, the real graph's device bytes (the memory rule's replay) less the
-    resident storages of parameters, buffers, inputs and parameters' gradients; written here
-    from the definition, not with ``outcore.plan.scope``."""
+    resident storages of parameters, buffers, inputs and parameters' gradients, plus, at a
+    Compute of the op that makes a parameter's gradient, its bytes (the kernel's scratch may
+    hold them); written here from the definition, not with ``outcore.plan.scope``."""
     params = {t.source for t in graph.tensors
               if t.kind in (TensorKind.PARAMETER, TensorKind.INPUT) and t.source}
     left_out = {t.storage for t in graph.tensors
@@ -52,6 +54,11 @@ def activation_bytes(graph, schedule) -> list[int]:
     left_out |= {graph.tensors[o].storage for o in graph.outputs
                  if graph.tensors[o].kind is TensorKind.GRADIENT
                  and graph.tensors[o].source.removeprefix("grad:") in params}
+    made: dict[int, int] = {}  # op -> bytes of the parameters' gradients it makes
+    for s in left_out:
+        t = graph.tensors[s]
+        if t.kind is TensorKind.GRADIENT and t.producer is not None:
+            made[t.producer] = made.get(t.producer, 0) + t.nbytes
     held, out = 0, []
     for step in residency_steps(graph, schedule):
         for a in step.allocations:
@@ -60,7 +67,9 @@ def activation_bytes(graph, schedule) -> list[int]:
         if step.released in left_out:
             held -= graph.tensors[step.released].nbytes
         if step.at >= 0:
-            out.append(step.device - held)
+            ins = schedule.instructions[step.at]
+            scratch = made.get(ins.op, 0) if isinstance(ins, Compute) else 0
+            out.append(step.device - held + scratch)
     return out
 
 
@@ -176,22 +185,15 @@ def test_the_allocators_activation_peak_is_bounded_by_the_scoped_peak():
         assert measured <= planned.scoped_peak, (budget, measured, planned.scoped_peak)
 
 
-def test_on_a_resnet_the_allocators_activation_peak_is_within_2_percent_of_the_scoped_peak():
-    """The step peak is exact here (the allocator tests), but between the peaks the executor
-    holds a few KiB the rule has freed (resnet20-cifar small, unbounded: 425,104 B measured
-    against 420,496 planned; not located); ``..._exactly`` below records it."""
+def test_on_a_resnet_the_allocators_activation_peak_is_bounded_by_the_scoped_peak():
+    """The CPU's convolution backward builds the weight gradient in scratch and then
+    allocates it: with the gradient left out and its bytes not kept on the op, the step
+    measured 4,608 B above the scoped peak (resnet20-cifar small, unbounded, session 15)."""
     w, graph = _workload("resnet20-cifar")
     for budget in (None, _between(graph)):
         planned = _plan(graph, budget, scope="activations")
         measured = _measured_activation_peak(w, planned)
-        assert measured <= planned.scoped_peak * 1.02, (budget, measured, planned.scoped_peak)
-
-
-@pytest.mark.xfail(strict=True, reason="a few KiB held between the step's peaks (see above)")
-def test_on_a_resnet_the_allocators_activation_peak_is_bounded_by_the_scoped_peak_exactly():
-    w, graph = _workload("resnet20-cifar")
-    planned = _plan(graph, None, scope="activations")
-    assert _measured_activation_peak(w, planned) <= planned.scoped_peak
+        assert measured <= planned.scoped_peak, (budget, measured, planned.scoped_peak)
 
 
 def test_scoped_curve_is_the_real_curve_less_the_left_out_storages():

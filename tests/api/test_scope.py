@@ -177,19 +177,13 @@ def _measured_activation_peak(w, planned) -> int:
     return allocator_peak(run, lambda: grads).peak
 
 
-def test_the_allocators_activation_peak_is_bounded_by_the_scoped_peak():
-    w, graph = _workload("transformer")
-    for budget in (None, _between(graph)):
-        planned = _plan(graph, budget, scope="activations")
-        measured = _measured_activation_peak(w, planned)
-        assert measured <= planned.scoped_peak, (budget, measured, planned.scoped_peak)
-
-
-def test_on_a_resnet_the_allocators_activation_peak_is_bounded_by_the_scoped_peak():
-    """The CPU's convolution backward builds the weight gradient in scratch and then
-    allocates it: with the gradient left out and its bytes not kept on the op, the step
-    measured 4,608 B above the scoped peak (resnet20-cifar small, unbounded, session 15)."""
-    w, graph = _workload("resnet20-cifar")
+@pytest.mark.parametrize("name", ["transformer", "resnet20-cifar"])
+def test_the_allocators_activation_peak_is_bounded_by_the_scoped_peak(name):
+    """On the ResNet, the CPU's convolution backward builds the weight gradient in scratch
+    and then allocates it: with the gradient left out and its bytes not kept on the op, the
+    step measured 4,608 B above the scoped peak (resnet20-cifar small, unbounded, session
+    15)."""
+    w, graph = _workload(name)
     for budget in (None, _between(graph)):
         planned = _plan(graph, budget, scope="activations")
         measured = _measured_activation_peak(w, planned)

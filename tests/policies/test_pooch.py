@@ -27,7 +27,7 @@ from outcore.policies.common import (
     earliest_fit,
     evaluate,
 )
-from outcore.policies.pooch import all_swap_minimum, build_schedule, plan_pooch
+from outcore.policies.pooch import all_swap_minimum, build_schedule, classify, plan_pooch
 from outcore.runtime.executor import Executor
 from outcore.sim import simulate
 from outcore.sim.synthetic import residual_chain
@@ -225,3 +225,64 @@ def test_executor_matches_eager_with_swaps_and_recomputes(model):
     for (name, b), c in zip(trained.named_buffers(), reference.buffers(), strict=True):
         assert torch.equal(b, c), name  # BatchNorm statistics updated once, recompute or not
     assert step.peak_bytes == predicted_peak(g, result.schedule) <= budget
+
+
+def _reference_step2(p: Profile, budget: float, current, limit: int):
+    """PoocH's step 2 as the paper states it: every map of the pool priced by a keep run and
+    a recompute run each round (no run skipped), from position 0 (no forward prefixes)."""
+    pool = [x for x in p.features if current.classes.get(x) == SWAP]
+    classes, ratios, runs = dict(current.classes), {}, 0
+    while pool and runs < limit:
+        r, trials = {}, {}
+        for x in pool:
+            if runs >= limit:
+                break
+            kept = evaluate(p, {**classes, x: KEEP}, budget, strict=False, sync_forward=None).time
+            redo = evaluate(p, {**classes, x: RECOMPUTE}, budget, sync_forward=None)
+            runs += 2
+            if not redo.feasible:
+                r[x] = float("inf")
+                continue
+            trials[x] = redo
+            swap_cost, redo_cost = current.time - kept, redo.time - kept
+            if swap_cost > 1e-12:
+                r[x] = redo_cost / swap_cost
+            else:
+                r[x] = 0.0 if redo_cost < swap_cost - 1e-12 else float("inf")
+        pool = [x for x in pool if r.get(x, float("inf")) < 1.0]
+        if not pool:
+            break
+        chosen = min(pool, key=lambda x: (r[x], x))
+        pool.remove(chosen)
+        ratios[chosen] = r[chosen]
+        current = trials[chosen]
+        classes = dict(current.classes)
+    return classes, current.time, ratios
+
+
+@pytest.mark.parametrize("bandwidth,fraction,limit", [(1e4, 0.2, 3000), (5e3, 0.5, 3000),
+                                                      (5e3, 0.05, 3000), (1e4, 0.3, 7)])
+def test_step2_skips_only_keep_runs_that_cannot_matter(bandwidth, fraction, limit, monkeypatch):
+    """Step 2 skips the keep run of a map whose recompute run is infeasible or no faster
+    than the current classification (its r(X) >= 1 whatever that run gives), yet counts it:
+    the classification, the ratios and the step equal the paper's loop with every run made
+    (also when the evaluation limit cuts a round short), and fewer runs are simulated than
+    counted."""
+    g, ctx = chain_ctx(bandwidth, units=6, fraction=fraction)
+    p = profile(g, bandwidth)
+    budget = float(ctx.budget)
+    step1 = classify(p, budget, step2_evaluations=0)  # step 1's classification alone
+    calls = [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(sys.modules[classify.__module__], "evaluate", counted)
+    got = classify(p, budget, step2_evaluations=limit)
+    want_classes, want_time, want_ratios = _reference_step2(p, budget, step1.evaluation, limit)
+    assert got.classes == want_classes and got.evaluation.time == want_time
+    assert got.ratios == want_ratios and got.ratios  # something was recomputed
+    assert 0 < got.step2_evaluations <= limit + 1  # a pair of runs may pass the limit
+    counted_runs = got.step1_evaluations + got.step2_evaluations
+    assert calls[0] < counted_runs if limit > 100 else calls[0] <= counted_runs  # skipped

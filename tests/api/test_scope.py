@@ -19,7 +19,7 @@ from outcore.graph.ir import TensorKind
 from outcore.plan.memory import memory_curve
 from outcore.plan.residency import TRANSIENT, no_workspace, residency_steps
 from outcore.plan.schedule import Compute
-from outcore.plan.scope import scoped_curve
+from outcore.plan.scope import SCRATCH, scoped_curve
 from outcore.runtime.devices.allocator_peak import allocator_peak
 from outcore.runtime.devices.factory import make_device
 from outcore.runtime.executor import Executor
@@ -45,8 +45,9 @@ def _plan(graph, budget, **kw):
 def activation_bytes(graph, schedule) -> list[int]:
     """Per instruction, the real graph's device bytes (the memory rule's replay) less the
     resident storages of parameters, buffers, inputs and parameters' gradients, plus, at a
-    Compute of the op that makes a parameter's gradient, its bytes (the kernel's scratch may
-    hold them); written here from the definition, not with ``outcore.plan.scope``."""
+    Compute of the op that makes a parameter's gradient, its measured scratch beyond its
+    temporaries (the kernel may build the gradient in scratch); written here from the
+    definition, not with ``outcore.plan.scope``'s functions."""
     params = {t.source for t in graph.tensors
               if t.kind in (TensorKind.PARAMETER, TensorKind.INPUT) and t.source}
     left_out = {t.storage for t in graph.tensors
@@ -54,11 +55,14 @@ def activation_bytes(graph, schedule) -> list[int]:
     left_out |= {graph.tensors[o].storage for o in graph.outputs
                  if graph.tensors[o].kind is TensorKind.GRADIENT
                  and graph.tensors[o].source.removeprefix("grad:") in params}
-    made: dict[int, int] = {}  # op -> bytes of the parameters' gradients it makes
+    scratch = graph.meta.get(SCRATCH)  # measured: what the op held and freed again
+    made: dict[int, int] = {}  # op -> what the scope charges it beyond its temporaries
     for s in left_out:
         t = graph.tensors[s]
         if t.kind is TensorKind.GRADIENT and t.producer is not None:
-            made[t.producer] = made.get(t.producer, 0) + t.nbytes
+            op = graph.ops[t.producer]
+            made[op.id] = (max(0, scratch[op.id] - op.temporaries) if scratch
+                           else made.get(op.id, 0) + t.nbytes)
     held, out = 0, []
     for step in residency_steps(graph, schedule):
         for a in step.allocations:
@@ -182,12 +186,15 @@ def test_the_allocators_activation_peak_is_bounded_by_the_scoped_peak(name):
     """On the ResNet, the CPU's convolution backward builds the weight gradient in scratch
     and then allocates it: with the gradient left out and its bytes not kept on the op, the
     step measured 4,608 B above the scoped peak (resnet20-cifar small, unbounded, session
-    15)."""
+    15). Charging every such op its gradient's bytes instead bounded it but, on the quick
+    ResNet-18 of ``benchmarks/vs_pytorch.py``, 9.4 MB too high (a 3x3 512-channel
+    convolution that builds no scratch): the measured scratch keeps the bound within 3%."""
     w, graph = _workload(name)
     for budget in (None, _between(graph)):
         planned = _plan(graph, budget, scope="activations")
         measured = _measured_activation_peak(w, planned)
         assert measured <= planned.scoped_peak, (budget, measured, planned.scoped_peak)
+        assert measured >= 0.97 * planned.scoped_peak, (budget, measured, planned.scoped_peak)
 
 
 def test_scoped_curve_is_the_real_curve_less_the_left_out_storages():

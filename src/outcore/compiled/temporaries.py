@@ -21,6 +21,7 @@ import torch
 from outcore.capture.convert import NodeMap
 from outcore.cost.measure_temporaries import _profiled, _run_alone
 from outcore.graph.ir import Graph, OpCategory
+from outcore.plan.scope import SCRATCH
 
 #: Op families Inductor runs as library kernels (with scratch of their own).
 EXTERN = (OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION)
@@ -36,7 +37,10 @@ def measure_extern(graph: Graph, nodes: NodeMap, *, seed: int = 0) -> int:
     fx_nodes = [node for _, node in chosen]
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         _run_alone(fx_nodes, seed)  # warm up: lazy initialisations are not temporaries
-        measured = _profiled(lambda: _run_alone(fx_nodes, seed), len(fx_nodes))
-    for (op, _), nbytes in zip(chosen, measured, strict=True):
+        measured, scratch = _profiled(lambda: _run_alone(fx_nodes, seed), len(fx_nodes))
+    held = [op.temporaries for op in graph.ops]  # the scope's charge (``plan.scope.SCRATCH``)
+    for (op, _), nbytes, extra in zip(chosen, measured, scratch, strict=True):
         op.temporaries = int(nbytes)
+        held[op.id] = max(int(nbytes), int(extra))
+    graph.meta[SCRATCH] = held
     return len(chosen)

@@ -29,6 +29,7 @@ from outcore.cost.measure_ops import _arguments
 from outcore.errors import ProfileError
 from outcore.graph.ir import Graph
 from outcore.plan.residency import RNG_STATE_BYTES
+from outcore.plan.scope import SCRATCH
 from outcore.runtime.devices.allocator_peak import allocation_events
 
 #: ``graph.meta`` key of the measured temporaries (a list, one int per op).
@@ -162,25 +163,51 @@ def _in_step(graph: Graph, batch: Any, scope: Callable[[str], Any] | None = None
     return step
 
 
-def _profiled(run: Callable[[], None], ops: int) -> list[int]:
-    """Per op: the CPU allocator's transient bytes of its record_function (module doc)."""
+def _scratch(events: list[tuple[int, int, int]]) -> int:
+    """Peak of the bytes the call allocated and freed again before returning (its results,
+    blocks still allocated at its end, left out; frees of older blocks ignored)."""
+    open_at: dict[int, int] = {}
+    for i, (_, ptr, size) in enumerate(events):
+        if size > 0:
+            open_at[ptr] = i
+        elif size < 0:
+            open_at.pop(ptr, None)
+    results = set(open_at.values())
+    mine: set[int] = set()
+    live = peak = 0
+    for i, (_, ptr, size) in enumerate(events):
+        if size > 0 and i not in results:
+            mine.add(ptr)
+            live += size
+        elif size < 0 and ptr in mine:
+            mine.discard(ptr)
+            live += size
+        peak = max(peak, live)
+    return peak
+
+
+def _profiled(run: Callable[[], None], ops: int) -> tuple[list[int], list[int]]:
+    """Per op: the CPU allocator's transient bytes of its record_function (module doc), and
+    its scratch (``_scratch``)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     result = [0] * ops
+    scratch = [0] * ops
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         name = node.name
         if name.startswith("outcore_op_"):
-            sizes = [size for _, _, size in allocation_events([node])]
+            events = allocation_events([node])
             op = int(name.removeprefix("outcore_op_"))
             if op >= 0:
-                result[op] = max(result[op], _transient(sizes))
+                result[op] = max(result[op], _transient([size for _, _, size in events]))
+                scratch[op] = max(scratch[op], _scratch(events))
             continue
         stack.extend(node.children)
-    return result
+    return result, scratch
 
 
 def _no_scope(name: str) -> Any:
@@ -273,6 +300,7 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
         else:
             _run_alone(nodes, seed, cuda)
 
+    scratch: list[int] | None = None
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):  # random ops draw as eager's
         run()  # warm up: lazy initialisations are not temporaries
@@ -283,11 +311,15 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
             run()
             result = cuda.result
         else:
-            result = _profiled(run, len(graph.ops))
+            result, scratch = _profiled(run, len(graph.ops))
     if outputs is not None:  # returned storages the graph drops die with the instruction
         result = [t + d for t, d in zip(result, outputs.dropped, strict=True)]
+        if scratch is not None:
+            scratch = [t + d for t, d in zip(scratch, outputs.dropped, strict=True)]
         outputs.apply()
     set_temporaries(graph, result)
+    if scratch is not None:
+        graph.meta[SCRATCH] = [max(a, b) for a, b in zip(scratch, result, strict=True)]
     graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result
 

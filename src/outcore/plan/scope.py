@@ -18,17 +18,19 @@
   activation-scoped plan's ``scoped_peak`` bounds once kernel temporaries are measured.
 
 An activation-scoped plan is made on a *scoped copy* of the graph (``scoped_copy``): the same
-tensors and ops, with every scoped-out storage carrying 0 bytes, every policy unchanged, and
-each parameter's gradient's bytes added to the kernel temporaries of the op that makes it: a
-kernel may build its output in scratch and copy it out (the CPU's convolution backward holds
-a weight-gradient-sized buffer, then allocates the gradient itself; resnet20-cifar's
-executor step measured 4,608 B above a scope that left both out, session 15). The schedule
-is then attached to the real graph. Invariant (the memory rule counts a storage's bytes while
-it is resident, a transient only for a recomputed or re-made output, which a scoped-out
-storage never is, and an op's temporaries during its Compute): at every instruction, the
-copy's device bytes equal the real graph's less the bytes of the scoped-out storages
-resident there, plus, at a Compute of an op that makes a parameter's gradient, that
-gradient's bytes (``scoped_curve``).
+tensors and ops, with every scoped-out storage carrying 0 bytes, every policy unchanged. A
+kernel may build its result in scratch and allocate the result after (the CPU's convolution
+backward holds a weight-gradient-sized buffer, then allocates the gradient: resnet20-cifar's
+executor step measured 4,608 B above a scope that left both out, session 15); so an op that
+makes a parameter's gradient is charged, in the copy, its measured scratch
+(``SCRATCH``, when ``measure_temporaries`` ran on the CPU)
+instead of its temporaries, or, unmeasured, its temporaries plus the gradient's bytes. The
+schedule is then attached to the real graph. Invariant (the memory rule counts a storage's
+bytes while it is resident, a transient only for a recomputed or re-made output, which a
+scoped-out storage never is, and an op's temporaries during its Compute): at every
+instruction, the copy's device bytes equal the real graph's less the bytes of the scoped-out
+storages resident there, plus, at a Compute of an op that makes a parameter's gradient, what
+the copy charges that op beyond its temporaries (``scoped_curve``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ SCOPES = (STEP, ACTIVATIONS)
 #: ``Graph.meta`` key marking a scoped copy (its value: the scope)
 SCOPED = "_outcore_scope"
 _GRAD = "grad:"
+#: ``graph.meta`` key of each op's *scratch* on the CPU (a list, one int per op, written by
+#: ``outcore.cost.measure_temporaries``): the most bytes its call held at once that it freed
+#: again before returning, whatever it had already returned (at least its temporaries). An
+#: activation-scoped plan charges it on an op whose result is left out of the scope (module
+#: doc).
+SCRATCH = "op_scratch"
 #: Kinds whose storages an activation-scoped budget leaves out (with the parameters'
 #: gradients): what the step finds allocated when it starts. Tangents stay in (module doc).
 SCOPED_OUT_KINDS = frozenset({TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.INPUT})
@@ -94,9 +102,16 @@ def scoped_copy(graph: Graph) -> Graph:
     tensors = [replace(t, nbytes=0, consumers=list(t.consumers)) if t.id in out
                else replace(t, consumers=list(t.consumers)) for t in graph.tensors]
     ops = [copy.deepcopy(op) for op in graph.ops]
+    found = graph.meta.get(SCRATCH)
+    scratch: list[int] = found if isinstance(found, list) else []
+    measured = len(scratch) == len(ops)
     for g in dict.fromkeys(graph.tensors[t].storage for t in parameter_gradients(graph)):
         made_by = graph.tensors[g].producer
-        if made_by is not None:  # its kernel may hold its bytes as scratch (module doc)
+        if made_by is None:
+            continue
+        if measured:  # the kernel's measured scratch (module doc)
+            ops[made_by].temporaries = max(ops[made_by].temporaries, int(scratch[made_by]))
+        else:  # not measured: the kernel may hold the gradient's bytes as scratch
             ops[made_by].temporaries += graph.tensors[g].nbytes
     meta = {k: v for k, v in graph.meta.items() if not k.startswith("_outcore_lowest")}
     meta[SCOPED] = ACTIVATIONS

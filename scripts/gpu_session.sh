@@ -18,6 +18,8 @@
 #   speed      benchmarks/cuda_speed.py; SPEED_ARGS (default: GPT-2 at 50%, three policies)
 #   calibrate  benchmarks/cuda_calibrate.py, profile written under $OUT/profiles
 #   hostmem    benchmarks/host_memory.py --cuda --small
+#   inductor   benchmarks/cuda_inductor_check.py $INDUCTOR_ARGS (default: the large GPT):
+#              outcore.inductor_backend against eager and torch.compile's activation budget
 #   py:FILE    PYTHONPATH=src python3 FILE (a prepared check)
 set -u
 cd "$(dirname "$0")/.."
@@ -60,6 +62,8 @@ torch.backends.cudnn.version()); import outcore; print(\"outcore\", outcore.__ve
       --json "$OUT/logs/speed.json" >"$log" 2>&1 ;;
     calibrate*) timeout -k 5 "$limit" $PY benchmarks/cuda_calibrate.py --out "$OUT/profiles" \
       ${CALIBRATE_ARGS:-} >"$log" 2>&1 ;;
+    inductor*) timeout -k 5 "$limit" $PY benchmarks/cuda_inductor_check.py \
+      ${INDUCTOR_ARGS:---size large --rounds 11} --json "$OUT/logs/inductor.json" >"$log" 2>&1 ;;
     hostmem*) timeout -k 5 "$limit" $PY benchmarks/host_memory.py --cuda --small >"$log" 2>&1 ;;
     py:*) timeout -k 5 "$limit" $PY "$file" >"$log" 2>&1 ;;
     *) echo "unknown stage $spec" >"$log"; false ;;

@@ -104,6 +104,13 @@ class InductorBackend:
 
         from .recompute_order import KeepRecomputeInPlace
 
+        if not (hasattr(functorch_config, "force_non_lazy_backward_lowering")
+                and hasattr(V, "set_choices_handler")):
+            # torch 2.13 has both; an older torch (a GPU image's) compiles as Inductor likes
+            warnings.warn(f"outcore.inductor_backend: torch {torch.__version__} lacks "
+                          "Inductor's choices handler or eager backward lowering; "
+                          "recompute_in_place has no effect", OutcoreWarning, stacklevel=3)
+            return nullcontext()
         stack = ExitStack()
         stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
         stack.enter_context(V.set_choices_handler(KeepRecomputeInPlace()))

@@ -1,0 +1,232 @@
+"""``outcore.inductor_backend`` on a GPU: what it computes, its peak against the plan's, its
+speed beside ``torch.compile``'s own ``activation_memory_budget``.
+
+One compile per row (a fresh deep copy of the model each), the vs_pytorch GPT (``--size``):
+
+* ``eager``: the reference (``loss.backward()``);
+* ``compile``: ``torch.compile`` (``activation_memory_budget`` 1.0, PyTorch's default);
+* ``compile@B``: ``torch.compile`` with ``activation_memory_budget`` = B (``--compile-budget``);
+* ``outcore+inductor``: ``outcore.inductor_backend(None)`` (unbounded: the fastest plan);
+* ``outcore+inductor@compile@B``: ``outcore.inductor_backend(A, scope="activations")`` with A
+  the activation peak ``compile@B`` measured: one compile, no budget search (vs_pytorch's
+  ``InductorMatcher`` searches; each try is a compile, too dear for a device lease).
+
+Every row draws dropout from eager's generator (Inductor's ``fallback_random``), so at one seed
+every row draws eager's masks and computes eager's step up to rounding. Matmuls run in full
+float32 (TF32 off) so that the error printed is the kernels' rounding, not TF32's.
+
+Per row: the loss's and gradients' relative error against eager (the largest
+``||g - g_eager|| / ||g_eager||`` over the parameters), the step peak and activation peak
+(``bench_device.Target.step_peaks``: CUDA's caching allocator over the step), for outcore's
+rows the plan's prediction of the step peak (``caching_allocator_bound`` of the partition's
+plan less what the step finds allocated: the bound the CUDA suite checks for the executor)
+and whether the measured peak is within it; the median step time over ``--rounds``
+interleaved rounds and the paired ratio of each outcore row to ``compile@B``.
+
+    PYTHONPATH=src python3 benchmarks/cuda_inductor_check.py --device cuda --size large
+    PYTHONPATH=src python benchmarks/cuda_inductor_check.py --device cpu --size quick --rounds 3
+
+``--device cpu`` runs the same rows on this CPU (the check of the script itself; peaks from
+the CPU allocator's events, predictions without the caching allocator's blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import outcore
+from outcore.compiled import InductorRoundingWarning
+
+sys.path.insert(0, str(Path(__file__).parent))
+import vs_pytorch as vs  # sibling modules of this script
+from bench_device import Target
+from paired import paired_ratio, round_order
+from vs_workloads import WORKLOADS, Workload
+
+
+def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def seeded_run(step: Callable[[], Any], model: nn.Module,
+               seed: int) -> tuple[float, list[torch.Tensor | None]]:
+    """The loss and gradients of one step at ``seed`` (gradients reset before)."""
+    vs.zero_grad(model)
+    torch.manual_seed(seed)
+    loss = float(step())
+    return loss, grads_of(model)
+
+
+def relative_error(got: list[torch.Tensor | None], ref: list[torch.Tensor | None]) -> float:
+    """The largest per-parameter ``||got - ref|| / ||ref||`` (inf when a gradient is missing)."""
+    worst = 0.0
+    for g, r in zip(got, ref, strict=True):
+        if r is None and g is None:
+            continue
+        if r is None or g is None:
+            return float("inf")
+        worst = max(worst, float((g.double() - r.double()).norm()
+                                 / r.double().norm().clamp_min(1e-30)))
+    return worst
+
+
+def compiled_peer(w: Workload, budget: float) -> tuple[Callable[[], Any], nn.Module]:
+    """``torch.compile`` of a fresh copy at ``activation_memory_budget`` = ``budget``; the
+    compile runs here (first step)."""
+    import torch._functorch.config as fconfig
+
+    fconfig.activation_memory_budget = budget
+    m = copy.deepcopy(w.model)
+    step = vs.eager_step(torch.compile(m, options={"fallback_random": True}), w)
+    step()
+    return step, m
+
+
+def outcore_row(w: Workload, budget: int | None,
+                scope: str) -> tuple[Callable[[], Any], nn.Module, int, str]:
+    """A fresh copy under ``outcore.inductor_backend(budget, scope=scope)``, compiled; returns
+    the step, the copy, the plan's predicted step peak over the step (what the step finds
+    allocated left out) and a note."""
+    from outcore.plan.allocator_rounding import caching_allocator_bound
+    from outcore.runtime.devices.allocator_peak import held_before
+
+    vs.SCOPE[0] = scope
+    step, m, part = vs.inductor_step(w, budget)
+    parts = getattr(part, "parts", [part])
+    predicted = 0
+    for p in parts:
+        g, s = p.planned.graph, p.planned.schedule
+        rule = caching_allocator_bound(g, s) if vs.TARGET[0].cuda else p.predicted_peak
+        predicted = max(predicted, rule - held_before(g))
+    note = vs._inductor_note(budget, part)
+    return step, m, predicted, note
+
+
+def run(w: Workload, compile_budget: float, rounds: int,
+        log: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    steps: dict[str, tuple[Callable[[], Any], nn.Module]] = {}
+    eager = vs.eager_step(w.model, w)
+    ref_loss, ref_grads = seeded_run(eager, w.model, 0)
+    steps["eager"] = (eager, w.model)
+    rows["eager"] = {"note": ""}
+
+    def add(name: str, make: Callable[[], tuple[Callable[[], Any], nn.Module, int | None, str]]
+            ) -> None:
+        t0 = time.perf_counter()
+        try:
+            step, model, predicted, note = make()
+        except Exception as exc:  # noqa: BLE001 (a failed row is reported, the rest still run)
+            log(f"  {name}: FAILED {type(exc).__name__}: {exc}")
+            rows[name] = {"note": f"FAILED {type(exc).__name__}: {str(exc)[:200]}"}
+            return
+        took = time.perf_counter() - t0
+        loss, grads = seeded_run(step, model, 0)
+        rows[name] = {"note": note, "compile_s": took, "predicted": predicted,
+                      "loss_err": abs(loss - ref_loss) / max(abs(ref_loss), 1e-30),
+                      "grad_err": relative_error(grads, ref_grads)}
+        steps[name] = (step, model)
+        log(f"  {name}: compiled in {took:.0f} s, loss error {rows[name]['loss_err']:.2e}, "
+            f"gradient error {rows[name]['grad_err']:.2e}")
+
+    def peer(b: float) -> tuple[Callable[[], Any], nn.Module, None, str]:
+        s, m = compiled_peer(w, b)
+        return s, m, None, f"activation_memory_budget {b}"
+
+    add("compile", lambda: peer(1.0))
+    add(f"compile@{compile_budget}", lambda: peer(compile_budget))
+    add("outcore+inductor", lambda: outcore_row(w, None, "step"))
+    for name, (step, model) in steps.items():
+        rows[name]["activation"], rows[name]["step_peak"] = vs.peaks(step, model)
+    target = rows.get(f"compile@{compile_budget}", {}).get("activation")
+    if target:
+        name = f"outcore+inductor@compile@{compile_budget}"
+        add(name, lambda: outcore_row(w, int(target), "activations"))
+        if name in steps:
+            rows[name]["activation"], rows[name]["step_peak"] = vs.peaks(*steps[name])
+    for name in steps:
+        rows[name]["seconds"] = []
+    for _ in range(rounds):
+        for name in round_order(list(steps)):
+            step, model = steps[name]
+            vs.zero_grad(model)
+            rows[name]["seconds"].append(vs.TARGET[0].timed(step))
+    return [{"tool": k, **v} for k, v in rows.items()]
+
+
+def report(rows: list[dict[str, Any]], compile_budget: float) -> str:
+    by = {r["tool"]: r for r in rows}
+    e = by["eager"]
+    out = [("| tool | loss err | grad err | step peak MiB | activation MiB | predicted step "
+            "peak MiB | within | step ms (median) | / eager | note |"),
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "seconds" not in r:
+            out.append(f"| {r['tool']} | | | | | | | | | {r['note']} |")
+            continue
+        ms = statistics.median(r["seconds"]) * 1e3
+        pred = r.get("predicted")
+        within = "" if pred is None else ("yes" if r["step_peak"] <= pred else
+                                          f"NO (+{r['step_peak'] - pred:,} B)")
+        out.append(
+            f"| {r['tool']} | {r.get('loss_err', 0):.1e} | {r.get('grad_err', 0):.1e} | "
+            f"{r['step_peak'] / 2**20:.1f} | {r['activation'] / 2**20:.1f} | "
+            f"{'' if pred is None else f'{pred / 2**20:.1f}'} | {within} | {ms:.2f} | "
+            f"{ms / (statistics.median(e['seconds']) * 1e3):.2f} | {r['note']} |")
+    peer = by.get(f"compile@{compile_budget}")
+    for r in rows:
+        if r["tool"].startswith("outcore") and "seconds" in r and peer and "seconds" in peer:
+            p = paired_ratio(r["seconds"], peer["seconds"])
+            out.append(f"* {r['tool']} / compile@{compile_budget}: paired {p.verdict}: "
+                       f"{p.text()}; activation {r['activation'] / 2**20:.1f} vs "
+                       f"{peer['activation'] / 2**20:.1f} MiB")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--size", choices=["quick", "full", "large"], default="large")
+    parser.add_argument("--compile-budget", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    vs.TARGET[0] = Target.of(args.device)
+    warnings.simplefilter("ignore", InductorRoundingWarning)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    w = WORKLOADS["gpt"](args.size)
+    w.model, w.batch = vs.TARGET[0].move(w.model, w.batch)
+    where = (f"{torch.cuda.get_device_name()} (profile {vs.TARGET[0].gpu})"
+             if vs.TARGET[0].cuda else "this CPU")
+    log(f"{w.about}; torch {torch.__version__}, {where}; outcore {outcore.__version__}")
+    rows = run(w, args.compile_budget, args.rounds, log)
+    print(f"torch {torch.__version__}, {where}, {args.rounds} rounds, {w.about}\n")
+    print(report(rows, args.compile_budget))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

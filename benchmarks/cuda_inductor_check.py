@@ -4,8 +4,15 @@ speed beside ``torch.compile``'s own ``activation_memory_budget``.
 One compile per row (a fresh deep copy of the model each), the vs_pytorch GPT (``--size``):
 
 * ``eager``: the reference (``loss.backward()``);
-* ``compile``: ``torch.compile`` (``activation_memory_budget`` 1.0, PyTorch's default);
-* ``compile@B``: ``torch.compile`` with ``activation_memory_budget`` = B (``--compile-budget``);
+* ``compile``: Inductor (``compile_fx``) with ``activation_memory_budget`` 1.0, PyTorch's
+  default;
+* ``compile@B``: the same with ``activation_memory_budget`` = B, for each B of
+  ``--compile-budgets``. Each peer is compiled with a backend of its own, a function that
+  sets the budget around ``compile_fx``, where ``torch.compile``'s own
+  ``backend="inductor"`` would let dynamo hand the second model the first one's compiled
+  code (the same code object, an equal backend: the first GPU run's ``compile@0.5`` was
+  ``compile``'s, compiled in 0 s); AOTAutograd's cache is off, as the budget may not be in
+  its key;
 * ``outcore+inductor``: ``outcore.inductor_backend(None)`` (unbounded: the fastest plan);
 * ``outcore+inductor@compile@B``: ``outcore.inductor_backend(A, scope="activations")`` with A
   the activation peak ``compile@B`` measured: one compile, no budget search (vs_pytorch's
@@ -56,6 +63,17 @@ from paired import paired_ratio, round_order
 from vs_workloads import WORKLOADS, Workload
 
 
+def gpt(size: str, dropout: float) -> Workload:
+    """vs_pytorch's GPT (``vs_workloads.gpt``) with ``dropout``."""
+    w = WORKLOADS["gpt"](size)
+    if dropout != 0.1:
+        for mod in w.model.modules():
+            if isinstance(mod, nn.Dropout):
+                mod.p = dropout
+        w.about = w.about.replace("dropout 0.1", f"dropout {dropout}")
+    return w
+
+
 def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
@@ -82,14 +100,23 @@ def relative_error(got: list[torch.Tensor | None], ref: list[torch.Tensor | None
     return worst
 
 
+#: the peers' Inductor ``fallback_random`` (``--peer-random``): True = eager's generator
+PEER_FALLBACK = [True]
+
+
 def compiled_peer(w: Workload, budget: float) -> tuple[Callable[[], Any], nn.Module]:
     """``torch.compile`` of a fresh copy at ``activation_memory_budget`` = ``budget``; the
     compile runs here (first step)."""
     import torch._functorch.config as fconfig
+    from torch._inductor.compile_fx import compile_fx
 
-    fconfig.activation_memory_budget = budget
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        with fconfig.patch(activation_memory_budget=budget, enable_autograd_cache=False):
+            return compile_fx(gm, inputs,
+                              config_patches={"fallback_random": PEER_FALLBACK[0]})
+
     m = copy.deepcopy(w.model)
-    step = vs.eager_step(torch.compile(m, options={"fallback_random": True}), w)
+    step = vs.eager_step(torch.compile(m, backend=backend, dynamic=False), w)
     step()
     return step, m
 
@@ -114,12 +141,12 @@ def outcore_row(w: Workload, budget: int | None,
     return step, m, predicted, note
 
 
-def run(w: Workload, compile_budget: float, rounds: int,
+def run(w: Workload, compile_budgets: list[float], rounds: int,
         log: Callable[[str], None]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     steps: dict[str, tuple[Callable[[], Any], nn.Module]] = {}
     eager = vs.eager_step(w.model, w)
-    ref_loss, ref_grads = seeded_run(eager, w.model, 0)
+    refs = {"eager": seeded_run(eager, w.model, 0)}
     steps["eager"] = (eager, w.model)
     rows["eager"] = {"note": ""}
 
@@ -134,26 +161,36 @@ def run(w: Workload, compile_budget: float, rounds: int,
             return
         took = time.perf_counter() - t0
         loss, grads = seeded_run(step, model, 0)
-        rows[name] = {"note": note, "compile_s": took, "predicted": predicted,
-                      "loss_err": abs(loss - ref_loss) / max(abs(ref_loss), 1e-30),
-                      "grad_err": relative_error(grads, ref_grads)}
+        # a peer on Inductor's own generator draws other masks than eager: its reference is
+        # the budget-1.0 peer on the same generator at the same seed (same draws)
+        own = name.startswith("compile") and not PEER_FALLBACK[0]
+        ref = "compile" if own else "eager"
+        if own and name == "compile":
+            refs["compile"] = (loss, grads)
+        r_loss, r_grads = refs[ref]
+        rows[name] = {"note": note, "compile_s": took, "predicted": predicted, "vs": ref,
+                      "loss_err": abs(loss - r_loss) / max(abs(r_loss), 1e-30),
+                      "grad_err": relative_error(grads, r_grads)}
         steps[name] = (step, model)
-        log(f"  {name}: compiled in {took:.0f} s, loss error {rows[name]['loss_err']:.2e}, "
-            f"gradient error {rows[name]['grad_err']:.2e}")
+        log(f"  {name}: compiled in {took:.0f} s, against {ref}: loss error "
+            f"{rows[name]['loss_err']:.2e}, gradient error {rows[name]['grad_err']:.2e}")
 
     def peer(b: float) -> tuple[Callable[[], Any], nn.Module, None, str]:
         s, m = compiled_peer(w, b)
         return s, m, None, f"activation_memory_budget {b}"
 
     add("compile", lambda: peer(1.0))
-    add(f"compile@{compile_budget}", lambda: peer(compile_budget))
+    for b in compile_budgets:
+        add(f"compile@{b}", lambda b=b: peer(b))  # type: ignore[misc]
     add("outcore+inductor", lambda: outcore_row(w, None, "step"))
     for name, (step, model) in steps.items():
         rows[name]["activation"], rows[name]["step_peak"] = vs.peaks(step, model)
-    target = rows.get(f"compile@{compile_budget}", {}).get("activation")
-    if target:
-        name = f"outcore+inductor@compile@{compile_budget}"
-        add(name, lambda: outcore_row(w, int(target), "activations"))
+    for b in compile_budgets:
+        target = rows.get(f"compile@{b}", {}).get("activation")
+        if not target:
+            continue
+        name = f"outcore+inductor@compile@{b}"
+        add(name, lambda t=target: outcore_row(w, int(t), "activations"))  # type: ignore[misc]
         if name in steps:
             rows[name]["activation"], rows[name]["step_peak"] = vs.peaks(*steps[name])
     for name in steps:
@@ -166,31 +203,34 @@ def run(w: Workload, compile_budget: float, rounds: int,
     return [{"tool": k, **v} for k, v in rows.items()]
 
 
-def report(rows: list[dict[str, Any]], compile_budget: float) -> str:
+def report(rows: list[dict[str, Any]]) -> str:
     by = {r["tool"]: r for r in rows}
     e = by["eager"]
-    out = [("| tool | loss err | grad err | step peak MiB | activation MiB | predicted step "
-            "peak MiB | within | step ms (median) | / eager | note |"),
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [("| tool | against | loss err | grad err | step peak MiB | activation MiB | "
+            "predicted step peak MiB | within | step ms (median) | / eager | note |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "seconds" not in r:
-            out.append(f"| {r['tool']} | | | | | | | | | {r['note']} |")
+            out.append(f"| {r['tool']} | | | | | | | | | | {r['note']} |")
             continue
         ms = statistics.median(r["seconds"]) * 1e3
         pred = r.get("predicted")
         within = "" if pred is None else ("yes" if r["step_peak"] <= pred else
                                           f"NO (+{r['step_peak'] - pred:,} B)")
         out.append(
-            f"| {r['tool']} | {r.get('loss_err', 0):.1e} | {r.get('grad_err', 0):.1e} | "
+            f"| {r['tool']} | {r.get('vs', '')} | {r.get('loss_err', 0):.1e} | "
+            f"{r.get('grad_err', 0):.1e} | "
             f"{r['step_peak'] / 2**20:.1f} | {r['activation'] / 2**20:.1f} | "
             f"{'' if pred is None else f'{pred / 2**20:.1f}'} | {within} | {ms:.2f} | "
             f"{ms / (statistics.median(e['seconds']) * 1e3):.2f} | {r['note']} |")
-    peer = by.get(f"compile@{compile_budget}")
-    for r in rows:
-        if r["tool"].startswith("outcore") and "seconds" in r and peer and "seconds" in peer:
+    for r in rows:  # each outcore row against its peer (the unbounded one: compile's default)
+        if not r["tool"].startswith("outcore") or "seconds" not in r:
+            continue
+        peer = by.get(r["tool"].partition("@")[2] or "compile", {})
+        if "seconds" in peer:
             p = paired_ratio(r["seconds"], peer["seconds"])
-            out.append(f"* {r['tool']} / compile@{compile_budget}: paired {p.verdict}: "
-                       f"{p.text()}; activation {r['activation'] / 2**20:.1f} vs "
+            out.append(f"* {r['tool']} / {peer['tool']}: paired {p.verdict}: {p.text()}; "
+                       f"activation {r['activation'] / 2**20:.1f} vs "
                        f"{peer['activation'] / 2**20:.1f} MiB")
     return "\n".join(out)
 
@@ -199,8 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--size", choices=["quick", "full", "large"], default="large")
-    parser.add_argument("--compile-budget", type=float, default=0.5)
+    parser.add_argument("--compile-budgets", type=float, nargs="+", default=[0.5, 0.2])
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--peer-random", choices=["eager", "inductor"], default="eager",
+                        help="the compile peers' dropout: eager's generator (fallback_random, "
+                             "as outcore's rows) or Inductor's own (PyTorch's default; its "
+                             "masks are not eager's, so its gradient error is not rounding)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -214,14 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    w = WORKLOADS["gpt"](args.size)
+    PEER_FALLBACK[0] = args.peer_random == "eager"
+    w = gpt(args.size, args.dropout)
     w.model, w.batch = vs.TARGET[0].move(w.model, w.batch)
     where = (f"{torch.cuda.get_device_name()} (profile {vs.TARGET[0].gpu})"
              if vs.TARGET[0].cuda else "this CPU")
     log(f"{w.about}; torch {torch.__version__}, {where}; outcore {outcore.__version__}")
-    rows = run(w, args.compile_budget, args.rounds, log)
-    print(f"torch {torch.__version__}, {where}, {args.rounds} rounds, {w.about}\n")
-    print(report(rows, args.compile_budget))
+    rows = run(w, args.compile_budgets, args.rounds, log)
+    print(f"torch {torch.__version__}, {where}, {args.rounds} rounds, {w.about}; compile "
+          f"peers' dropout on {args.peer_random}'s generator\n")
+    print(report(rows))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

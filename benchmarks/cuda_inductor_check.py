@@ -40,7 +40,6 @@ the CPU allocator's events, predictions without the caching allocator's blocks).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -60,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import vs_pytorch as vs  # sibling modules of this script
 from bench_device import Target
 from paired import paired_ratio, round_order
+from peer_gradients import budget_compile, relative_error, seeded_run
 from vs_workloads import WORKLOADS, Workload
 
 
@@ -74,51 +74,17 @@ def gpt(size: str, dropout: float) -> Workload:
     return w
 
 
-def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
-
-
-def seeded_run(step: Callable[[], Any], model: nn.Module,
-               seed: int) -> tuple[float, list[torch.Tensor | None]]:
-    """The loss and gradients of one step at ``seed`` (gradients reset before)."""
-    vs.zero_grad(model)
-    torch.manual_seed(seed)
-    loss = float(step())
-    return loss, grads_of(model)
-
-
-def relative_error(got: list[torch.Tensor | None], ref: list[torch.Tensor | None]) -> float:
-    """The largest per-parameter ``||got - ref|| / ||ref||`` (inf when a gradient is missing)."""
-    worst = 0.0
-    for g, r in zip(got, ref, strict=True):
-        if r is None and g is None:
-            continue
-        if r is None or g is None:
-            return float("inf")
-        worst = max(worst, float((g.double() - r.double()).norm()
-                                 / r.double().norm().clamp_min(1e-30)))
-    return worst
-
-
 #: the peers' Inductor ``fallback_random`` (``--peer-random``): True = eager's generator
 PEER_FALLBACK = [True]
 
 
 def compiled_peer(w: Workload, budget: float) -> tuple[Callable[[], Any], nn.Module]:
-    """``torch.compile`` of a fresh copy at ``activation_memory_budget`` = ``budget``; the
-    compile runs here (first step)."""
-    import torch._functorch.config as fconfig
-    from torch._inductor.compile_fx import compile_fx
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
-        with fconfig.patch(activation_memory_budget=budget, enable_autograd_cache=False):
-            return compile_fx(gm, inputs,
-                              config_patches={"fallback_random": PEER_FALLBACK[0]})
-
-    m = copy.deepcopy(w.model)
-    step = vs.eager_step(torch.compile(m, backend=backend, dynamic=False), w)
+    """Inductor on a fresh copy at ``activation_memory_budget`` = ``budget``, a backend of its
+    own (``peer_gradients.budget_compile``); the compile runs here (first step)."""
+    cm = budget_compile(w.model, budget, PEER_FALLBACK[0])
+    step = vs.eager_step(cm, w)
     step()
-    return step, m
+    return step, cm
 
 
 def outcore_row(w: Workload, budget: int | None,

@@ -94,6 +94,7 @@ from outcore.runtime.executor import Executor
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_device import Target  # sibling modules of this script
 from paired import paired_ratio, round_order
+from peer_gradients import peer_note, zero_grad
 from vs_peers import wrap_blocks
 from vs_workloads import WORKLOADS, Workload
 
@@ -144,11 +145,6 @@ def outcore_step(w: Workload, graph: Any, budget: int) -> tuple[Callable[[], Any
         return executor.run(w.batch).loss
 
     return step, planned
-
-
-def zero_grad(model: nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
 
 
 def peaks(step: Callable[[], Any], model: nn.Module) -> tuple[int, int]:
@@ -434,8 +430,11 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
         s = eager_step(cm, w)
         s()
         took = time.perf_counter() - t0
-        log(f"  torch.compile took {took:.0f} s")
-        tools[f"compile {compile_budget}"] = (s, peaks(s, m), f"compiled in {took:.0f} s")
+        grads = peer_note(s, m, w.model, lambda mod: eager_step(mod, w),
+                          PEER_FALLBACK_RANDOM[0])
+        log(f"  torch.compile took {took:.0f} s; {grads}")
+        tools[f"compile {compile_budget}"] = (s, peaks(s, m), f"compiled in {took:.0f} s; "
+                                              + grads)
         models[f"compile {compile_budget}"] = m
     log("  " + ", ".join(f"{k}: {v[1][0] / 2**20:.1f} / {v[1][1] / 2**20:.1f} MiB"
                          for k, v in tools.items()) + " (activation / step peak)")
@@ -512,7 +511,8 @@ def verdicts(rows: list[Row], match: str = "step") -> list[str]:
         pair = paired_ratio(o.seconds, r.seconds)
         lines.append(f"{r.model} @ {r.tool}: {kind} memory {mem} peer, time {speed} "
                      f"({o.median / r.median:.2f}x the peer's median); paired "
-                     f"{pair.verdict}: {pair.text()}")
+                     f"{pair.verdict}: {pair.text()}"
+                     + ("; the PEER's gradients are WRONG" if "WRONG" in r.note else ""))
     return lines
 
 

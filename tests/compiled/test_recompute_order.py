@@ -20,6 +20,7 @@ import pytest
 import outcore
 from outcore.cost import measure_host
 from outcore.cost.profiles import HardwareProfile
+from outcore.errors import OutcoreWarning
 from outcore.runtime.devices.allocator_peak import held_before
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -55,3 +56,20 @@ def test_a_recompute_is_not_fused_with_backward_work(one_thread, fixed_cpu_profi
         assert 0 < measured <= predicted
     else:  # the recompute fused with the layer norm's backward, its buffers made early
         assert measured > predicted
+
+
+def test_a_torch_without_the_hooks_compiles_with_a_warning(monkeypatch) -> None:
+    """On a torch without Inductor's choices handler (the GPU image's older torch may lack
+    one of the hooks), the backend says that ``recompute_in_place`` has no effect and
+    compiles as Inductor likes, rather than failing the user's compile."""
+    import torch
+    from torch._inductor.virtualized import V
+
+    monkeypatch.delattr(type(V), "set_choices_handler")
+    w = _workload(0.0)
+    be = outcore.inductor_backend(budget=None, gpu="v100-pcie")
+    compiled = torch.compile(w.model, backend=be, dynamic=False)
+    with pytest.warns(OutcoreWarning, match="recompute_in_place has no effect"):
+        loss = w.loss_fn(compiled(w.batch[0]), w.batch[1])
+    loss.backward()
+    assert be.partitions and all(p.grad is not None for p in w.model.parameters())

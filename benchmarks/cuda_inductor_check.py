@@ -129,9 +129,14 @@ def run(w: Workload, compile_budgets: list[float], rounds: int,
         loss, grads = seeded_run(step, model, 0)
         # a peer on Inductor's own generator draws other masks than eager: its reference is
         # the budget-1.0 peer on the same generator at the same seed (same draws)
-        own = name.startswith("compile") and not PEER_FALLBACK[0]
+        # the reference on the row's own generator: eager's, or the 1.0 peer on Inductor's
+        on_eager = PEER_FALLBACK[0] if name.startswith("compile") else vs.FALLBACK_RANDOM[0]
+        own = not on_eager
         ref = "compile" if own else "eager"
-        if own and name == "compile":
+        if own and "compile" not in refs and name != "compile":
+            log(f"  {name}: no reference on Inductor's generator (run --peer-random inductor)")
+            ref = "eager"
+        if own and name == "compile" and "compile" not in refs:
             refs["compile"] = (loss, grads)
         r_loss, r_grads = refs[ref]
         rows[name] = {"note": note, "compile_s": took, "predicted": predicted, "vs": ref,
@@ -208,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-budgets", type=float, nargs="+", default=[0.5, 0.2])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--outcore-random", choices=["eager", "inductor"], default="eager",
+                        help="outcore's rows' dropout: eager's generator (the backend's "
+                             "default, masks kept) or Inductor's (fallback_random=False; "
+                             "compared with the budget-1.0 peer: pass --peer-random inductor)")
     parser.add_argument("--peer-random", choices=["eager", "inductor"], default="eager",
                         help="the compile peers' dropout: eager's generator (fallback_random, "
                              "as outcore's rows) or Inductor's own (PyTorch's default; its "
@@ -226,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     PEER_FALLBACK[0] = args.peer_random == "eager"
+    vs.FALLBACK_RANDOM[0] = args.outcore_random == "eager"
     w = gpt(args.size, args.dropout)
     w.model, w.batch = vs.TARGET[0].move(w.model, w.batch)
     where = (f"{torch.cuda.get_device_name()} (profile {vs.TARGET[0].gpu})"
@@ -233,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{w.about}; torch {torch.__version__}, {where}; outcore {outcore.__version__}")
     rows = run(w, args.compile_budgets, args.rounds, log)
     print(f"torch {torch.__version__}, {where}, {args.rounds} rounds, {w.about}; compile "
-          f"peers' dropout on {args.peer_random}'s generator\n")
+          f"peers' dropout on {args.peer_random}'s generator, outcore's on "
+          f"{args.outcore_random}'s\n")
     print(report(rows))
     if args.json:
         with open(args.json, "w") as fh:

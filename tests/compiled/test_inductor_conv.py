@@ -90,3 +90,33 @@ def test_a_batchnorm_convnet_at_its_lowest_budget_matches_eager():
     assert not part.outside_plan and not part.forced
     assert 0 < part.saved_bytes <= part.plan_kept_bytes
     assert part.saved_bytes < top.saved_bytes
+
+
+def test_the_plan_bounds_the_compiled_convnet_step(one_thread):
+    """The library kernels' scratch is measured on real tensors although Inductor's
+    partitioner runs under a FakeTensorMode (it was measured on fake tensors, 0 bytes
+    everywhere, and the step ran 131,584 B above its plan), so the plan's peak bounds the
+    compiled step's allocator peak."""
+    from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
+
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
+    net = _net()
+    be, compiled = _compiled_step(net, None)
+    with pytest.warns(InductorRoundingWarning):
+        compiled(x, y).backward()
+
+    def step():
+        compiled(x, y).backward()
+
+    for p in net.parameters():
+        p.grad = None
+    step()  # warm
+    for p in net.parameters():
+        p.grad = None
+    measured = allocator_peak(step).peak
+    [part] = be.partitions
+    graph = part.planned.graph
+    backward_convs = [op for op in graph.ops if op.target.endswith("convolution_backward.default")]
+    assert backward_convs and all(op.temporaries > 0 for op in backward_convs)
+    assert 0 < measured <= part.predicted_peak - held_before(graph)

@@ -11,12 +11,14 @@ the bytes it held beyond what it returned to ``op.temporaries``: the memory rule
 during each Compute of the op, so the plan's predicted peak counts them.
 
 Invariant: only ops of ``EXTERN`` categories are run and changed; every other op's
-``temporaries`` is left as it was (0 from ``build_graph``).
+``temporaries`` is left as it was (0 from ``build_graph``). The ops run on real tensors even
+when the caller holds a FakeTensorMode (Inductor's partitioner does).
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from outcore.capture.convert import NodeMap
 from outcore.cost.measure_temporaries import _profiled, _run_alone
@@ -35,7 +37,9 @@ def measure_extern(graph: Graph, nodes: NodeMap, *, seed: int = 0) -> int:
     if not chosen:
         return 0
     fx_nodes = [node for _, node in chosen]
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    # the partitioner runs under the joint graph's FakeTensorMode: the ops must run on real
+    # tensors, outside it (under it every input and output was fake and nothing measured)
+    with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
         _run_alone(fx_nodes, seed)  # warm up: lazy initialisations are not temporaries
         measured, scratch = _profiled(lambda: _run_alone(fx_nodes, seed), len(fx_nodes))
     held = [op.temporaries for op in graph.ops]  # the scope's charge (``plan.scope.SCRATCH``)

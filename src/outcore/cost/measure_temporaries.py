@@ -53,7 +53,9 @@ def _run_alone(nodes: list[Any], seed: int, scope: Callable[[str], Any] | None =
     for i, node in enumerate(nodes):
         args, kwargs = _arguments(node, generator)
         with mark(f"outcore_op_{i}"):
-            cast(Callable[..., Any], node.target)(*args, **kwargs)
+            # held past the window: outputs freed inside it would count as temporaries
+            result = cast(Callable[..., Any], node.target)(*args, **kwargs)
+        del result
 
 
 class RealOutputs:

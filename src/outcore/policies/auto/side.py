@@ -180,17 +180,38 @@ class SideRun:
 
 def _child(names: Sequence[str], shared: Sequence[Any], evaluate: Callable[[str], Any],
            writer: Connection) -> None:
-    """The child's whole life: one message per name, in order; never returns."""
+    """The child's whole life: one message per name, in order; never returns. A thread
+    sends, so the next candidate is computed while the parent has not read the last one
+    yet (an outcome is larger than a pipe's buffer, and the parent reads only when it needs
+    it)."""
+    import queue
+    import threading
+
     try:
         from outcore import progress
 
         progress.configure(False)
+        outbox: queue.Queue[bytes | None] = queue.Queue()
+        sender = threading.Thread(target=_send_all, args=(outbox, writer), daemon=True)
+        sender.start()
         for name in names:
             try:
                 data = _pack(evaluate(name), shared)
             except Exception:  # noqa: BLE001 - the parent runs it again and sees the error
                 data = b"none"
-            writer.send_bytes(data)
-        writer.close()
+            outbox.put(data)
+        outbox.put(None)
+        sender.join()
     finally:
         os._exit(0)
+
+
+def _send_all(outbox: Any, writer: Connection) -> None:
+    """Send what ``outbox`` holds, in order, until None; then close ``writer``."""
+    try:
+        while (data := outbox.get()) is not None:
+            writer.send_bytes(data)
+    except OSError:  # the parent closed its end: nothing more is wanted
+        pass
+    finally:
+        writer.close()

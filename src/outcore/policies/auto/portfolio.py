@@ -293,7 +293,10 @@ def _side_run(graph: Graph, cost: Any, order: Sequence[str], large: bool,
         return None
     if parallel is None and len(movable_activations(graph)) < MIN_ACTIVATIONS:
         return None
-    return SideRun(names, shared_objects(graph, cost), evaluate)
+    try:
+        return SideRun(names, shared_objects(graph, cost), evaluate)
+    except OSError:  # no fork now (a process limit): plan in this process
+        return None
 
 
 def _skip(name: str, best: float, floor: float | None, large: bool, bounds: dict[str, float],

@@ -174,7 +174,8 @@ class SideRun:
 
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            with contextlib.suppress(ChildProcessError):  # SIGCHLD ignored: reaped already
+                os.waitpid(self.pid, 0)
             self.pid = -1
 
 

@@ -13,8 +13,7 @@ from outcore.api import cost_model_for
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.policies import PolicyContext
-from outcore.policies.auto import greedy_policy, portfolio, run_portfolio
-from outcore.policies.auto.side import SIDE, SideRun, can_fork
+from outcore.policies.auto import SIDE, SideRun, can_fork, greedy_policy, portfolio, run_portfolio
 from outcore.policies.registry import PolicyOutput, get
 from outcore.sim.synthetic import residual_chain
 

@@ -11,6 +11,7 @@ from outcore.policies.auto import (  # segments registers outcore-checkpoint
     policy,
     portfolio,
     segments,
+    side,
 )
 from outcore.policies.auto.config import AutoConfig
 from outcore.policies.auto.keepback import Screen, keep_back, peak_and_screen
@@ -27,9 +28,11 @@ from outcore.policies.auto.portfolio import (
     run_portfolio,
 )
 from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
+from outcore.policies.auto.side import SIDE, SideRun, can_fork
 
-__all__ = ["CANDIDATES", "LATE", "LINEAR", "AutoConfig", "Choice", "Entry", "PortfolioResult",
-           "Screen", "compute_floor", "crowned", "find_cuts", "greedy_policy", "keep_back",
-           "keepback", "memo", "memoized", "peak_and_screen", "plan_auto", "plan_checkpoint",
-           "plan_memo", "policy", "portfolio", "run_portfolio", "segment_plan", "segments",
-           "shared_checkpoint", "shared_greedy"]
+__all__ = ["CANDIDATES", "LATE", "LINEAR", "SIDE", "AutoConfig", "Choice", "Entry",
+           "PortfolioResult", "Screen", "SideRun", "can_fork", "compute_floor", "crowned",
+           "find_cuts", "greedy_policy", "keep_back", "keepback", "memo", "memoized",
+           "peak_and_screen", "plan_auto", "plan_checkpoint", "plan_memo", "policy",
+           "portfolio", "run_portfolio", "segment_plan", "segments", "shared_checkpoint",
+           "shared_greedy", "side"]

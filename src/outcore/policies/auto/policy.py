@@ -256,13 +256,14 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     if ctx.cost is None or ctx.budget is None or not config.portfolio:
         return greedy_policy(graph, ctx)  # a host budget it breaks: outcore.plan says so
     runners = {"outcore-auto": greedy_policy}
+    parallel = None if config.parallel else False  # None: by the machine and the graph
     notes: list[str] = []
     if shared_memory(ctx.cost):
         # host and device memory are one memory: an offload frees nothing, so plans that
         # hold no host copy are tried first (outcore.cost.profiles.HardwareProfile)
         sparing = run_portfolio(graph, dataclasses.replace(ctx, host_budget=0),
                                 SHARED_MEMORY + HOST_SPARING, runners,
-                                allow_variants=config.allow_variants)
+                                allow_variants=config.allow_variants, parallel=parallel)
         if sparing.winner is not None:
             return crowned(sparing, ctx.budget)
         notes.append("outcore-auto: no plan without host copies fits; host and device "
@@ -270,6 +271,6 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
                      "they only keep the device's budget")
     candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
     result = run_portfolio(graph, ctx, candidates, runners,
-                           allow_variants=config.allow_variants)
+                           allow_variants=config.allow_variants, parallel=parallel)
     out = crowned(result, ctx.budget)
     return dataclasses.replace(out, notes=notes + list(out.notes)) if notes else out

@@ -59,6 +59,13 @@ outcore-checkpoint each take minutes there; outcore-optimal returns the greedy p
 plan beyond its own ``LARGE_CANDIDATES``, which the "outcore-auto" entry already is). When
 none of them fits, every candidate runs. The switch counts activations, so it is
 deterministic too.
+
+**A side process** (planning wall time, issue 15). With two cores and ``os.fork``, on a
+graph of ``side.MIN_ACTIVATIONS`` movable activations or more, the ``side.SIDE``
+candidates (PoocH, outcore-checkpoint) are computed in a forked child while this process
+runs the others; every skip above is still decided here, in order, and a skipped side
+candidate's outcome is never read, so the entries are those of one process
+(``side``'s module doc). ``parallel=False`` (outcore-auto's option) turns it off.
 """
 
 from __future__ import annotations
@@ -73,6 +80,13 @@ from outcore.errors import InfeasibleBudgetError
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.policies.auto.memo import plan_memo
+from outcore.policies.auto.side import (
+    MIN_ACTIVATIONS,
+    SIDE,
+    SideRun,
+    can_fork,
+    shared_objects,
+)
 from outcore.policies.baseline import movable_activations
 from outcore.policies.registry import PolicyContext, PolicyOutput, get
 from outcore.units import format_bytes
@@ -211,13 +225,17 @@ def compute_floor(graph: Graph, cost: Any) -> float:
 
 def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
                   runners: Mapping[str, Runner] | None = None, *,
-                  allow_variants: bool = False, skip: bool = True) -> PortfolioResult:
+                  allow_variants: bool = False, skip: bool = True,
+                  parallel: bool | None = None) -> PortfolioResult:
     """Run every candidate and simulate those that fit. A candidate is run by
     ``runners[name]`` when given (outcore-auto's greedy planner is given so), else by the
     registered policy of that name. ``LATE`` candidates run last and are skipped once a
     plan at the compute floor is known (module doc; ``skip=False`` runs every one, in order);
     entries keep ``candidates``' order. Inside, each planner that another one warm-starts
-    from runs once (``memo.plan_memo``)."""
+    from runs once (``memo.plan_memo``). ``parallel``: PoocH and outcore-checkpoint run in
+    a forked child beside the others (``side``; the same entries): None decides by the
+    machine and the graph's size, False never, True wherever ``os.fork`` and two cores are
+    there."""
     runners = runners or {}
     late = LATE if skip else ()
     order = [n for n in candidates if n not in late] + [n for n in candidates if n in late]
@@ -225,64 +243,104 @@ def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],
              else compute_floor(graph, ctx.cost))
     large = skip and len(movable_activations(graph)) > LARGE_GRAPH
     with plan_memo():  # outcore-optimal's warm starts and the candidates share one run each
-        entries = _run(graph, ctx, order, runners, floor, large, allow_variants)
+        entries = _run(graph, ctx, order, runners, floor, large, allow_variants, parallel)
         if large and not any(e.fits for e in entries.values()):  # none fits: try every one
             return run_portfolio(graph, ctx, candidates, runners,
-                                 allow_variants=allow_variants, skip=False)
+                                 allow_variants=allow_variants, skip=False, parallel=parallel)
     return PortfolioResult(tuple(entries[n] for n in candidates))
 
 
 def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mapping[str, Runner],
-         floor: float | None, large: bool, allow_variants: bool) -> dict[str, Entry]:
-    """Each candidate of ``order``'s Entry (``run_portfolio``'s loop)."""
-    from outcore import progress
-    from outcore.sim import simulate
-
+         floor: float | None, large: bool, allow_variants: bool,
+         parallel: bool | None = None) -> dict[str, Entry]:
+    """Each candidate of ``order``'s Entry (``run_portfolio``'s loop). The skips are
+    decided here, in ``order``; with a side process (``side``), the Entries of its
+    candidates are computed there and read here only for the ones not skipped."""
     best = math.inf
     entries: dict[str, Entry] = {}
     bounds: dict[str, float] = {}  # the stage bound, computed once when first needed
-    for name in order:
-        if large and name not in LINEAR:
-            entries[name] = Entry(name, skipped=f"more than {LARGE_GRAPH} movable activations: "
-                                  "only the linear-time planners run")
-            continue
-        if name in LATE and floor is not None and best <= floor * (1 + TIE):
-            entries[name] = Entry(name, skipped=f"a plan at the compute floor, "
-                                  f"{floor * 1e3:.3f} ms, was already found")
-            continue
-        if name in NEAR_SKIP and floor is not None and math.isfinite(best):
-            near = _near_bound(name, best, floor, bounds, graph, ctx)
-            if near is not None:
-                entries[name] = Entry(name, skipped=near)
+
+    def evaluate(name: str) -> Entry:
+        return _evaluate(name, graph, ctx, runners, allow_variants)
+
+    helper = _side_run(graph, ctx.cost, order, large, parallel, evaluate)
+    try:
+        for name in order:
+            skipped = _skip(name, best, floor, large, bounds, graph, ctx)
+            if skipped is not None:
+                entries[name] = Entry(name, skipped=skipped)
                 continue
-        fresh = PolicyContext(budget=ctx.budget, cost=ctx.cost, recapture=ctx.recapture,
-                              host_budget=ctx.host_budget,
-                              split_changes_ok=ctx.split_changes_ok)
-        runner = runners[name] if name in runners else get(name).fn
-        try:
-            with progress.task(f"outcore-auto: trying {name}'s plan"):
-                out = runner(graph, fresh)
-        except InfeasibleBudgetError as exc:
-            entries[name] = Entry(name, error=exc)
-            continue
-        if out.schedule.variants and not allow_variants:
-            out = _without_variants(out)
-        trace = memory_curve(out.graph, out.schedule)
-        peak = trace.peak
-        if ctx.budget is not None and peak > ctx.budget:
-            entries[name] = Entry(name, peak=peak)
-            continue
-        host = max(trace.host, default=0)
-        if ctx.host_budget is not None and host > ctx.host_budget:
-            entries[name] = Entry(name, host_peak=host)
-            continue
-        simulation = simulate(out.graph, out.schedule, ctx.cost)
-        seconds = simulation.step_time
-        best = min(best, seconds)
-        entries[name] = Entry(name, dataclasses.replace(
-            out, predicted_peak=peak, step_time=seconds, trace=trace, simulation=simulation),
-            seconds)
+            entry = helper.take(name) if helper is not None and name in helper.names else None
+            entries[name] = entry if entry is not None else evaluate(name)
+            seconds = entries[name].seconds
+            if seconds is not None:
+                best = min(best, seconds)
+    finally:
+        if helper is not None:
+            helper.close()
     return entries
+
+
+def _side_run(graph: Graph, cost: Any, order: Sequence[str], large: bool,
+              parallel: bool | None, evaluate: Callable[[str], Entry]) -> SideRun | None:
+    """A child process computing the ``SIDE`` candidates of ``order`` (``side``'s module
+    doc), or None: not asked for, no fork or one core, a small or large graph, or nothing
+    for the parent to do meanwhile (outcore-optimal not in ``order``)."""
+    names = [n for n in order if n in SIDE]
+    if parallel is False or large or not names or "outcore-optimal" not in order:
+        return None
+    if not can_fork():
+        return None
+    if parallel is None and len(movable_activations(graph)) < MIN_ACTIVATIONS:
+        return None
+    try:
+        return SideRun(names, shared_objects(graph, cost), evaluate)
+    except OSError:  # no fork now (a process limit): plan in this process
+        return None
+
+
+def _skip(name: str, best: float, floor: float | None, large: bool, bounds: dict[str, float],
+          graph: Graph, ctx: PolicyContext) -> str | None:
+    """Why ``name`` is not run, given the best simulated step so far, or None."""
+    if large and name not in LINEAR:
+        return f"more than {LARGE_GRAPH} movable activations: only the linear-time planners run"
+    if name in LATE and floor is not None and best <= floor * (1 + TIE):
+        return f"a plan at the compute floor, {floor * 1e3:.3f} ms, was already found"
+    if name in NEAR_SKIP and floor is not None and math.isfinite(best):
+        return _near_bound(name, best, floor, bounds, graph, ctx)
+    return None
+
+
+def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str, Runner],
+              allow_variants: bool) -> Entry:
+    """``name`` run on a fresh context, its variants dropped unless allowed, its memory
+    replayed and, when it fits, simulated: its Entry. Errors other than
+    InfeasibleBudgetError propagate."""
+    from outcore import progress
+    from outcore.sim import simulate
+
+    fresh = PolicyContext(budget=ctx.budget, cost=ctx.cost, recapture=ctx.recapture,
+                          host_budget=ctx.host_budget, split_changes_ok=ctx.split_changes_ok)
+    runner = runners[name] if name in runners else get(name).fn
+    try:
+        with progress.task(f"outcore-auto: trying {name}'s plan"):
+            out = runner(graph, fresh)
+    except InfeasibleBudgetError as exc:
+        return Entry(name, error=exc)
+    if out.schedule.variants and not allow_variants:
+        out = _without_variants(out)
+    trace = memory_curve(out.graph, out.schedule)
+    peak = trace.peak
+    if ctx.budget is not None and peak > ctx.budget:
+        return Entry(name, peak=peak)
+    host = max(trace.host, default=0)
+    if ctx.host_budget is not None and host > ctx.host_budget:
+        return Entry(name, host_peak=host)
+    simulation = simulate(out.graph, out.schedule, ctx.cost)
+    seconds = simulation.step_time
+    return Entry(name, dataclasses.replace(
+        out, predicted_peak=peak, step_time=seconds, trace=trace, simulation=simulation),
+        seconds)
 
 
 def _near_bound(name: str, best: float, floor: float, bounds: dict[str, float],

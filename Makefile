@@ -8,6 +8,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest-xdist workers for make test (2: CI's cores; 0 runs the suite in one process)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-cuda setup bench clean
 
@@ -26,7 +28,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy src/outcore
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-cuda:
 	bash scripts/test_cuda.sh

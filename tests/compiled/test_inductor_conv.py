@@ -49,6 +49,20 @@ def _compiled_step(net: nn.Module, budget: int | None):
     return be, compiled
 
 
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
+    return x, y
+
+
+def _first_step(net: nn.Module, budget: int | None, x: torch.Tensor, y: torch.Tensor):
+    """``_compiled_step`` and its first step (the compile, with the rounding warning)."""
+    be, compiled = _compiled_step(net, budget)
+    with pytest.warns(InductorRoundingWarning):
+        compiled(x, y).backward()
+    return be, compiled
+
+
 def _lowest(graph) -> int:
     budget = graph.static_bytes()
     for _ in range(8):
@@ -61,12 +75,8 @@ def _lowest(graph) -> int:
 
 
 def test_a_batchnorm_convnet_at_its_lowest_budget_matches_eager():
-    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
-    probe = _net()
-    be, compiled = _compiled_step(probe, None)
-    with pytest.warns(InductorRoundingWarning):
-        compiled(x, y).backward()
+    x, y = _batch()
+    be, _ = _first_step(_net(), None, x, y)
     [top] = be.partitions
     floor = _lowest(top.planned.graph)
     assert floor < top.predicted_peak, "a plan below the unbounded one must exist"
@@ -99,12 +109,9 @@ def test_the_plan_bounds_the_compiled_convnet_step(one_thread):
     compiled step's allocator peak."""
     from outcore.runtime.devices.allocator_peak import allocator_peak, held_before
 
-    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
+    x, y = _batch()
     net = _net()
-    be, compiled = _compiled_step(net, None)
-    with pytest.warns(InductorRoundingWarning):
-        compiled(x, y).backward()
+    be, compiled = _first_step(net, None, x, y)
 
     def step():
         compiled(x, y).backward()

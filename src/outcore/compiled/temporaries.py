@@ -42,9 +42,9 @@ def measure_extern(graph: Graph, nodes: NodeMap, *, seed: int = 0) -> int:
     with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
         _run_alone(fx_nodes, seed)  # warm up: lazy initialisations are not temporaries
         measured, scratch = _profiled(lambda: _run_alone(fx_nodes, seed), len(fx_nodes))
-    held = [op.temporaries for op in graph.ops]  # the scope's charge (``plan.scope.SCRATCH``)
+    held = [0] * len(graph.ops)  # each op's scratch (``plan.scope.SCRATCH``)
     for (op, _), nbytes, extra in zip(chosen, measured, scratch, strict=True):
         op.temporaries = int(nbytes)
-        held[op.id] = max(int(nbytes), int(extra))
+        held[op.id] = int(extra)
     graph.meta[SCRATCH] = held
     return len(chosen)

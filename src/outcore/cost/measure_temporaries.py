@@ -321,7 +321,7 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
         outputs.apply()
     set_temporaries(graph, result)
     if scratch is not None:
-        graph.meta[SCRATCH] = [max(a, b) for a, b in zip(scratch, result, strict=True)]
+        graph.meta[SCRATCH] = scratch
     graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result
 

@@ -51,9 +51,9 @@ SCOPED = "_outcore_scope"
 _GRAD = "grad:"
 #: ``graph.meta`` key of each op's *scratch* on the CPU (a list, one int per op, written by
 #: ``outcore.cost.measure_temporaries``): the most bytes its call held at once that it freed
-#: again before returning, whatever it had already returned (at least its temporaries). An
-#: activation-scoped plan charges it on an op whose result is left out of the scope (module
-#: doc).
+#: again before returning, whatever it had already returned. An activation-scoped plan
+#: charges the larger of it and the op's temporaries on an op whose result is left out of
+#: the scope (module doc).
 SCRATCH = "op_scratch"
 #: Kinds whose storages an activation-scoped budget leaves out (with the parameters'
 #: gradients): what the step finds allocated when it starts. Tangents stay in (module doc).

@@ -18,8 +18,13 @@ def run_json(args, capsys):
 
 
 def test_plan_gpus_simulates_the_shared_link_and_the_allreduce(capsys):
+    """What ``--gpus`` adds to a plan: ranks sharing one host link, the gradient allreduce.
+    Any policy that offloads exercises it; SuperNeurons plans this in seconds, where
+    outcore-auto took 116-344 s (its planner is not what is tested here; it runs under
+    ``--gpus`` in ``test_compare_gpus_lists_every_policy`` and tests/distributed/
+    test_data_parallel.py)."""
     args = ["plan", "--model", "resnet20-cifar", "--batch", "128", "--budget", "60MB",
-            "--policy", "outcore-auto"]
+            "--policy", "superneurons"]
     code, two, _ = run_json([*args, "--gpus", "2", "--host", "v100-pcie-x8"], capsys)
     assert code == EXIT_OK
     assert two["gpus"] == 2 and two["host"] == "v100-pcie-x8"

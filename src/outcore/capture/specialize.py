@@ -168,8 +168,11 @@ def _is_data_dependent(err: BaseException) -> bool:
 def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...]) -> Any:
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+    from outcore.capture.rnn_tracing import rnn_traced_as_eager
+
     try:
-        return aot_export_joint_with_descriptors(stack, step, args)
+        with rnn_traced_as_eager():
+            return aot_export_joint_with_descriptors(stack, step, args)
     except CaptureError:
         raise
     except Exception as exc:  # torch raises many types here; keep its reason

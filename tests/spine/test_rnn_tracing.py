@@ -1,0 +1,177 @@
+"""RNNs train as eager PyTorch does (``outcore.capture.rnn_tracing``).
+
+PyTorch's decompositions of ``aten.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``, which
+tracing uses, drop the dropout between layers (a captured step of ``nn.LSTM(...,
+num_layers=2, dropout=p)`` computed another model's loss), and run an LSTM whose input needs
+no gradient on oneDNN's inference kernel (the step failed). The batches here need no
+gradient, as a data loader's do. The class tested: every RNN kind,
+both layouts, one and two directions, an LSTM with projections and a packed sequence; each
+against eager with the same seed, the loss and the gradients equal up to float rounding (the
+decomposition sums a weight's per-step contributions in another order than eager's kernels;
+a wrong dropout mask moves them by orders of magnitude more). A packed sequence is refused
+at capture with a CaptureError (its lengths make the graph's shapes data-dependent).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+import outcore
+from outcore.capture.rnn_tracing import rnn_traced_as_eager
+
+KINDS = {
+    "lstm": lambda **kw: nn.LSTM(6, 8, **kw),
+    "lstm-proj": lambda **kw: nn.LSTM(6, 8, proj_size=5, **kw),
+    "gru": lambda **kw: nn.GRU(6, 8, **kw),
+    "rnn-tanh": lambda **kw: nn.RNN(6, 8, **kw),
+    "rnn-relu": lambda **kw: nn.RNN(6, 8, nonlinearity="relu", **kw),
+}
+
+
+class Tagger(nn.Module):
+    """An RNN of ``layers`` layers with dropout, then a linear head on the last step."""
+
+    def __init__(self, kind: str, layers: int, batch_first: bool, bidirectional: bool,
+                 dropout: float = 0.3) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.rnn = KINDS[kind](num_layers=layers, dropout=dropout, batch_first=batch_first,
+                               bidirectional=bidirectional)
+        width = self.rnn.proj_size or self.rnn.hidden_size
+        self.head = nn.Linear(width * (2 if bidirectional else 1), 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.rnn(x)[0]
+        return self.head(out[:, -1] if self.batch_first else out[-1])
+
+
+class PackedTagger(nn.Module):
+    """A two-layer LSTM with dropout over a packed batch of sequences of other lengths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(6, 8, num_layers=2, dropout=0.3, batch_first=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(x, [7, 5, 4], batch_first=True)
+        out, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True)
+        return self.head(out.sum(1))
+
+
+def _batch(batch_first: bool, n: int = 3, steps: int = 7):
+    g = torch.Generator().manual_seed(1)
+    shape = (n, steps, 6) if batch_first else (steps, n, 6)
+    return torch.randn(*shape, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _against_eager(model: nn.Module, batch, policy: str = "offload-all"):
+    """One outcore step and one eager step of copies of ``model`` from the same seed."""
+    eager = copy.deepcopy(model)
+    with outcore.compile(model, F.cross_entropy, batch, device="cpu-emulated",
+                         policy=policy) as trainer:
+        torch.manual_seed(7)
+        loss = trainer.step(batch)
+    torch.manual_seed(7)
+    expected = F.cross_entropy(eager(batch[0]), batch[1])
+    expected.backward()
+    # eager's masks: equal losses (a time-major LSTM rounds differently in eager's C++
+    # kernel: 2.4e-7 apart; another mask moves the loss by ~1e-3) and equal gradients
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+    return trainer
+
+
+def _dropouts(model: nn.Module, batch) -> int:
+    graph = outcore.capture(model, F.cross_entropy, batch)
+    return sum(1 for op in graph.ops if op.target.startswith("aten.native_dropout.default"))
+
+
+#: Every kind in both layouts; two directions for the two gated kinds.
+SHAPES = [(kind, batch_first, False) for kind in sorted(KINDS) for batch_first in (False, True)]
+SHAPES += [("lstm", True, True), ("gru", False, True)]
+
+
+@pytest.mark.parametrize("kind, batch_first, bidirectional", SHAPES)
+def test_a_stacked_rnn_with_dropout_trains_as_eager(kind, batch_first, bidirectional):
+    torch.manual_seed(0)
+    model = Tagger(kind, 3, batch_first, bidirectional)
+    batch = _batch(batch_first)
+    assert _dropouts(model, batch) == 2  # between layers 1-2 and 2-3, as eager draws
+    _against_eager(model, batch)
+
+
+def test_a_packed_sequence_is_refused_at_capture_with_the_reason():
+    torch.manual_seed(0)
+    with pytest.raises(outcore.CaptureError, match="pack_padded_sequence"):
+        outcore.capture(PackedTagger(), F.cross_entropy, _batch(True))
+
+
+@pytest.mark.parametrize("layers, dropout, training", [(1, 0.3, True), (2, 0.0, True),
+                                                       (2, 0.3, False)])
+def test_no_dropout_where_eager_draws_none(layers, dropout, training):
+    torch.manual_seed(0)
+    model = Tagger("lstm", layers, True, False, dropout=dropout).train(training)
+    assert _dropouts(model, _batch(True)) == 0
+
+
+def test_an_lstm_without_dropout_reading_its_batch_trains_as_eager():
+    torch.manual_seed(0)
+    model = Tagger("lstm", 2, True, False, dropout=0.0)
+    _against_eager(model, _batch(True))
+
+
+def test_the_decompositions_are_restored_also_when_nested_or_failing():
+    from torch._decomp import decompositions as d
+
+    def current():
+        return d._rnn_helper, d.select_one_layer_lstm_function
+
+    original = current()
+    with rnn_traced_as_eager():
+        patched = current()
+        assert all(p is not o for p, o in zip(patched, original, strict=True))
+        with rnn_traced_as_eager():
+            assert current() == patched  # not wrapped twice
+        assert current() == patched
+    assert current() == original
+    with pytest.raises(RuntimeError, match="boom"), rnn_traced_as_eager():
+        raise RuntimeError("boom")
+    assert current() == original
+
+
+@pytest.mark.parametrize("which", ["backend", "inductor_backend"])
+def test_the_compile_backends_keep_the_dropout_where_dynamo_traces_rnns(which):
+    """With ``torch._dynamo.config.allow_rnn`` on, dynamo hands the RNN to the backend,
+    whose AOT trace meets the same decompositions (off, the RNN runs eagerly)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Tagger("gru", 3, True, False)
+    eager = copy.deepcopy(model)
+    x, y = _batch(True)
+    backend = (outcore.backend(budget=None) if which == "backend"
+               else outcore.inductor_backend(budget=None, gpu="this-cpu"))
+    try:
+        with torch._dynamo.config.patch(allow_rnn=True):
+            step = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend=backend)
+            torch.manual_seed(7)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # inductor_backend's rounding warning
+                loss = step(x, y)
+            loss.backward()
+    finally:
+        torch._dynamo.reset()
+    torch.manual_seed(7)
+    expected = F.cross_entropy(eager(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)

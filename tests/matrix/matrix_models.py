@@ -4,7 +4,7 @@ Each ``Case`` builds a fresh model (seeded) and a batch. The table covers the cl
 issue 21: modules registered under several names and tied weights; norms over every layout
 (transposed, permuted, channels_last, on the raw input, frozen in eval); convolution kinds and
 memory formats; inputs with and without ``requires_grad``; frozen sub-modules; eval-mode
-models; random ops; integer inputs; bfloat16 and float16 models; permute chains and elided
+models; random ops; stacked RNNs with dropout; integer inputs; bfloat16 and float16 models; permute chains and elided
 ``contiguous``. ``xfail`` maps a policy to the open item that still breaks the case there
 (strict: it flips when fixed): an item of issue 21 left to another helper, or a bug this
 matrix found and that is not fixed yet. (The conv kinds pass under moDNN at this budget;
@@ -205,6 +205,20 @@ class IntFeatures(nn.Module):
         return self.lin(torch.cat([emb, onehot * ids.float().mean()], dim=1))
 
 
+class SeqTagger(nn.Module):
+    """A stacked RNN with dropout between its layers reading the batch directly (the input
+    needs no gradient), then a linear head on the last step."""
+
+    def __init__(self, rnn: nn.RNNBase) -> None:
+        super().__init__()
+        self.rnn = rnn
+        self.head = nn.Linear(rnn.hidden_size * (2 if rnn.bidirectional else 1), 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.rnn(x)[0]
+        return self.head(out[:, -1] if self.rnn.batch_first else out[-1])
+
+
 #: every registered policy (``outcore.policies()``)
 ALL_POLICIES = ['keep-all', 'liveness', 'offload-all', 'recompute-cheap', 'vdnn-all', 'vdnn-conv',
                 'vdnn-base', 'vdnn-all-m', 'vdnn-all-p', 'vdnn-conv-m', 'vdnn-conv-p', 'vdnn-dyn',
@@ -265,6 +279,12 @@ CASES: list[Case] = [
     Case("dropout-train", lambda: _mlp(nn.Linear(20, 32), nn.Dropout(0.5), nn.ReLU(),
                                        nn.Linear(32, 32), nn.Dropout(0.3), nn.Linear(32, 4)),
          lambda: (torch.randn(16, 20), labels(16)), every_policy=True),
+    Case("lstm-dropout", lambda: SeqTagger(nn.LSTM(6, 16, num_layers=3, dropout=0.3,
+                                                   batch_first=True)),
+         lambda: (torch.randn(8, 7, 6), labels(8)), every_policy=True),
+    Case("gru-bidirectional-time-major", lambda: SeqTagger(
+        nn.GRU(6, 16, num_layers=2, dropout=0.3, bidirectional=True)),
+         lambda: (torch.randn(7, 8, 6), labels(8))),
     Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
          xfail={"modnn": _COUPLED}),
     Case("embedding-bag", lambda: IntFeatures(bag=True),

@@ -6,9 +6,10 @@ num_layers=2, dropout=p)`` computed another model's loss), and run an LSTM whose
 no gradient on oneDNN's inference kernel (the step failed). The batches here need no
 gradient, as a data loader's do. The class tested: every RNN kind,
 both layouts, one and two directions, an LSTM with projections and a packed sequence; each
-against eager with the same seed, the loss and the gradients equal up to float rounding (the
-decomposition sums a weight's per-step contributions in another order than eager's kernels;
-a wrong dropout mask moves them by orders of magnitude more). A packed sequence is refused
+against eager with the same seed: GRUs and RNNs bit for bit (traced through eager's own C++
+composite), LSTMs up to float rounding (the decomposition sums a weight's per-step
+contributions in another order than eager's oneDNN kernel; a wrong dropout mask moves them
+by orders of magnitude more). A packed sequence is refused
 at capture with a CaptureError (its lengths make the graph's shapes data-dependent).
 """
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._C import DispatchKey
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import outcore
@@ -82,12 +84,16 @@ def _against_eager(model: nn.Module, batch, policy: str = "offload-all"):
     torch.manual_seed(7)
     expected = F.cross_entropy(eager(batch[0]), batch[1])
     expected.backward()
-    # eager's masks: equal losses (a time-major LSTM rounds differently in eager's C++
-    # kernel: 2.4e-7 apart; another mask moves the loss by ~1e-3) and equal gradients
+    if not isinstance(model.rnn, nn.LSTM):  # eager's own C++ composite: bit for bit
+        assert torch.equal(loss.detach(), expected.detach())
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), name
+        return
+    # an LSTM takes the decomposition: eager's masks, float rounding (a time-major LSTM's
+    # loss 2.4e-7 apart; another mask moves it by ~1e-3)
     torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
     for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
-    return trainer
 
 
 def _dropouts(model: nn.Module, batch) -> int:
@@ -132,8 +138,12 @@ def test_an_lstm_without_dropout_reading_its_batch_trains_as_eager():
 def test_the_decompositions_are_restored_also_when_nested_or_failing():
     from torch._decomp import decompositions as d
 
+    gru = torch.ops.aten.gru.input
+
     def current():
-        return d._rnn_helper, d.select_one_layer_lstm_function
+        keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
+        return (d._rnn_helper, d.select_one_layer_lstm_function,
+                *(gru.py_kernels[k] for k in keys))
 
     original = current()
     with rnn_traced_as_eager():

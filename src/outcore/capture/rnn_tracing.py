@@ -1,4 +1,4 @@
-"""Stacked RNNs are traced as eager PyTorch runs them in training.
+"""RNNs are traced as eager PyTorch runs them in training.
 
 PyTorch (2.13) traces ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` through the Python
 decompositions of ``aten.lstm`` / ``aten.gru`` / ``aten.rnn_tanh`` / ``aten.rnn_relu``
@@ -22,19 +22,27 @@ runs. Two of their choices differ from eager's in a training step:
 ``aot_export_joint_with_descriptors``, so every stacked RNN with dropout, and every LSTM
 reading its batch directly, met them.
 
-``rnn_traced_as_eager()`` replaces both functions while a step is traced:
+``rnn_traced_as_eager()``, while a step is traced:
 
-* ``_rnn_helper`` by one that runs the original one layer at a time (``num_layers=1``, no
-  dropout, time-major) and applies ``torch.dropout(output, p, train=True)`` between
-  layers, on the same time-major layer output eager draws its mask on;
+* GRUs and plain RNNs on the CPU are traced through eager's own C++ composite kernel
+  (``OpOverload._op_dk(CompositeImplicitAutograd, ...)``, the path eager runs, so the
+  traced graph computes eager's loss and gradients bit for bit); on other devices through
+  the decomposition, as below (eager runs cuDNN's fused kernel there; tracing that kernel
+  into outcore's graph has not been tried on a GPU);
+* ``_rnn_helper`` is replaced by one that runs the original one layer at a time
+  (``num_layers=1``, no dropout, time-major) and applies ``torch.dropout(output, p,
+  train=True)`` between layers, on the same time-major layer output eager draws its mask
+  on (an LSTM's C++ path on the CPU is oneDNN's, whose training call a trace cannot make:
+  LSTMs always take the decomposition, and their gradients match eager's up to float
+  rounding, about 1e-7 relative);
 * ``select_one_layer_lstm_function`` by one that keeps the original's choice unless grad
   mode is on and any weight or state requires grad, where it takes the differentiable
   one-layer LSTM (the one the original itself takes for an input that requires grad).
 
 Invariants: without dropout, out of training or with one layer, ``_rnn_helper`` is the
 original unchanged; per-layer outputs and final hidden states are the original's, in its
-order (per layer, then per direction). Both are restored when the last open context ends,
-also on an exception; nested or concurrent contexts patch once.
+order (per layer, then per direction). Everything is restored when the last open context
+ends, also on an exception; nested or concurrent contexts patch once.
 """
 
 from __future__ import annotations
@@ -46,10 +54,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 
 _LOCK = threading.Lock()
+#: RNN overloads traced through eager's C++ composite on the CPU (module doc).
+_EAGER_ON_CPU = ("gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
+                 "rnn_relu.input", "rnn_relu.data")
+_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 _ACTIVE = [0]  # contexts open now (nested or on other threads): patched while above 0
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
+_KERNELS: list[tuple[Any, DispatchKey, Callable[..., Any]]] = []  # (op, key, original)
 
 
 def _layer_by_layer(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,19 +106,55 @@ def _differentiable_lstm(original: Callable[..., Any], one_layer_lstm: Callable[
     return select
 
 
-@contextlib.contextmanager
-def rnn_traced_as_eager() -> Iterator[None]:
-    """While active, traced RNNs keep eager's dropout and LSTMs stay differentiable
-    (module doc)."""
+def _eager_on_cpu(op: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A Python kernel for ``op`` that runs eager's C++ composite when every tensor argument
+    is on the CPU, else ``original`` (the decomposition)."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if all(t.device.type == "cpu" for t in leaves if isinstance(t, torch.Tensor)):
+            return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+        return original(*args, **kwargs)
+
+    return kernel
+
+
+def _patch() -> None:
     from torch._decomp import decompositions as d
 
+    _ORIGINALS.update(_rnn_helper=d._rnn_helper,
+                      select_one_layer_lstm_function=d.select_one_layer_lstm_function)
+    d._rnn_helper = _layer_by_layer(_ORIGINALS["_rnn_helper"])
+    d.select_one_layer_lstm_function = _differentiable_lstm(
+        _ORIGINALS["select_one_layer_lstm_function"], d.one_layer_lstm)
+    for name in _EAGER_ON_CPU:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        for key in _KEYS:
+            if key in op.py_kernels:
+                _KERNELS.append((op, key, op.py_kernels[key]))
+                op.py_kernels[key] = _eager_on_cpu(op, op.py_kernels[key])
+        op._dispatch_cache.clear()
+
+
+def _restore() -> None:
+    from torch._decomp import decompositions as d
+
+    for name, fn in _ORIGINALS.items():
+        setattr(d, name, fn)
+    _ORIGINALS.clear()
+    for op, key, fn in _KERNELS:
+        op.py_kernels[key] = fn
+        op._dispatch_cache.clear()
+    _KERNELS.clear()
+
+
+@contextlib.contextmanager
+def rnn_traced_as_eager() -> Iterator[None]:
+    """While active, traced RNNs compute what eager computes (module doc)."""
     with _LOCK:
         if _ACTIVE[0] == 0:
-            _ORIGINALS.update(_rnn_helper=d._rnn_helper,
-                              select_one_layer_lstm_function=d.select_one_layer_lstm_function)
-            d._rnn_helper = _layer_by_layer(_ORIGINALS["_rnn_helper"])
-            d.select_one_layer_lstm_function = _differentiable_lstm(
-                _ORIGINALS["select_one_layer_lstm_function"], d.one_layer_lstm)
+            _patch()
         _ACTIVE[0] += 1
     try:
         yield
@@ -112,6 +162,4 @@ def rnn_traced_as_eager() -> Iterator[None]:
         with _LOCK:
             _ACTIVE[0] -= 1
             if _ACTIVE[0] == 0:
-                for name, fn in _ORIGINALS.items():
-                    setattr(d, name, fn)
-                _ORIGINALS.clear()
+                _restore()

@@ -72,13 +72,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,25 +90,11 @@ from outcore.runtime.executor import Executor
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_device import Target  # sibling modules of this script
-from paired import paired_ratio, round_order
+from paired import round_order
 from peer_gradients import peer_note, zero_grad
 from vs_peers import wrap_blocks
+from vs_pytorch_report import Row, table, verdicts, write_json
 from vs_workloads import WORKLOADS, Workload
-
-
-@dataclass
-class Row:
-    model: str
-    tool: str
-    activation: int
-    step_peak: int
-    seconds: list[float] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
 
 #: where the steps run (``--device``; bench_device.py)
 TARGET = [Target()]
@@ -475,47 +458,6 @@ def run_model(w: Workload, rounds: int, compile_budget: float, skip_compile: boo
     return list(rows.values())
 
 
-def table(rows: list[Row]) -> str:
-    out = [("| model | tool | step peak MiB | / eager | activation MiB | / eager | "
-            "step ms (median) | spread ms | / eager |"),
-           "|---|---|---|---|---|---|---|---|---|"]
-    eager = {r.model: r for r in rows if r.tool == "eager"}
-    for r in rows:
-        e = eager[r.model]
-        out.append(f"| {r.model} | {r.tool} | {r.step_peak / 2**20:.1f} | "
-                   f"{r.step_peak / e.step_peak:.2f} | {r.activation / 2**20:.1f} | "
-                   f"{r.activation / e.activation:.2f} | {r.median * 1e3:.1f} | "
-                   f"{min(r.seconds) * 1e3:.1f}-{max(r.seconds) * 1e3:.1f} | "
-                   f"{r.median / e.median:.2f} |")
-    return "\n".join(out)
-
-
-def verdicts(rows: list[Row], match: str = "step") -> list[str]:
-    """Per peer: is outcore's peak (the ``match`` measure) <= the peer's, and its time <= the
-    peer's beyond the spread (its slowest round faster than the peer's fastest = resolved),
-    and the paired per-round ratio's median with its interval (``paired.py``)?"""
-    lines = []
-    by = {(r.model, r.tool): r for r in rows}
-    measure = (lambda r: r.step_peak) if match == "step" else (lambda r: r.activation)
-    pairs = [(r, o, kind) for r in rows for kind in ("outcore", "outcore+inductor")
-             if (o := by.get((r.model, f"{kind} @ {r.tool}"))) is not None]
-    for r, o, kind in pairs:
-        mem = ("<=" if measure(o) <= measure(r) else ">") + f" ({match} peak)"
-        if max(o.seconds) < min(r.seconds):
-            speed = "faster beyond the spread"
-        elif min(o.seconds) > max(r.seconds):
-            speed = "slower beyond the spread"
-        else:
-            speed = "within the spread (median " + (
-                "faster" if o.median < r.median else "slower") + ")"
-        pair = paired_ratio(o.seconds, r.seconds)
-        lines.append(f"{r.model} @ {r.tool}: {kind} memory {mem} peer, time {speed} "
-                     f"({o.median / r.median:.2f}x the peer's median); paired "
-                     f"{pair.verdict}: {pair.text()}"
-                     + ("; the PEER's gradients are WRONG" if "WRONG" in r.note else ""))
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -598,8 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in verdicts(rows, args.match):
         print("* " + line)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump([{**asdict(r), "median": r.median} for r in rows], fh, indent=1)
+        write_json(rows, args.json)
     return 0
 
 

@@ -7,8 +7,9 @@ memory formats; inputs with and without ``requires_grad``; frozen sub-modules; e
 models; random ops; stacked RNNs with dropout; integer inputs; bfloat16 and float16 models;
 permute chains and elided ``contiguous``. ``xfail`` maps a policy to the open item that
 still breaks the case there (strict: it flips when fixed): an item of issue 21 left to
-another helper, or a bug this matrix found and that is not fixed yet. (The conv kinds pass under moDNN at this budget;
-issue 21 item 4's failures need other shapes and budgets; its own variant tests cover them.)
+another helper, or a bug this matrix found and that is not fixed yet. (The conv kinds pass
+under moDNN at this budget; issue 21 item 4's failures need other shapes and budgets; its
+own variant tests cover them.)
 """
 
 from __future__ import annotations

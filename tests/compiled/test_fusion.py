@@ -88,6 +88,26 @@ def test_a_forward_chain_is_read_from_its_roots_and_single_use_values_are_absorb
     assert graph.tensors[2].name == "tangent" and len(graph.ops) == 10  # input unchanged
 
 
+def test_the_measured_scratch_per_op_follows_the_fused_ops():
+    """``graph.meta``'s per-op scratch list (filled on the unfused graph) is mapped onto the
+    fused ops, the largest of each op's members, so the activation scope reads it as
+    measured (copied as it was, its length mismatched and the scope charged every
+    gradient-making kernel its temporaries plus the gradient's bytes: ResNet-18 planned
+    9 MiB high, session 17)."""
+    from outcore.plan.scope import SCRATCH
+
+    graph = _step()
+    graph.meta[SCRATCH] = [100 * (i + 1) for i in range(len(graph.ops))]
+    fused = fuse_elementwise(graph)
+    scratch = fused.graph.meta[SCRATCH]
+    assert len(scratch) == len(fused.graph.ops) < len(graph.ops)
+    for nid, members in fused.merged.items():
+        assert scratch[nid] == max(100 * (m + 1) for m in members)
+    graph.meta[SCRATCH] = [1, 2]  # describes no op of this graph: not carried over
+    assert SCRATCH not in fuse_elementwise(graph).graph.meta
+    assert len(graph.meta[SCRATCH]) == 2  # the input graph's meta is unchanged
+
+
 def test_nothing_fuses_across_a_graph_output_a_view_or_a_random_op():
     A = TensorKind.ACTIVATION
     s = _Builder()

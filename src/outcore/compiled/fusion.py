@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from outcore.graph.dtypes import itemsize
 from outcore.graph.ir import STATIC_KINDS, Graph, Op, OpCategory, Phase, Tensor, TensorKind
@@ -201,6 +202,21 @@ def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused
         for tid in op.inputs:
             tensors[tid].consumers.append(op.id)
     fused = Graph(tensors=tensors, ops=ops, outputs=[new_id[t] for t in graph.outputs],
-                  name=graph.name, meta=dict(graph.meta), source=graph.source)
+                  name=graph.name, meta=_fused_meta(graph, merged), source=graph.source)
     fused.validate()
     return Fused(fused, original, absorbed=len(absorbed), merged=merged)
+
+
+def _fused_meta(graph: Graph, merged: dict[int, list[int]]) -> dict[str, Any]:
+    """``graph.meta`` for the fused graph: per-op lists (the measured kernel scratch,
+    ``outcore.plan.scope.SCRATCH``) mapped onto the fused ops, each the largest of its
+    members' (as ``temporaries``), so a per-op list keeps one entry per op of the graph it
+    describes. A list of another length than ``graph.ops`` is dropped (it describes no
+    op of this graph)."""
+    from outcore.plan.scope import SCRATCH
+
+    meta = dict(graph.meta)
+    per_op = meta.pop(SCRATCH, None)
+    if isinstance(per_op, list) and len(per_op) == len(graph.ops):
+        meta[SCRATCH] = [max(int(per_op[m]) for m in merged[nid]) for nid in sorted(merged)]
+    return meta

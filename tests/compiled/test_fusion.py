@@ -89,8 +89,8 @@ def test_a_forward_chain_is_read_from_its_roots_and_single_use_values_are_absorb
 
 
 def test_the_measured_scratch_per_op_follows_the_fused_ops():
-    """``graph.meta``'s per-op scratch list (filled on the unfused graph) is mapped onto the
-    fused ops, the largest of each op's members, so the activation scope reads it as
+    """``graph.meta``'s per-op lists (filled on the unfused graph) are mapped onto the
+    fused ops (the scratch: the largest of each op's members), so the activation scope reads it as
     measured (copied as it was, its length mismatched and the scope charged every
     gradient-making kernel its temporaries plus the gradient's bytes: ResNet-18 planned
     9 MiB high, session 17)."""
@@ -98,11 +98,13 @@ def test_the_measured_scratch_per_op_follows_the_fused_ops():
 
     graph = _step()
     graph.meta[SCRATCH] = [100 * (i + 1) for i in range(len(graph.ops))]
+    graph.meta["module_paths"] = [f"layer.{op.name}" for op in graph.ops]
     fused = fuse_elementwise(graph)
-    scratch = fused.graph.meta[SCRATCH]
-    assert len(scratch) == len(fused.graph.ops) < len(graph.ops)
+    scratch, paths = fused.graph.meta[SCRATCH], fused.graph.meta["module_paths"]
+    assert len(scratch) == len(paths) == len(fused.graph.ops) < len(graph.ops)
     for nid, members in fused.merged.items():
         assert scratch[nid] == max(100 * (m + 1) for m in members)
+        assert paths[nid] == f"layer.{fused.graph.ops[nid].name}"  # the op kept
     graph.meta[SCRATCH] = [1, 2]  # describes no op of this graph: not carried over
     assert SCRATCH not in fuse_elementwise(graph).graph.meta
     assert len(graph.meta[SCRATCH]) == 2  # the input graph's meta is unchanged

@@ -208,15 +208,19 @@ def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused
 
 
 def _fused_meta(graph: Graph, merged: dict[int, list[int]]) -> dict[str, Any]:
-    """``graph.meta`` for the fused graph: per-op lists (the measured kernel scratch,
-    ``outcore.plan.scope.SCRATCH``) mapped onto the fused ops, each the largest of its
-    members' (as ``temporaries``), so a per-op list keeps one entry per op of the graph it
-    describes. A list of another length than ``graph.ops`` is dropped (it describes no
-    op of this graph)."""
+    """``graph.meta`` for the fused graph, its per-op lists mapped onto the fused ops so
+    each keeps one entry per op of the graph it describes: the measured kernel scratch
+    (``outcore.plan.scope.SCRATCH``) the largest of each op's members' (as
+    ``temporaries``), the module paths (``"module_paths"``) the path of the op the others
+    merged into (the last member). A list of another length than ``graph.ops`` describes no
+    op of this graph and is dropped."""
     from outcore.plan.scope import SCRATCH
 
     meta = dict(graph.meta)
-    per_op = meta.pop(SCRATCH, None)
-    if isinstance(per_op, list) and len(per_op) == len(graph.ops):
-        meta[SCRATCH] = [max(int(per_op[m]) for m in merged[nid]) for nid in sorted(merged)]
+    fused_ops = sorted(merged)
+    for key, pick in ((SCRATCH, lambda xs: max(int(x) for x in xs)),
+                      ("module_paths", lambda xs: xs[-1])):
+        per_op = meta.pop(key, None)
+        if isinstance(per_op, list) and len(per_op) == len(graph.ops):
+            meta[key] = [pick([per_op[m] for m in merged[nid]]) for nid in fused_ops]
     return meta

@@ -233,14 +233,14 @@ def capture_dynamo_graph(gm: fx.GraphModule, example_inputs: Sequence[torch.Tens
     """
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    from outcore.capture.rnn_tracing import rnn_traced_as_eager
+    from outcore.capture.traced_as_eager import traced_as_eager
 
     roles = input_roles(gm, example_inputs, states)
     step = _DynamoStep(gm, example_inputs, roles)
     arguments = tuple(v for v, role in zip(example_inputs, roles, strict=True) if role == "input")
     with contextlib.ExitStack() as stack:
         try:
-            with rnn_traced_as_eager():  # eager's RNN dropout (capture/rnn_tracing.py)
+            with traced_as_eager():  # eager's RNN dropout (capture/traced_as_eager.py)
                 joint = aot_export_joint_with_descriptors(stack, step, arguments).graph_module
         except Exception as exc:  # torch raises many types here; keep its reason
             reason = str(exc).splitlines()[0] if str(exc) else ""

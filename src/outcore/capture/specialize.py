@@ -168,10 +168,10 @@ def _is_data_dependent(err: BaseException) -> bool:
 def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...]) -> Any:
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    from outcore.capture.rnn_tracing import rnn_traced_as_eager
+    from outcore.capture.traced_as_eager import traced_as_eager
 
     try:
-        with rnn_traced_as_eager():
+        with traced_as_eager():
             return aot_export_joint_with_descriptors(stack, step, args)
     except CaptureError:
         raise

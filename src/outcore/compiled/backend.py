@@ -120,7 +120,7 @@ class InductorBackend:
                  example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
 
-        from outcore.capture.rnn_tracing import rnn_traced_as_eager
+        from outcore.capture.traced_as_eager import traced_as_eager
 
         if not self._warned and torch.is_grad_enabled():
             self._warned = True
@@ -129,7 +129,7 @@ class InductorBackend:
                           "tolerance (about 1e-5 relative in float32), not bit for bit",
                           InductorRoundingWarning, stacklevel=2)
         try:
-            with self._recompute_order(), rnn_traced_as_eager():  # capture/rnn_tracing.py
+            with self._recompute_order(), traced_as_eager():  # capture/traced_as_eager.py
                 compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
                     gm, list(example_inputs),
                     config_patches={**self.config_patches,

@@ -1,9 +1,22 @@
-"""RNNs are traced as eager PyTorch runs them in training.
+"""A traced training step computes what eager PyTorch computes, where PyTorch's Python
+decompositions do not.
 
-PyTorch (2.13) traces ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` through the Python
-decompositions of ``aten.lstm`` / ``aten.gru`` / ``aten.rnn_tanh`` / ``aten.rnn_relu``
-(``.input`` and the packed-sequence ``.data`` overloads), not through the C++ kernels eager
-runs. Two of their choices differ from eager's in a training step:
+Tracing (``aot_export_joint_with_descriptors``, under the Python dispatcher) takes the
+Python kernels PyTorch registers for some ops (``OpOverload.py_kernels`` at the Autograd or
+CompositeImplicitAutograd key) instead of the C++ kernels eager runs. In PyTorch 2.13 three
+of them compute another training step than eager:
+
+0. **``multilabel_margin_loss``** (``aten.multilabel_margin_loss_forward``): the
+   decomposition masks the classes that are targets but not the target slots after the
+   first ``-1``, which it gathers as class 0, so every sample with fewer labels than classes
+   (the usual case) adds loss terms eager does not (a 4 x 5 batch: 4.56 against eager's
+   1.84). It is traced as eager's own kernel and its derivative
+   (``multilabel_margin_loss_backward``) while the context is open, on every device:
+   bit for bit eager's.
+
+RNNs: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` are traced through the Python decompositions
+of ``aten.lstm`` / ``aten.gru`` / ``aten.rnn_tanh`` / ``aten.rnn_relu`` (``.input`` and the
+packed-sequence ``.data`` overloads). Two of their choices differ from eager's:
 
 1. **Dropout between layers is dropped.** Every overload loops over layers in
    ``torch._decomp.decompositions._rnn_helper``, which sets the dropout probability to 0
@@ -22,7 +35,7 @@ runs. Two of their choices differ from eager's in a training step:
 ``aot_export_joint_with_descriptors``, so every stacked RNN with dropout, and every LSTM
 reading its batch directly, met them.
 
-``rnn_traced_as_eager()``, while a step is traced:
+``traced_as_eager()``, while a step is traced, also:
 
 * GRUs and plain RNNs on the CPU are traced through eager's own C++ composite kernel
   (``OpOverload._op_dk(CompositeImplicitAutograd, ...)``, the path eager runs, so the
@@ -60,6 +73,8 @@ _LOCK = threading.Lock()
 #: RNN overloads traced through eager's C++ composite on the CPU (module doc).
 _EAGER_ON_CPU = ("gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
                  "rnn_relu.input", "rnn_relu.data")
+#: Overloads traced through eager's own kernel on every device (item 0 of the module doc).
+_EAGER_EVERYWHERE = ("multilabel_margin_loss_forward.default",)
 _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 _ACTIVE = [0]  # contexts open now (nested or on other threads): patched while above 0
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
@@ -127,13 +142,16 @@ def _patch() -> None:
     d._rnn_helper = _layer_by_layer(_ORIGINALS["_rnn_helper"])
     d.select_one_layer_lstm_function = _differentiable_lstm(
         _ORIGINALS["select_one_layer_lstm_function"], d.one_layer_lstm)
-    for name in _EAGER_ON_CPU:
+    for name in (*_EAGER_ON_CPU, *_EAGER_EVERYWHERE):
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
         for key in _KEYS:
             if key in op.py_kernels:
                 _KERNELS.append((op, key, op.py_kernels[key]))
-                op.py_kernels[key] = _eager_on_cpu(op, op.py_kernels[key])
+                if name in _EAGER_ON_CPU:
+                    op.py_kernels[key] = _eager_on_cpu(op, op.py_kernels[key])
+                else:  # no Python kernel: the dispatcher runs eager's C++ one
+                    del op.py_kernels[key]
         op._dispatch_cache.clear()
 
 
@@ -150,8 +168,8 @@ def _restore() -> None:
 
 
 @contextlib.contextmanager
-def rnn_traced_as_eager() -> Iterator[None]:
-    """While active, traced RNNs compute what eager computes (module doc)."""
+def traced_as_eager() -> Iterator[None]:
+    """While active, traced steps compute what eager computes (module doc)."""
     with _LOCK:
         if _ACTIVE[0] == 0:
             _patch()

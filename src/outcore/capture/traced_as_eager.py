@@ -134,6 +134,20 @@ def _eager_on_cpu(op: Any, original: Callable[..., Any]) -> Callable[..., Any]:
     return kernel
 
 
+def eager_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table (``select_decomp_table``) less the ops traced as
+    eager's own kernel on every device (``_EAGER_EVERYWHERE``): Inductor applies that
+    table while it traces, after the Python kernels, so the ops must leave it too (Inductor
+    then calls eager's kernel for them, a fallback)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    eager = set()
+    for name in _EAGER_EVERYWHERE:
+        packet, overload = name.split(".")
+        eager.add(getattr(getattr(torch.ops.aten, packet), overload))
+    return {op: fn for op, fn in select_decomp_table().items() if op not in eager}
+
+
 def _patch() -> None:
     from torch._decomp import decompositions as d
 

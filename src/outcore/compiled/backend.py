@@ -116,11 +116,20 @@ class InductorBackend:
         stack.enter_context(V.set_choices_handler(KeepRecomputeInPlace()))
         return stack
 
+    def _decompositions(self, table: Callable[[], dict[Any, Callable[..., Any]]]
+                        ) -> dict[Any, Callable[..., Any]]:
+        """``table()`` under this backend's Inductor config (``fallback_random`` picks
+        the table that keeps eager's random ops)."""
+        from torch._inductor import config as inductor_config
+
+        with inductor_config.patch(self.config_patches):
+            return table()
+
     def __call__(self, gm: fx.GraphModule,
                  example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
 
-        from outcore.capture.traced_as_eager import traced_as_eager
+        from outcore.capture.traced_as_eager import eager_decompositions, traced_as_eager
 
         if not self._warned and torch.is_grad_enabled():
             self._warned = True
@@ -133,7 +142,8 @@ class InductorBackend:
                 compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
                     gm, list(example_inputs),
                     config_patches={**self.config_patches,
-                                    "custom_partitioner_fn": self.partitioner})
+                                    "custom_partitioner_fn": self.partitioner},
+                    decompositions=self._decompositions(eager_decompositions))
             return compiled
         except Exception as err:
             cause = _outcore_cause(err)

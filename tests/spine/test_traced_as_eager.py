@@ -160,33 +160,38 @@ def test_the_decompositions_are_restored_also_when_nested_or_failing():
     assert current() == original
 
 
-@pytest.mark.parametrize("which", ["backend", "inductor_backend"])
-def test_the_compile_backends_keep_the_dropout_where_dynamo_traces_rnns(which):
-    """With ``torch._dynamo.config.allow_rnn`` on, dynamo hands the RNN to the backend,
-    whose AOT trace meets the same decompositions (off, the RNN runs eagerly)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Tagger("gru", 3, True, False)
+def _compiled_against_eager(which: str, model: nn.Module, loss_fn, x, y) -> None:
+    """One step of ``loss_fn(model(x), y)`` compiled with outcore's backend ``which`` and
+    one eager step of a copy, from the same seed: equal up to float rounding."""
     eager = copy.deepcopy(model)
-    x, y = _batch(True)
+    torch._dynamo.reset()
     backend = (outcore.backend(budget=None) if which == "backend"
                else outcore.inductor_backend(budget=None, gpu="this-cpu"))
     try:
-        with torch._dynamo.config.patch(allow_rnn=True):
-            step = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend=backend)
-            torch.manual_seed(7)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # inductor_backend's rounding warning
-                loss = step(x, y)
-            loss.backward()
+        step = torch.compile(lambda x, y: loss_fn(model(x), y), backend=backend)
+        torch.manual_seed(7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # inductor_backend's rounding warning
+            loss = step(x, y)
+        loss.backward()
     finally:
         torch._dynamo.reset()
     torch.manual_seed(7)
-    expected = F.cross_entropy(eager(x), y)
+    expected = loss_fn(eager(x), y)
     expected.backward()
     torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
     for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("which", ["backend", "inductor_backend"])
+def test_the_compile_backends_keep_the_dropout_where_dynamo_traces_rnns(which):
+    """With ``torch._dynamo.config.allow_rnn`` on, dynamo hands the RNN to the backend,
+    whose AOT trace meets the same decompositions (off, the RNN runs eagerly)."""
+    torch.manual_seed(0)
+    model = Tagger("gru", 3, True, False)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        _compiled_against_eager(which, model, F.cross_entropy, *_batch(True))
 
 
 def _multilabel(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -241,24 +246,7 @@ def test_ops_with_python_kernels_train_as_eager(name):
 def test_the_compile_backends_compute_eagers_multilabel_margin_loss(which):
     """torch.compile's own backends (aot_eager, inductor) compute it as the decomposition
     does (3.46 against eager's 1.55 on a batch like this one)."""
-    torch._dynamo.reset()
     torch.manual_seed(0)
-    model = nn.Linear(16, 5)
-    eager = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
-    backend = (outcore.backend(budget=None) if which == "backend"
-               else outcore.inductor_backend(budget=None, gpu="this-cpu"))
-    try:
-        step = torch.compile(lambda x, y: _multilabel(model(x), y), backend=backend)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # inductor_backend's rounding warning
-            loss = step(x, y)
-        loss.backward()
-    finally:
-        torch._dynamo.reset()
-    expected = _multilabel(eager(x), y)
-    expected.backward()
-    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
-    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+    _compiled_against_eager(which, nn.Linear(16, 5), _multilabel, x, y)

@@ -137,14 +137,20 @@ def _eager_on_cpu(op: Any, original: Callable[..., Any]) -> Callable[..., Any]:
 def eager_decompositions() -> dict[Any, Callable[..., Any]]:
     """Inductor's decomposition table (``select_decomp_table``) less the ops traced as
     eager's own kernel on every device (``_EAGER_EVERYWHERE``): Inductor applies that
-    table while it traces, after the Python kernels, so the ops must leave it too (Inductor
-    then calls eager's kernel for them, a fallback)."""
+    table while it traces, after the Python kernels, so the ops must leave it too; each gets
+    a fallback lowering (Inductor calls eager's kernel), registered once."""
+    from torch._inductor import lowering
     from torch._inductor.decomposition import select_decomp_table
 
     eager = set()
     for name in _EAGER_EVERYWHERE:
         packet, overload = name.split(".")
-        eager.add(getattr(getattr(torch.ops.aten, packet), overload))
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        eager.add(op)
+        if op not in lowering.lowerings:  # Inductor's implicit fallback refuses an op with
+            # a decomposition where the environment says CI (``make_fallback``): an explicit
+            # one (eager's kernel; the op never reaches lowering with Inductor's own table)
+            lowering.make_fallback(op, warn=False, override_decomp=True)
     return {op: fn for op, fn in select_decomp_table().items() if op not in eager}
 
 

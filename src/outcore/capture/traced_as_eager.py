@@ -81,6 +81,12 @@ _ORIGINALS: dict[str, Callable[..., Any]] = {}
 _KERNELS: list[tuple[Any, DispatchKey, Callable[..., Any]]] = []  # (op, key, original)
 
 
+def _aten(name: str) -> Any:
+    """The ATen overload ``"packet.overload"`` names."""
+    packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
+
+
 def _layer_by_layer(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` (``_rnn_helper``) with eager's dropout between layers."""
 
@@ -144,8 +150,7 @@ def eager_decompositions() -> dict[Any, Callable[..., Any]]:
 
     eager = set()
     for name in _EAGER_EVERYWHERE:
-        packet, overload = name.split(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
+        op = _aten(name)
         eager.add(op)
         if op not in lowering.lowerings:  # Inductor's implicit fallback refuses an op with
             # a decomposition where the environment says CI (``make_fallback``): an explicit
@@ -163,8 +168,7 @@ def _patch() -> None:
     d.select_one_layer_lstm_function = _differentiable_lstm(
         _ORIGINALS["select_one_layer_lstm_function"], d.one_layer_lstm)
     for name in (*_EAGER_ON_CPU, *_EAGER_EVERYWHERE):
-        packet, overload = name.split(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
+        op = _aten(name)
         for key in _KEYS:
             if key in op.py_kernels:
                 _KERNELS.append((op, key, op.py_kernels[key]))

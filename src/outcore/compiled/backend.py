@@ -116,17 +116,9 @@ class InductorBackend:
         stack.enter_context(V.set_choices_handler(KeepRecomputeInPlace()))
         return stack
 
-    def _decompositions(self, table: Callable[[], dict[Any, Callable[..., Any]]]
-                        ) -> dict[Any, Callable[..., Any]]:
-        """``table()`` under this backend's Inductor config (``fallback_random`` picks
-        the table that keeps eager's random ops)."""
-        from torch._inductor import config as inductor_config
-
-        with inductor_config.patch(self.config_patches):
-            return table()
-
     def __call__(self, gm: fx.GraphModule,
                  example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
+        from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
         from outcore.capture.traced_as_eager import eager_decompositions, traced_as_eager
@@ -137,13 +129,15 @@ class InductorBackend:
                           "differently from eager PyTorch; gradients match eager's to a "
                           "tolerance (about 1e-5 relative in float32), not bit for bit",
                           InductorRoundingWarning, stacklevel=2)
+        with inductor_config.patch(self.config_patches):  # fallback_random picks the table
+            decompositions = eager_decompositions()
         try:
             with self._recompute_order(), traced_as_eager():  # capture/traced_as_eager.py
                 compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
                     gm, list(example_inputs),
                     config_patches={**self.config_patches,
                                     "custom_partitioner_fn": self.partitioner},
-                    decompositions=self._decompositions(eager_decompositions))
+                    decompositions=decompositions)
             return compiled
         except Exception as err:
             cause = _outcore_cause(err)

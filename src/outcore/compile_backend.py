@@ -185,6 +185,13 @@ def _signature(joint: fx.GraphModule, roles: list[Role], nodes: NodeMap,
                     and isinstance(desc.output, aot.PlainAOTOutput):
                 sig.bindings[tid] = ("tangent", node.meta["val"])
                 sig.tangents[desc.output.idx] = tid
+            elif isinstance(desc, aot.TangentAOTInput) \
+                    and isinstance(desc.output, aot.InputMutationAOTOutput):
+                # a parameter changed in place under no_grad (``nn.Embedding(max_norm=...)``):
+                # nothing after the step reads its new value, so its tangent is zero
+                val = node.meta["val"]
+                sig.bindings[tid] = ("const", torch.zeros(val.shape, dtype=val.dtype,
+                                                          device=val.device))
             elif isinstance(desc, (aot.ParamAOTInput, aot.BufferAOTInput)) \
                     and not desc.target.startswith("in"):
                 sig.bindings[tid] = ("const", step.get_parameter(desc.target)

@@ -206,6 +206,29 @@ class IntFeatures(nn.Module):
         return self.lin(torch.cat([emb, onehot * ids.float().mean()], dim=1))
 
 
+class _GradReverse(torch.autograd.Function):
+    """A user's autograd.Function (domain adaptation's gradient-reversal layer)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return -0.5 * g
+
+
+class UserFunction(nn.Module):
+    """A user's own ``torch.autograd.Function`` between two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(20, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(_GradReverse.apply(torch.relu(self.a(x)))))
+
+
 class SeqTagger(nn.Module):
     """A stacked RNN with dropout between its layers reading the batch directly (the input
     needs no gradient), then a linear head on the last step."""
@@ -286,6 +309,11 @@ CASES: list[Case] = [
     Case("gru-bidirectional-time-major", lambda: SeqTagger(
         nn.GRU(6, 16, num_layers=2, dropout=0.3, bidirectional=True)),
          lambda: (torch.randn(7, 8, 6), labels(8))),
+    Case("user-autograd-function", UserFunction, lambda: (torch.randn(16, 20), labels(16)),
+         every_policy=True),
+    Case("embedding-max-norm", lambda: _mlp(nn.Embedding(30, 8, max_norm=1.0),
+                                            _Lambda(lambda h: h.mean(1)), nn.Linear(8, 4)),
+         lambda: (torch.randint(0, 30, (8, 5)), labels(8))),
     Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
          xfail={"modnn": _COUPLED}),
     Case("embedding-bag", lambda: IntFeatures(bag=True),

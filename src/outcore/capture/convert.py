@@ -55,9 +55,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _phase(node: fx.Node) -> Phase:
+_BACKWARD_KINDS = frozenset({TensorKind.TANGENT, TensorKind.GRADIENT})
+
+
+def _phase(node: fx.Node, input_kinds: list[TensorKind]) -> Phase:
+    """BACKWARD when aot_autograd tagged the node so (``partitioner_tag``), or when it reads
+    a tangent or a backward op's output: only the backward has those. aot_autograd leaves
+    the ops a user's ``torch.autograd.Function.backward`` runs untagged when the step comes
+    through dynamo (a gradient-reversal layer's ``-lam * g``), and lowering runs every
+    FORWARD op before the backward, so such an op ran before its input existed."""
     tag = node.meta.get("partitioner_tag", "is_forward")
-    return Phase.BACKWARD if tag == "is_backward" else Phase.FORWARD
+    if tag == "is_backward" or any(k in _BACKWARD_KINDS for k in input_kinds):
+        return Phase.BACKWARD
+    return Phase.FORWARD
 
 
 class _Builder:
@@ -117,7 +127,8 @@ class _Builder:
                 self.tensors[slot].name = node.name
             return
         oid = len(self.ops)
-        phase = _phase(node)
+        inputs = self._inputs(node)
+        phase = _phase(node, [self.tensors[t].kind for t in inputs])
         kind = TensorKind.ACTIVATION if phase is Phase.FORWARD else TensorKind.GRADIENT
         if "val" not in node.meta and not _returns_nothing(node):
             raise _node_error(node, "has no traced value (meta['val']), so its size is unknown")
@@ -140,7 +151,6 @@ class _Builder:
             tid = self.add_tensor(val, node.name, kind, oid)
             outputs.append(tid)
             self.map.node_tensors[node] = tid
-        inputs = self._inputs(node)
         target = target_name(node.target)
         category = categorize(target)
         for tid in inputs:

@@ -123,16 +123,25 @@ class CapturedStep:
                 values[tid] = leaves[desc.idx]
             elif cls == "TangentAOTInput":
                 tangents.append(tid)
+                if type(desc.output).__name__ != "PlainAOTOutput":
+                    # the tangent of a mutated input's new value (a parameter renormed in
+                    # place under no_grad, ``nn.Embedding(max_norm=...)``): nothing
+                    # downstream of the step reads that value, so its gradient is zero
+                    values[tid] = torch.zeros(graph.tensors[tid].shape,
+                                              dtype=getattr(torch, graph.tensors[tid].dtype))
             else:
                 raise CaptureError(f"the joint graph has an input outcore cannot bind: "
                                    f"{graph.tensors[tid].name} ({desc!r}); report it with the "
                                    "model, or run the step eagerly")
         if tangents:  # on the device the step computes on: the loss's, its inputs'
-            loss = graph.tensors[graph.by_name("tangents_1").id]
             device = _step_device(params.values(), leaves)
             for tid in tangents:
-                values[tid] = torch.full(loss.shape, loss_scale, device=device,
-                                         dtype=getattr(torch, loss.dtype))
+                seed = graph.tensors[tid]
+                if tid in values:
+                    values[tid] = values[tid].to(device)
+                else:
+                    values[tid] = torch.full(seed.shape, loss_scale, device=device,
+                                             dtype=getattr(torch, seed.dtype))
         return values
 
     def parameter(self, name: str) -> nn.Parameter:

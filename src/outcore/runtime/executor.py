@@ -366,15 +366,25 @@ class Executor:
         params: dict[str, torch.Tensor] = {
             n.removeprefix("model."): p for n, p in module.named_parameters(remove_duplicate=False)}
         params.update(inputs or {})
-        owned = {n.removeprefix("model."): b
-                 for n, b in module.named_buffers(remove_duplicate=False)}
-        commit(params, grads, owned, buffers or {})
+        commit(params, grads, self._state(), buffers or {})
 
     def named_buffers(self, names: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """(name, the module's buffer) for every name of ``names`` (``StepResult`` naming)."""
-        owned = {n.removeprefix("model."): b
-                 for n, b in self.step.step_module.named_buffers(remove_duplicate=False)}
+        owned = self._state()
         return [(n, owned[n]) for n in names]
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """What a step's in-place updates may write, by ``StepResult`` name: the module's
+        buffers (BatchNorm statistics), and its parameters where the forward changes one in
+        place under no_grad (``nn.Embedding(max_norm=...)`` renorms the rows it looks up,
+        as eager does before the lookup)."""
+        module = self.step.step_module
+        owned: dict[str, torch.Tensor] = {
+            n.removeprefix("model."): p
+            for n, p in module.named_parameters(remove_duplicate=False)}
+        owned.update({n.removeprefix("model."): b
+                      for n, b in module.named_buffers(remove_duplicate=False)})
+        return owned
 
     def apply_buffers(self, result: StepResult) -> None:
         """Write only ``result``'s buffer updates (a sub-batch's BatchNorm statistics)."""

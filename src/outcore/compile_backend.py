@@ -329,6 +329,7 @@ class OutcoreBackend:
         An OutcoreError (infeasible budget, unsupported graph) is returned as a callable that
         raises it: dynamo would otherwise wrap it in its own BackendCompilerFailed.
         """
+        from outcore.cost.measure_temporaries import real_outputs_alone
         from outcore.hardware import default_gpu
         from outcore.log import announce
 
@@ -340,6 +341,8 @@ class OutcoreBackend:
             self._check_device(inputs)
             graph, signature = capture_dynamo_graph(gm, inputs, f"compiled{len(self.graphs)}",
                                                     states)
+            if not self.device.startswith("cuda"):  # what CPU kernels really return
+                real_outputs_alone(graph)
             planned = self._plan(graph, self.gpu or default_gpu(graph, self.device))
             compiled = CompiledGraph(planned, signature, self._make_device, self.budget)
         except OutcoreError as err:

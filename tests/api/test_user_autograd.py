@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import outcore
-from outcore.errors import InfeasibleBudgetError
+from outcore.errors import CaptureError, InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
 from outcore.graph.ir import Phase, TensorKind
 
@@ -192,3 +192,17 @@ def test_the_renorm_changes_the_weight() -> None:
     before = model.e.weight.detach().clone()
     _eager(model, _tokens())
     assert not torch.equal(before, model.e.weight.detach())
+
+
+def test_sparse_gradients_are_refused_with_what_to_do() -> None:
+    class Sparse(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = nn.Embedding(50, 16, sparse=True)
+            self.o = nn.Linear(16, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.o(self.e(x).mean(1))
+
+    with pytest.raises(CaptureError, match="sparse=False"):
+        outcore.capture(_model(Sparse), F.cross_entropy, _tokens())

@@ -86,6 +86,12 @@ class _Builder:
     def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
                    producer: int | None, source: str = "") -> int:
         tid = len(self.tensors)
+        if val.layout != torch.strided:
+            raise CaptureError(
+                f"the step makes {name!r}, a {val.layout} tensor; outcore plans dense (strided) "
+                "tensors only. nn.Embedding(sparse=True) / nn.EmbeddingBag(sparse=True) and "
+                "F.embedding(..., sparse=True) make sparse gradients: use sparse=False (the "
+                "gradient is then dense; SGD's update is the same)")
         key = val.untyped_storage()._cdata
         base = self.storage_owner.setdefault(key, tid)
         nbytes = val.untyped_storage().nbytes() if base == tid else 0

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+from torch.utils._pytree import tree_map
 
 from outcore.cost.measure_ops import _arguments
 from outcore.errors import ProfileError
@@ -324,6 +325,61 @@ def measure_temporaries(graph: Graph, batch: Any = None, *, seed: int = 0,
         graph.meta[SCRATCH] = scratch
     graph.meta[RNG_STATE_BYTES] = rng_state_bytes(device)
     return result
+
+
+def real_outputs_alone(graph: Graph, seed: int = 0) -> None:
+    """``RealOutputs`` without a batch: each op of ``graph`` run once alone on the CPU, on
+    fresh inputs laid out like its arguments (``outcore.cost.measure_ops``), under no_grad;
+    storages larger than declared raise the graph's ``nbytes`` and returned storages the
+    graph drops join the op's temporaries, as a measurement in the step applies them.
+
+    For a graph whose step has no batch to run it on (``torch.compile``'s backend, which
+    sees flat arguments): there the emulated device's tracker counts what the kernels
+    really return, and fake tensors under-declare some of it (a CPU ``mse_loss``,
+    ``smooth_l1_loss``, ``binary_cross_entropy`` or ``soft_margin_loss`` with a reduction
+    returns its scalar in a storage the size of its input; ``_embedding_bag``'s
+    offset2bag). Layout-dependent sizes (a ``copy`` into a view of a larger base) are
+    the fresh inputs' and may still be below the step's. Ops on CUDA tensors are skipped
+    (this runs on the CPU); an op that refuses normal random values runs again on values in
+    [0, 1) (a binary cross-entropy's probabilities), and where it refuses those too its
+    declared sizes stand. The caller's generator is left
+    as it was."""
+    nodes = list(getattr(graph.source, "op_nodes", []))
+    if len(nodes) != len(graph.ops):
+        raise ProfileError(f"graph {graph.name!r} has no FX node per op")
+    outputs = RealOutputs(graph)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        for oid, node in enumerate(nodes):
+            fake = [v for v in _tensors(node.meta.get("val")) if v.device.type != "cpu"]
+            if fake or not callable(node.target):
+                continue
+            args, kwargs = _arguments(node, generator)
+            result = _run_on(node, args, kwargs)
+            if result is None:  # values it refuses (BCE wants [0, 1]) in [0, 1) too
+                args, kwargs = tree_map(_unit, (args, kwargs))
+                result = _run_on(node, args, kwargs)
+            if result is not None:
+                outputs.see(oid, args, kwargs, result)
+            del result
+    outputs.apply()
+    for op, dropped in zip(graph.ops, outputs.dropped, strict=True):
+        op.temporaries += dropped
+
+
+def _run_on(node: Any, args: Any, kwargs: Any) -> Any:
+    """``node``'s kernel on ``args``/``kwargs``, or None where it refuses their values."""
+    try:
+        return cast(Callable[..., Any], node.target)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a value check of the kernel, not an outcore error
+        return None
+
+
+def _unit(value: Any) -> Any:
+    """A floating tensor's values squashed into [0, 1), same layout; anything else as is."""
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        return torch.sigmoid(value)
+    return value
 
 
 def set_temporaries(graph: Graph, temporaries: list[int]) -> None:

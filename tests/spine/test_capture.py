@@ -142,3 +142,19 @@ def test_data_dependent_control_flow_fake_names_cause_and_way_out():
     message = str(err.value)
     assert "one graph" in message and "depend on tensor values" in message
     assert "torch.where" in message
+
+
+def test_an_op_without_a_shape_rule_is_named_with_why():
+    """F.ctc_loss's output shape depends on its inputs' values: PyTorch cannot trace it on
+    fake tensors (torch.compile breaks the graph there), so the step is refused, naming it."""
+
+    def ctc(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        lengths = torch.full((out.shape[0],), out.shape[1], dtype=torch.long)
+        return nn.functional.ctc_loss(out.log_softmax(-1).transpose(0, 1), y, lengths,
+                                      torch.full((out.shape[0],), 3, dtype=torch.long))
+
+    batch = (torch.randn(2, 12, 6), torch.randint(1, 6, (2, 3)))
+    with pytest.raises(CaptureError) as err:
+        capture(nn.Linear(6, 6), ctc, batch)
+    message = str(err.value)
+    assert "_ctc_loss" in message and "no shape rule" in message

@@ -189,6 +189,12 @@ def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...])
 def _way_out(exc: BaseException) -> str:
     """What the user can change, for the common reasons a step cannot be one graph."""
     text = f"{type(exc).__name__} {exc}"
+    if "DynamicOutputShapeException" in text:
+        return ("PyTorch has no shape rule for that op on fake tensors: the shape of what it "
+                "makes depends on its inputs' values (torch.compile breaks the graph there "
+                "too; F.ctc_loss is one such op). outcore needs the whole step as one graph, "
+                "so a step that calls it cannot be planned; keep that op out of the model and "
+                "loss, or train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
     if "Unsupported" in text or "graph break" in text.lower():

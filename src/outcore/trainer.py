@@ -57,11 +57,13 @@ from outcore.capture.batching import (
     step_loss,
 )
 from outcore.capture.hooks import check_hooks
+from outcore.capture.python_state import changed, python_state, replan_note
 from outcore.capture.step import SpecializationMismatch
 from outcore.errors import (
     CaptureError,
     EvalModeWarning,
     InvalidArgumentError,
+    ReplanWarning,
     UnsupportedModelError,
 )
 from outcore.graph.ir import Graph
@@ -289,7 +291,8 @@ class Trainer:
         params = tuple((p.dtype, p.device.type, p.requires_grad)
                        for p in self.model.parameters())
         modes = tuple(m.training for m in self.model.modules())
-        return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model))
+        return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model),
+                python_state(self.model, self.loss_fn))
 
     def _entry(self, batch: Any, fresh: bool = False) -> _Entry:
         check_hooks(self.model)
@@ -299,6 +302,7 @@ class Trainer:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
         else:
+            self._announce_changed_values(key)
             entry = self._prepare(batch)
             self._cache[key] = entry
             self._cache.move_to_end(key)
@@ -311,6 +315,14 @@ class Trainer:
         self.stats.signature = split_batch_leaves(batch)[1].describe()
         self.stats.notes = list(entry.planned.notes)
         return entry
+
+    def _announce_changed_values(self, key: Hashable) -> None:
+        """Say which Python values changed, when that is why this step is captured again."""
+        last = next(reversed(self._cache), None)
+        if isinstance(last, tuple) and isinstance(key, tuple) and last[:-1] == key[:-1] \
+                and last[-1] != key[-1]:
+            announce(replan_note((self.model, self.loss_fn), last[-1], key[-1]),
+                     ReplanWarning, stacklevel=4)
 
     def _prepare(self, batch: Any) -> _Entry:
         """Capture and plan a step for ``batch``'s signature."""
@@ -430,10 +442,24 @@ class PlannedTrainer:
         self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
                                   sub_batches=planned.plan.sub_batches,
                                   notes=list(planned.notes))
+        self._python_state = python_state(model)
 
     @property
     def plan(self) -> Plan:
         return self.planned.plan
+
+    def _check_python_state(self) -> None:
+        """Refuse a step after a Python value the captured step may have baked in changed
+        (``outcore.capture.python_state``): this trainer runs one fixed captured step."""
+        now = python_state(self.model)
+        if now != self._python_state:
+            names = ", ".join(changed((self.model,), self._python_state, now)[:5])
+            raise UnsupportedModelError(
+                f"the model's Python value(s) {names or '(its attributes)'} changed after the "
+                "step was captured, and this trainer runs that one captured step, which "
+                "computes with the old values. Set them back, hold a value that changes in a "
+                "tensor buffer (register_buffer), or plan again (outcore.compile captures "
+                "again by itself when one changes).")
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
@@ -447,6 +473,7 @@ class PlannedTrainer:
         parts = self.planned.plan.sub_batches
         x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
         check_batch(self.planned.graph, (x, y), parts)
+        self._check_python_state()
         _refuse_split_input_grads(parts, (x, y))
         if parts > 1:
             result = run_sub_batches(self.executor, (x, y), parts)

@@ -304,6 +304,9 @@ class Trainer:
         else:
             self._announce_changed_values(key)
             entry = self._prepare(batch)
+            # keyed by the state the capture left: a forward may set a value on its first
+            # call (Hugging Face's config.problem_type), as the traced forward did
+            key = self.signature(batch)
             self._cache[key] = entry
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:

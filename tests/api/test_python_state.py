@@ -121,3 +121,26 @@ def test_the_fingerprint_sees_dropout_rates_and_ignores_tensors() -> None:
     after = python_state(model)
     assert after != before
     assert changed((model,), before, after) == ["1.p"]
+
+
+class SetsOnFirstCall(nn.Module):
+    """Sets a value on its first forward (as Hugging Face sets ``config.problem_type``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 5)
+        self.kind: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind is None:
+            self.kind = "single_label"
+        return self.a(x)
+
+
+def test_a_value_the_first_forward_sets_costs_no_second_capture() -> None:
+    batch = _batch()
+    with outcore.compile(SetsOnFirstCall(), F.cross_entropy, batch, budget=None,
+                         device="cpu-emulated", policy="offload-all") as trainer:
+        for _ in range(3):
+            trainer.step(*batch)
+        assert trainer.stats.captures == 1

@@ -56,6 +56,7 @@ from torch._functorch._aot_autograd import descriptors as aot
 
 from outcore.api import plan
 from outcore.capture.convert import NodeMap, build_graph
+from outcore.capture.effect_tokens import TOKEN_INPUTS, TOKEN_OUTPUTS
 from outcore.capture.step import CapturedStep
 from outcore.errors import CaptureError, OutcoreError, ReplanWarning, ScheduleError
 from outcore.graph.ir import Graph
@@ -185,6 +186,8 @@ def _signature(joint: fx.GraphModule, roles: list[Role], nodes: NodeMap,
                     and isinstance(desc.output, aot.PlainAOTOutput):
                 sig.bindings[tid] = ("tangent", node.meta["val"])
                 sig.tangents[desc.output.idx] = tid
+            elif type(desc).__name__ in TOKEN_INPUTS:  # never read (``effect_tokens``)
+                sig.bindings[tid] = ("const", torch.empty(0))
             elif isinstance(desc, aot.TangentAOTInput) \
                     and isinstance(desc.output, aot.InputMutationAOTOutput):
                 # a parameter changed in place under no_grad (``nn.Embedding(max_norm=...)``):
@@ -211,6 +214,8 @@ def _signature(joint: fx.GraphModule, roles: list[Role], nodes: NodeMap,
                     sig.grads[_flat_index(desc.grad_of, arguments)] = tid
                 elif isinstance(desc, aot.InputMutationAOTOutput):
                     sig.mutations.append((_flat_index(desc.mutated_input, arguments), tid))
+                elif type(desc).__name__ in TOKEN_OUTPUTS:
+                    continue
                 else:
                     raise CaptureError(f"the compiled graph returns {desc!r}, which outcore's "
                                        "backend cannot run (an output aliasing an input?)")

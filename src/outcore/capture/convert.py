@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from outcore.capture.effect_tokens import TOKEN_INPUTS, TOKEN_OUTPUTS, strip_effect_tokens
 from outcore.errors import CaptureError
 from outcore.graph.categories import categorize
 from outcore.graph.dtypes import itemsize
@@ -205,6 +206,8 @@ class _Builder:
                 fallback = f"input:{getattr(desc.grad_of, 'idx', '?')}"
                 role, name = "grad", getattr(desc.grad_of, "target", fallback)
                 self.tensors[tid].source = f"grad:{name}"
+            elif cls in TOKEN_OUTPUTS:  # the token placeholder itself (``effect_tokens``)
+                role, name = "token", "token"
             elif cls == "InputMutationAOTOutput":
                 role, name = "buffer", getattr(desc.mutated_input, "target",
                                                f"input:{getattr(desc.mutated_input, 'idx', '?')}")
@@ -272,6 +275,8 @@ def _placeholder_role(desc: Any) -> tuple[TensorKind, str]:
         return TensorKind.BUFFER, desc.target
     if cls == "TangentAOTInput":
         return TensorKind.TANGENT, ""
+    if cls in TOKEN_INPUTS:  # an effect token: 0 bytes, never read (``effect_tokens``)
+        return TensorKind.BUFFER, "token"
     if cls == "PlainAOTInput":
         return TensorKind.INPUT, f"input:{desc.idx}"
     return TensorKind.INPUT, ""
@@ -411,6 +416,7 @@ def fx_flops(node: fx.Node) -> float:
 
 def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
     """Walk ``gm`` once and return the IR and its node map. The graph is validated."""
+    strip_effect_tokens(gm)  # an ordered side effect (linalg's error check) runs plainly
     builder = _Builder(gm)
     outputs: list[int] = []
     for node in gm.graph.nodes:

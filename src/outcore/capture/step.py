@@ -10,6 +10,7 @@ from torch import fx, nn
 
 from outcore.capture.batching import BatchSignature, split_batch_leaves
 from outcore.capture.convert import NodeMap, first_accelerator
+from outcore.capture.effect_tokens import TOKEN_INPUTS
 from outcore.capture.specialize import ScalarGuard
 from outcore.errors import CaptureError, OutcoreError
 from outcore.graph.ir import Graph
@@ -121,6 +122,8 @@ class CapturedStep:
                 values[tid] = buffers[desc.target]
             elif cls == "PlainAOTInput":
                 values[tid] = leaves[desc.idx]
+            elif cls in TOKEN_INPUTS:  # an effect token, never read (``effect_tokens``)
+                values[tid] = torch.empty(0)
             elif cls == "TangentAOTInput":
                 tangents.append(tid)
                 if type(desc.output).__name__ != "PlainAOTOutput":

@@ -206,3 +206,31 @@ def test_sparse_gradients_are_refused_with_what_to_do() -> None:
 
     with pytest.raises(CaptureError, match="sparse=False"):
         outcore.capture(_model(Sparse), F.cross_entropy, _tokens())
+
+
+class NormalizesInPlace(nn.Module):
+    """Standardises its batch in place (``x.sub_(...).div_(...)``), as some data pipelines
+    folded into a model do: eager leaves the caller's tensor changed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.o = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.sub_(x.mean(0)).div_(2.0)
+        return self.o(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("policy", ["outcore-auto", "offload-all"])
+def test_a_batch_changed_in_place_is_changed_as_eager(policy: str) -> None:
+    model, reference = _model(NormalizesInPlace), _model(NormalizesInPlace)
+    x, y = _vectors()
+    ours, theirs = x.clone(), x.clone()
+    with outcore.compile(model, F.cross_entropy, (x.clone(), y), budget=None,
+                         device="cpu-emulated", policy=policy) as trainer:
+        loss = trainer.step(ours, y)
+    assert torch.equal(loss, _eager(reference, (theirs, y)))
+    _assert_same(model, reference)
+    assert not torch.equal(theirs, x)  # eager changed it, so the comparison can fail
+    assert torch.equal(ours, theirs)

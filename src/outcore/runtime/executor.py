@@ -340,7 +340,9 @@ class Executor:
         its buffer updates, all or nothing (``outcore.runtime.failsafe.commit``).
 
         ``inputs``: the batch's tensors, whose ``.grad`` receives ``result.input_grads``
-        (a batch tensor with ``requires_grad=True``, as ``loss.backward()`` fills it).
+        (a batch tensor with ``requires_grad=True``, as ``loss.backward()`` fills it) and
+        which receive the forward's in-place changes to them (``x.sub_(mean)``), as eager's
+        forward leaves them.
         A gradient laid out like its parameter is used as it is (no copy), as autograd's
         AccumulateGrad does; another layout is copied into the parameter's layout."""
         grads = dict(result.grads)
@@ -352,6 +354,12 @@ class Executor:
             for idx, g in result.input_grads.items():
                 grads[f"{INPUT_PREFIX}{idx}"] = g
                 targets[f"{INPUT_PREFIX}{idx}"] = inputs[idx]
+        for name in result.buffers:  # a batch tensor the forward changed in place (x.sub_())
+            if name.startswith(INPUT_PREFIX):
+                if inputs is None:
+                    raise OutcoreError("the step changed a batch tensor in place but was not "
+                                       "given the batch's tensors to write it to")
+                targets[name] = inputs[int(name.removeprefix(INPUT_PREFIX))]
         with torch.no_grad():
             if grad_scale != 1.0:
                 grads = {n: g * grad_scale for n, g in grads.items()}
@@ -366,7 +374,7 @@ class Executor:
         params: dict[str, torch.Tensor] = {
             n.removeprefix("model."): p for n, p in module.named_parameters(remove_duplicate=False)}
         params.update(inputs or {})
-        commit(params, grads, self._state(), buffers or {})
+        commit(params, grads, {**self._state(), **(inputs or {})}, buffers or {})
 
     def named_buffers(self, names: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """(name, the module's buffer) for every name of ``names`` (``StepResult`` naming)."""

@@ -57,13 +57,17 @@ from outcore.capture.batching import (
     step_loss,
 )
 from outcore.capture.hooks import check_hooks
-from outcore.capture.python_state import changed, python_state, replan_note
+from outcore.capture.python_state import (
+    announce_replan,
+    announce_side_effects,
+    changed,
+    python_state,
+)
 from outcore.capture.step import SpecializationMismatch
 from outcore.errors import (
     CaptureError,
     EvalModeWarning,
     InvalidArgumentError,
-    ReplanWarning,
     UnsupportedModelError,
 )
 from outcore.graph.ir import Graph
@@ -302,11 +306,12 @@ class Trainer:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
         else:
-            self._announce_changed_values(key)
+            announce_replan((self.model, self.loss_fn), next(reversed(self._cache), None), key)
             entry = self._prepare(batch)
             # keyed by the state the capture left: a forward may set a value on its first
             # call (Hugging Face's config.problem_type), as the traced forward did
-            key = self.signature(batch)
+            before, key = key, self.signature(batch)
+            announce_side_effects((self.model, self.loss_fn), before, key)
             self._cache[key] = entry
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:
@@ -318,14 +323,6 @@ class Trainer:
         self.stats.signature = split_batch_leaves(batch)[1].describe()
         self.stats.notes = list(entry.planned.notes)
         return entry
-
-    def _announce_changed_values(self, key: Hashable) -> None:
-        """Say which Python values changed, when that is why this step is captured again."""
-        last = next(reversed(self._cache), None)
-        if isinstance(last, tuple) and isinstance(key, tuple) and last[:-1] == key[:-1] \
-                and last[-1] != key[-1]:
-            announce(replan_note((self.model, self.loss_fn), last[-1], key[-1]),
-                     ReplanWarning, stacklevel=4)
 
     def _prepare(self, batch: Any) -> _Entry:
         """Capture and plan a step for ``batch``'s signature."""

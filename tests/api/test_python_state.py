@@ -144,3 +144,38 @@ def test_a_value_the_first_forward_sets_costs_no_second_capture() -> None:
         for _ in range(3):
             trainer.step(*batch)
         assert trainer.stats.captures == 1
+
+
+class CountsCalls(nn.Module):
+    """Counts its calls in a Python int: eager's count grows every step, a captured step's
+    cannot (it does not run the forward's Python code again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 5)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.a(x)
+
+
+def test_a_forward_that_changes_its_python_state_is_warned_about() -> None:
+    from outcore.errors import OutcoreWarning
+
+    batch = _batch()
+    with pytest.warns(OutcoreWarning, match=r"CountsCalls\.calls"):
+        trainer = outcore.compile(CountsCalls(), F.cross_entropy, batch, budget=None,
+                                  device="cpu-emulated", policy="offload-all")
+    trainer.close()
+
+
+def test_a_value_set_once_is_not_warned_about(recwarn: pytest.WarningsRecorder) -> None:
+    from outcore.errors import OutcoreWarning
+
+    batch = _batch()
+    with outcore.compile(SetsOnFirstCall(), F.cross_entropy, batch, budget=None,
+                         device="cpu-emulated", policy="offload-all") as trainer:
+        trainer.step(*batch)
+    assert not [w for w in recwarn if issubclass(w.category, OutcoreWarning)
+                and "forward changed" in str(w.message)]

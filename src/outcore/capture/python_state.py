@@ -33,6 +33,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from outcore.errors import OutcoreWarning, ReplanWarning
+from outcore.log import announce
+
 _SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes, torch.dtype,
                       torch.device, torch.Size})
 #: a container is listed only up to this many items (longer ones are data, not settings)
@@ -89,9 +92,11 @@ def python_state(*roots: Any) -> tuple[Hashable, ...]:
 
 
 def changed(roots: tuple[Any, ...], before: tuple[Hashable, ...],
-            after: tuple[Hashable, ...]) -> list[str]:
+            after: tuple[Hashable, ...], *, first_set: bool = True) -> list[str]:
     """``module.attribute`` names whose values differ between two fingerprints of
-    ``roots`` (taken with the same module structure; [] when it changed)."""
+    ``roots`` (taken with the same module structure; [] when it changed). With
+    ``first_set=False``, a value that was None or absent before is left out (a lazy
+    initialisation, as Hugging Face's ``config.problem_type``)."""
     paths: list[str] = []
     seen: set[int] = set()
     for root in roots:
@@ -110,7 +115,8 @@ def changed(roots: tuple[Any, ...], before: tuple[Hashable, ...],
         old_items: dict[str, Any] = dict(cast(Any, old))
         new_items: dict[str, Any] = dict(cast(Any, new))
         out += [f"{where}.{k}" for k in sorted(old_items.keys() | new_items.keys())
-                if old_items.get(k) != new_items.get(k)]
+                if old_items.get(k) != new_items.get(k)
+                and (first_set or old_items.get(k) is not None)]
     return out
 
 
@@ -122,3 +128,30 @@ def replan_note(roots: tuple[Any, ...], before: tuple[Hashable, ...],
             "the last step (a captured step computes with the values it was captured with). "
             "A value changed every step is better held in a tensor buffer (register_buffer), "
             "which a step reads without a new capture.")
+
+
+def side_effect_note(names: list[str]) -> str:
+    """What the Trainer says when the traced forward itself changed Python values."""
+    return (f"the model's forward changed its Python value(s) {', '.join(names[:5])} while "
+            "it was captured. Later steps run the captured graph and do not run that Python "
+            "code again: if the forward changes them on every call (a step counter), they "
+            "stay as they are now, where eager PyTorch would go on changing them. Keep such "
+            "state in a tensor buffer (register_buffer) and change it with tensor ops.")
+
+
+def announce_replan(roots: tuple[Any, ...], last: Hashable, key: Hashable) -> None:
+    """A ``ReplanWarning`` naming the values that changed, when the Trainer's cache key
+    ``key`` differs from the last used ``last`` in those values only (signatures whose last
+    item is the fingerprint)."""
+    if isinstance(last, tuple) and isinstance(key, tuple) and last[:-1] == key[:-1] \
+            and last[-1] != key[-1]:
+        announce(replan_note(roots, last[-1], key[-1]), ReplanWarning, stacklevel=5)
+
+
+def announce_side_effects(roots: tuple[Any, ...], before: Hashable, after: Hashable) -> None:
+    """An ``OutcoreWarning`` when the traced forward changed a value that was already set
+    (the Trainer's keys before and after a capture)."""
+    if isinstance(before, tuple) and isinstance(after, tuple) and before[-1] != after[-1]:
+        names = changed(roots, before[-1], after[-1], first_set=False)
+        if names:
+            announce(side_effect_note(names), OutcoreWarning, stacklevel=5)

@@ -158,3 +158,26 @@ def test_an_op_without_a_shape_rule_is_named_with_why():
         capture(nn.Linear(6, 6), ctc, batch)
     message = str(err.value)
     assert "_ctc_loss" in message and "no shape rule" in message
+
+
+@pytest.mark.parametrize("wrap", ["script", "trace", "compiled", "dataparallel"])
+def test_a_module_that_runs_elsewhere_is_refused_with_what_to_pass(wrap: str) -> None:
+    """TorchScript, torch.compile'd and DataParallel modules hand their forward to another
+    runtime; each failed deep inside tracing with an unrelated message before."""
+    inner = nn.Linear(6, 6)
+    if wrap == "script":
+        model = nn.Sequential(torch.jit.script(inner), nn.ReLU(), nn.Linear(6, 3))
+    elif wrap == "trace":
+        model = nn.Sequential(torch.jit.trace(inner, torch.randn(2, 6)), nn.Linear(6, 3))
+    elif wrap == "compiled":
+        model = nn.Sequential(torch.compile(inner), nn.Linear(6, 3))
+    else:
+        model = nn.DataParallel(nn.Sequential(inner, nn.Linear(6, 3)))
+    batch = (torch.randn(4, 6), torch.randint(0, 3, (4,)))
+    with pytest.raises(CaptureError) as err:
+        capture(model, nn.functional.cross_entropy, batch)
+    message = str(err.value)
+    advice = {"script": "Python module", "trace": "Python module", "compiled": "_orig_mod",
+              "dataparallel": ".module"}[wrap]
+    assert advice in message
+    assert ("submodule '0'" in message) == (wrap != "dataparallel")

@@ -4,7 +4,10 @@ The Trainer keeps a bounded LRU cache of planned steps keyed by the *step signat
 
 * the batch's structure, constants and per-tensor shape, dtype and device (the last, smaller
   batch of an epoch or another sequence length is another signature);
-* each parameter's dtype, device and ``requires_grad`` (freezing a layer invalidates);
+* each parameter's dtype, device, ``requires_grad`` and shape (freezing a layer, or
+  replacing a weight with one of another shape, invalidates);
+* the plain Python values the modules hold (``outcore.capture.python_state``: a
+  temperature or a flag changed between steps is captured again, with a ReplanWarning);
 * the autocast the step runs under (``compile(..., autocast=...)`` or the one in effect at
   the ``step`` call).
 
@@ -292,7 +295,7 @@ class Trainer:
     def signature(self, batch: Any) -> Hashable:
         """The cache key of a training step on ``batch`` (see the module docstring)."""
         _, batch_sig = split_batch_leaves(batch)
-        params = tuple((p.dtype, p.device.type, p.requires_grad)
+        params = tuple((p.dtype, p.device.type, p.requires_grad, p.shape)
                        for p in self.model.parameters())
         modes = tuple(m.training for m in self.model.modules())
         return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model),

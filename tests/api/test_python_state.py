@@ -179,3 +179,24 @@ def test_a_value_set_once_is_not_warned_about(recwarn: pytest.WarningsRecorder) 
         trainer.step(*batch)
     assert not [w for w in recwarn if issubclass(w.category, OutcoreWarning)
                 and "forward changed" in str(w.message)]
+
+
+def test_a_weight_of_another_shape_is_captured_again() -> None:
+    """A weight replaced by a larger one (a grown vocabulary) whose module attributes were
+    left as they were: the parameter's shape is in the signature too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 5))
+    batch = _batch()
+    with outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu-emulated",
+                         policy="offload-all") as trainer:
+        trainer.step(*batch)
+        model[2].weight = nn.Parameter(torch.randn(7, 32) * 0.1)
+        model[2].bias = nn.Parameter(torch.zeros(7))
+        reference = copy.deepcopy(model)
+        for p in model.parameters():
+            p.grad = None
+        loss = trainer.step(*batch)
+        assert trainer.stats.captures == 2
+    expected = F.cross_entropy(reference(batch[0]), batch[1])
+    expected.backward()
+    assert torch.equal(loss, expected.detach())

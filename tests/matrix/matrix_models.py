@@ -229,6 +229,22 @@ class UserFunction(nn.Module):
         return self.b(torch.tanh(_GradReverse.apply(torch.relu(self.a(x)))))
 
 
+class CholeskyWhitened(nn.Module):
+    """``torch.linalg.cholesky`` and ``inv``, whose error checks PyTorch traces as ordered
+    side effects (effect tokens), between two layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(20, 6), nn.Linear(6, 4)
+        self.w = nn.Parameter(torch.eye(6) + 0.1 * torch.randn(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spd = self.w @ self.w.t() + torch.eye(6)
+        low = torch.linalg.cholesky(spd)
+        h = torch.linalg.solve_triangular(low, torch.tanh(self.a(x)).t(), upper=False).t()
+        return self.b(h @ torch.linalg.inv(spd))
+
+
 class SeqTagger(nn.Module):
     """A stacked RNN with dropout between its layers reading the batch directly (the input
     needs no gradient), then a linear head on the last step."""
@@ -314,6 +330,7 @@ CASES: list[Case] = [
     Case("embedding-max-norm", lambda: _mlp(nn.Embedding(30, 8, max_norm=1.0),
                                             _Lambda(lambda h: h.mean(1)), nn.Linear(8, 4)),
          lambda: (torch.randint(0, 30, (8, 5)), labels(8))),
+    Case("linalg-checked", CholeskyWhitened, lambda: (torch.randn(16, 20), labels(16))),
     Case("integer-features", IntFeatures, lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
          xfail={"modnn": _COUPLED}),
     Case("embedding-bag", lambda: IntFeatures(bag=True),

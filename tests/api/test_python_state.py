@@ -48,6 +48,11 @@ def _pair() -> tuple[Scheduled, Scheduled]:
     return model, copy.deepcopy(model)
 
 
+def _trainer(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+    return outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu-emulated",
+                           policy="offload-all")
+
+
 def _set(models: tuple[nn.Module, ...], name: str, value: object) -> None:
     for m in models:
         if name == "scale":
@@ -64,8 +69,7 @@ def test_a_changed_value_is_captured_again_and_computes_as_eager(name: str,
                                                                  value: object) -> None:
     model, reference = _pair()
     batch = _batch()
-    with outcore.compile(model, F.cross_entropy, batch, budget=None,
-                         device="cpu-emulated", policy="offload-all") as trainer:
+    with _trainer(model, batch) as trainer:
         first = trainer.step(*batch)
         F.cross_entropy(reference(batch[0]), batch[1]).backward()
         _set((model, reference), name, value)
@@ -83,8 +87,7 @@ def test_a_changed_value_is_captured_again_and_computes_as_eager(name: str,
 def test_a_value_set_back_reuses_its_plan() -> None:
     model, _ = _pair()
     batch = _batch()
-    with outcore.compile(model, F.cross_entropy, batch, budget=None,
-                         device="cpu-emulated", policy="offload-all") as trainer:
+    with _trainer(model, batch) as trainer:
         trainer.step(*batch)
         model.temp = 0.5
         with pytest.warns(ReplanWarning):
@@ -99,8 +102,7 @@ def test_a_value_set_back_reuses_its_plan() -> None:
 def test_a_fixed_planned_trainer_refuses_a_step_after_a_change() -> None:
     model, _ = _pair()
     batch = _batch()
-    with outcore.compile(model, F.cross_entropy, batch, budget=None,
-                         device="cpu-emulated", policy="offload-all") as trainer:
+    with _trainer(model, batch) as trainer:
         trainer.step(*batch)
         planned = trainer.planned
         fixed = PlannedTrainer(model, planned, trainer.device, None)
@@ -139,8 +141,7 @@ class SetsOnFirstCall(nn.Module):
 
 def test_a_value_the_first_forward_sets_costs_no_second_capture() -> None:
     batch = _batch()
-    with outcore.compile(SetsOnFirstCall(), F.cross_entropy, batch, budget=None,
-                         device="cpu-emulated", policy="offload-all") as trainer:
+    with _trainer(SetsOnFirstCall(), batch) as trainer:
         for _ in range(3):
             trainer.step(*batch)
         assert trainer.stats.captures == 1
@@ -165,8 +166,7 @@ def test_a_forward_that_changes_its_python_state_is_warned_about() -> None:
 
     batch = _batch()
     with pytest.warns(OutcoreWarning, match=r"CountsCalls\.calls"):
-        trainer = outcore.compile(CountsCalls(), F.cross_entropy, batch, budget=None,
-                                  device="cpu-emulated", policy="offload-all")
+        trainer = _trainer(CountsCalls(), batch)
     trainer.close()
 
 
@@ -174,8 +174,7 @@ def test_a_value_set_once_is_not_warned_about(recwarn: pytest.WarningsRecorder) 
     from outcore.errors import OutcoreWarning
 
     batch = _batch()
-    with outcore.compile(SetsOnFirstCall(), F.cross_entropy, batch, budget=None,
-                         device="cpu-emulated", policy="offload-all") as trainer:
+    with _trainer(SetsOnFirstCall(), batch) as trainer:
         trainer.step(*batch)
     assert not [w for w in recwarn if issubclass(w.category, OutcoreWarning)
                 and "forward changed" in str(w.message)]
@@ -187,8 +186,7 @@ def test_a_weight_of_another_shape_is_captured_again() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 5))
     batch = _batch()
-    with outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu-emulated",
-                         policy="offload-all") as trainer:
+    with _trainer(model, batch) as trainer:
         trainer.step(*batch)
         model[2].weight = nn.Parameter(torch.randn(7, 32) * 0.1)
         model[2].bias = nn.Parameter(torch.zeros(7))

@@ -183,7 +183,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_every_python_kernel_is_classified():
     found = python_kernels()
-    assert REACHED <= found
+    assert found >= REACHED
     assert found - REACHED <= set(UNREACHED), sorted(found - REACHED - set(UNREACHED))
 
 
@@ -219,12 +219,9 @@ def test_a_tensor_of_split_indices_is_refused_at_capture():
 def test_the_cases_reach_every_python_kernel_listed(monkeypatch):
     """Traced without ``traced_as_eager``, the cases run every kernel of ``REACHED``."""
     hits: set[str] = set()
-    saved = []
-    for name in REACHED:
-        op = tae._aten(name)
-        for key in _KEYS:
-            if key in op.py_kernels:
-                saved.append((op, key, op.py_kernels[key]))
+    ops = [tae._aten(name) for name in REACHED]
+    saved = [(op, key, op.py_kernels[key]) for op in ops for key in _KEYS
+             if key in op.py_kernels]
 
     def counting(name: str, fn: Callable[..., object]) -> Callable[..., object]:
         def kernel(*args: object, **kwargs: object) -> object:
@@ -245,3 +242,30 @@ def test_the_cases_reach_every_python_kernel_listed(monkeypatch):
             op.py_kernels[key] = fn
             op._dispatch_cache.clear()
     assert hits == REACHED, sorted(REACHED ^ hits)
+
+
+@pytest.mark.parametrize("which", ["backend", "inductor_backend"])
+@pytest.mark.parametrize("name", ["trilinear-same-size", "nearest3d", "multi-margin"])
+def test_the_compile_backends_compute_eagers_interpolation(which, name):
+    """torch.compile's trace meets the same Python kernels (Inductor its own table too):
+    without the eager kernels trilinear-same-size's loss was 0.21 against eager's 0.44."""
+    import warnings
+
+    model = _model(name)
+    eager = copy.deepcopy(model)
+    x, y = _batch()
+    torch._dynamo.reset()
+    backend = (outcore.backend(budget=None) if which == "backend"
+               else outcore.inductor_backend(budget=None, gpu="this-cpu"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # inductor_backend's rounding warning
+            loss = torch.compile(lambda x, y: squares(model(x), y), backend=backend)(x, y)
+        loss.backward()
+    finally:
+        torch._dynamo.reset()
+    expected = squares(eager(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-6, atol=0.0)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)

@@ -224,8 +224,8 @@ OPS = {
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_ops_with_python_kernels_train_as_eager(name):
     """Bit for bit. (``multilabel_margin_loss``'s decomposition counted the padded target
-    slots as class 0: 4.56 against eager's 1.84 on this batch; bilinear and bicubic
-    interpolation, not listed, are 1-2 ulp apart: decompositions.)"""
+    slots as class 0: 4.56 against eager's 1.84 on this batch; every interpolation mode
+    and more ops: test_python_kernels.py.)"""
     make, loss_fn = OPS[name]
     torch.manual_seed(0)
     model = make()

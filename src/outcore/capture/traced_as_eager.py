@@ -3,8 +3,10 @@ decompositions do not.
 
 Tracing (``aot_export_joint_with_descriptors``, under the Python dispatcher) takes the
 Python kernels PyTorch registers for some ops (``OpOverload.py_kernels`` at the Autograd or
-CompositeImplicitAutograd key) instead of the C++ kernels eager runs. In PyTorch 2.13 three
-of them compute another training step than eager:
+CompositeImplicitAutograd key) instead of the C++ kernels eager runs (aot_export applies no
+other decomposition table). PyTorch 2.13 has 46 such overloads; those a training step on the
+CPU reaches are tested in tests/spine/test_python_kernels.py. Several compute another
+training step than eager:
 
 0. **``multilabel_margin_loss``** (``aten.multilabel_margin_loss_forward``): the
    decomposition masks the classes that are targets but not the target slots after the
@@ -13,6 +15,16 @@ of them compute another training step than eager:
    1.84). It is traced as eager's own kernel and its derivative
    (``multilabel_margin_loss_backward``) while the context is open, on every device:
    bit for bit eager's.
+0b. **Interpolation** (``F.interpolate`` / ``nn.Upsample``, every mode but ``area``: the
+   ``upsample_*`` / ``_upsample_*`` overloads, ``.vec`` and ``.default``). Eager's CPU
+   linear / bilinear / trilinear kernels copy the input when the output size equals the
+   input's (``scale_factor=1.3`` on a side of 3), the decomposition resamples it (a
+   trilinear step's loss 0.21 against eager's 0.44); nearest with a scale factor per
+   dimension gets other gradients (4e-2 relative); bilinear, bicubic, linear and
+   trilinear are otherwise 1-5e-7 relative apart. All are traced as eager's kernels and
+   their derivatives (``upsample_*_backward``) on every device: bit for bit.
+0c. **``multi_margin_loss``**: its decomposition rounds otherwise (1.4e-7 relative); traced
+   as eager's kernel and ``multi_margin_loss_backward``.
 
 RNNs: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` are traced through the Python decompositions
 of ``aten.lstm`` / ``aten.gru`` / ``aten.rnn_tanh`` / ``aten.rnn_relu`` (``.input`` and the
@@ -73,8 +85,16 @@ _LOCK = threading.Lock()
 #: RNN overloads traced through eager's C++ composite on the CPU (module doc).
 _EAGER_ON_CPU = ("gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
                  "rnn_relu.input", "rnn_relu.data")
-#: Overloads traced through eager's own kernel on every device (item 0 of the module doc).
-_EAGER_EVERYWHERE = ("multilabel_margin_loss_forward.default",)
+#: Interpolation overloads (item 0b of the module doc): ``.vec`` (``F.interpolate``'s entry,
+#: a C++ composite in eager) and ``.default`` (eager's kernel, with its derivative).
+_UPSAMPLE = tuple(f"{packet}.{overload}" for packet in (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
+    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa") for overload in ("vec", "default"))
+#: Overloads traced through eager's own kernel on every device (items 0-0c of the module doc).
+_EAGER_EVERYWHERE = ("multilabel_margin_loss_forward.default", *_UPSAMPLE,
+                     "multi_margin_loss.default")
 _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 _ACTIVE = [0]  # contexts open now (nested or on other threads): patched while above 0
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
@@ -152,9 +172,13 @@ def eager_decompositions() -> dict[Any, Callable[..., Any]]:
     for name in _EAGER_EVERYWHERE:
         op = _aten(name)
         eager.add(op)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(),
+                                                         "CompositeImplicitAutograd"):
+            continue  # eager's own composite is traced: Inductor never meets the op itself
         if op not in lowering.lowerings:  # Inductor's implicit fallback refuses an op with
             # a decomposition where the environment says CI (``make_fallback``): an explicit
-            # one (eager's kernel; the op never reaches lowering with Inductor's own table)
+            # one (eager's kernel; the op never reaches lowering with Inductor's own table).
+            # An op Inductor lowers itself (nearest interpolation) keeps that lowering.
             lowering.make_fallback(op, warn=False, override_decomp=True)
     return {op: fn for op, fn in select_decomp_table().items() if op not in eager}
 

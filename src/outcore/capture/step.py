@@ -111,7 +111,7 @@ class CapturedStep:
         buffers = dict(self.step_module.named_buffers(remove_duplicate=False))
         leaves = self.batch_tensors(batch)
         values: dict[int, torch.Tensor] = {}
-        tangents: list[int] = []
+        tangents: list[tuple[int, bool]] = []  # (tensor id, the loss's seed)
         for tid, target in self.nodes.constants.items():
             values[tid] = _attr(self.gm, target)
         for tid, desc in self.nodes.placeholders.items():
@@ -125,26 +125,21 @@ class CapturedStep:
             elif cls in TOKEN_INPUTS:  # an effect token, never read (``effect_tokens``)
                 values[tid] = torch.empty(0)
             elif cls == "TangentAOTInput":
-                tangents.append(tid)
-                if type(desc.output).__name__ != "PlainAOTOutput":
-                    # the tangent of a mutated input's new value (a parameter renormed in
-                    # place under no_grad, ``nn.Embedding(max_norm=...)``): nothing
-                    # downstream of the step reads that value, so its gradient is zero
-                    values[tid] = torch.zeros(graph.tensors[tid].shape,
-                                              dtype=getattr(torch, graph.tensors[tid].dtype))
+                # the loss's seed, or (not a plain output) the tangent of a mutated input's
+                # new value (a parameter renormed in place under no_grad,
+                # ``nn.Embedding(max_norm=...)``): nothing after the step reads that
+                # value, so its gradient is zero
+                tangents.append((tid, type(desc.output).__name__ == "PlainAOTOutput"))
             else:
                 raise CaptureError(f"the joint graph has an input outcore cannot bind: "
                                    f"{graph.tensors[tid].name} ({desc!r}); report it with the "
                                    "model, or run the step eagerly")
         if tangents:  # on the device the step computes on: the loss's, its inputs'
             device = _step_device(params.values(), leaves)
-            for tid in tangents:
+            for tid, of_loss in tangents:
                 seed = graph.tensors[tid]
-                if tid in values:
-                    values[tid] = values[tid].to(device)
-                else:
-                    values[tid] = torch.full(seed.shape, loss_scale, device=device,
-                                             dtype=getattr(torch, seed.dtype))
+                values[tid] = torch.full(seed.shape, loss_scale if of_loss else 0.0,
+                                         device=device, dtype=getattr(torch, seed.dtype))
         return values
 
     def parameter(self, name: str) -> nn.Parameter:

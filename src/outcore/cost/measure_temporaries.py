@@ -342,8 +342,7 @@ def real_outputs_alone(graph: Graph, seed: int = 0) -> None:
     the fresh inputs' and may still be below the step's. Ops on CUDA tensors are skipped
     (this runs on the CPU); an op that refuses normal random values runs again on values in
     [0, 1) (a binary cross-entropy's probabilities), and where it refuses those too its
-    declared sizes stand. The caller's generator is left
-    as it was."""
+    declared sizes stand. The caller's generator is left as it was."""
     nodes = list(getattr(graph.source, "op_nodes", []))
     if len(nodes) != len(graph.ops):
         raise ProfileError(f"graph {graph.name!r} has no FX node per op")
@@ -351,8 +350,8 @@ def real_outputs_alone(graph: Graph, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for oid, node in enumerate(nodes):
-            fake = [v for v in _tensors(node.meta.get("val")) if v.device.type != "cpu"]
-            if fake or not callable(node.target):
+            on_device = any(v.device.type != "cpu" for v in _tensors(node.meta.get("val")))
+            if on_device or not callable(node.target):
                 continue
             args, kwargs = _arguments(node, generator)
             result = _run_on(node, args, kwargs)

@@ -369,12 +369,11 @@ class Executor:
                     buffers: dict[str, torch.Tensor] | None = None,
                     inputs: dict[str, torch.Tensor] | None = None) -> None:
         """Commit gradients and buffer updates named as in ``StepResult``, all or nothing;
-        ``inputs``: the batch tensors named ``input:<index>`` that gradients go to."""
-        module = self.step.step_module
-        params: dict[str, torch.Tensor] = {
-            n.removeprefix("model."): p for n, p in module.named_parameters(remove_duplicate=False)}
-        params.update(inputs or {})
-        commit(params, grads, {**self._state(), **(inputs or {})}, buffers or {})
+        ``inputs``: the batch tensors named ``input:<index>`` that gradients and in-place
+        changes go to. Gradients are only ever named after parameters and inputs, so one
+        name map (``_state`` and ``inputs``) serves both."""
+        owned = {**self._state(), **(inputs or {})}
+        commit(owned, grads, owned, buffers or {})
 
     def named_buffers(self, names: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """(name, the module's buffer) for every name of ``names`` (``StepResult`` naming)."""

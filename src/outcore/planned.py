@@ -318,12 +318,15 @@ def _check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: 
 def _attach_bound(result: PlannedStep, limit: int, model: Any, graph: Graph) -> None:
     """Fill ``result.lower_bound`` (``outcore.policies.optimal.lower_bound`` on ``graph``, the
     graph the budget was planned on: a scoped copy under ``scope="activations"``), or say in
-    its notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it)."""
+    its notes why none is reported (a schedule built outside ``outcore.plan.lower`` beat it).
+    The plan's simulated step goes with it: where the coarse bound model already proves the
+    plan within ``optimal.policy.REFINE_ABOVE``, the full bound model is not solved."""
     from outcore import progress
     from outcore.policies.optimal import lower_bound
 
     with progress.task(f"bounding {result.graph.name}'s step time (LP relaxation)"):
-        found = lower_bound(graph, limit, model)
+        step = None if result.simulation is None else result.simulation.step_time
+        found = lower_bound(graph, limit, model, step)
     if found is not None and result.simulation is not None \
             and found > result.simulation.step_time:
         # the bound covers schedules that outcore.plan.lower builds from keep/offload/

@@ -12,9 +12,8 @@ import pytest
 
 from outcore.api import cost_model_for
 from outcore.graph.bounds import reference_peaks
-from outcore.policies.optimal import build_problem, floor, formulation, lower_bound
+from outcore.policies.optimal import build_problem, coarsen, floor, formulation, lower_bound
 from outcore.policies.optimal import policy as optimal_policy
-from outcore.policies.optimal.coarse import coarsen
 from outcore.sim.synthetic import residual_chain
 
 sys.path.insert(0, str(Path(__file__).parent))

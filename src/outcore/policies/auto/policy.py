@@ -233,10 +233,14 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 
 def greedy_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """outcore's own greedy planner (``plan_auto``) as a portfolio candidate (run once per
-    portfolio run: outcore-optimal's warm start reads the same plan, ``memo``)."""
+    portfolio run: outcore-optimal's warm start reads the same plan, ``memo``), with release
+    points where its copy-outs stall the forward and that is faster (``release``)."""
     from outcore.policies.auto.memo import shared_greedy
+    from outcore.policies.auto.release import delay_releases
 
     plan, schedule = shared_greedy(graph, ctx.budget, ctx.cost)
+    if ctx.budget is not None and ctx.cost is not None and plan.decisions:
+        plan, schedule = delay_releases(graph, plan, schedule, ctx.budget, ctx.cost)
     return PolicyOutput(plan, schedule, graph)
 
 

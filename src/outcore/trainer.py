@@ -6,6 +6,8 @@ The Trainer keeps a bounded LRU cache of planned steps keyed by the *step signat
   batch of an epoch or another sequence length is another signature);
 * each parameter's dtype, device, ``requires_grad`` and shape (freezing a layer, or
   replacing a weight with one of another shape, invalidates);
+* the forward hooks and pre-hooks registered (``outcore.capture.hooks.forward_hooks``: one
+  registered after a step was captured is captured again);
 * the plain Python values the modules hold (``outcore.capture.python_state``: a
   temperature or a flag changed between steps is captured again, with a ReplanWarning);
 * the autocast the step runs under (``compile(..., autocast=...)`` or the one in effect at
@@ -59,7 +61,7 @@ from outcore.capture.batching import (
     split_batch_leaves,
     step_loss,
 )
-from outcore.capture.hooks import check_hooks
+from outcore.capture.hooks import check_hooks, forward_hooks
 from outcore.capture.python_state import (
     announce_replan,
     announce_side_effects,
@@ -299,7 +301,7 @@ class Trainer:
                        for p in self.model.parameters())
         modes = tuple(m.training for m in self.model.modules())
         return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model),
-                python_state(self.model, self.loss_fn))
+                forward_hooks(self.model), python_state(self.model, self.loss_fn))
 
     def _entry(self, batch: Any, fresh: bool = False) -> _Entry:
         check_hooks(self.model)
@@ -446,6 +448,7 @@ class PlannedTrainer:
                                   sub_batches=planned.plan.sub_batches,
                                   notes=list(planned.notes))
         self._python_state = python_state(model)
+        self._hooks = forward_hooks(model)
 
     @property
     def plan(self) -> Plan:
@@ -453,7 +456,8 @@ class PlannedTrainer:
 
     def _check_python_state(self) -> None:
         """Refuse a step after a Python value the captured step may have baked in changed
-        (``outcore.capture.python_state``): this trainer runs one fixed captured step."""
+        (``outcore.capture.python_state``), or after a forward hook was registered or removed
+        (``forward_hooks``): this trainer runs one fixed captured step."""
         now = python_state(self.model)
         if now != self._python_state:
             names = ", ".join(changed((self.model,), self._python_state, now)[:5])
@@ -463,6 +467,12 @@ class PlannedTrainer:
                 "computes with the old values. Set them back, hold a value that changes in a "
                 "tensor buffer (register_buffer), or plan again (outcore.compile captures "
                 "again by itself when one changes).")
+        if forward_hooks(self.model) != self._hooks:
+            raise UnsupportedModelError(
+                "a forward hook or forward pre-hook was registered or removed after the step "
+                "was captured, and this trainer runs that one captured step, which computes "
+                "with the hooks it was captured with. Register hooks before planning, or use "
+                "outcore.compile (it captures again when they change).")
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation, what was decided and why (see ``PlannedStep.explain``)."""

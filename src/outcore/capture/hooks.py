@@ -4,12 +4,17 @@ The executor runs the captured ATen graph without autograd, so nothing autograd 
 runs: a tensor hook on a parameter (``p.register_hook``), a post-accumulate-grad hook
 (``p.register_post_accumulate_grad_hook``), a module backward hook
 (``register_full_backward_hook``, ``register_full_backward_pre_hook``) or a global one.
-Forward hooks and forward pre-hooks are traced into the graph like the forward itself.
+Forward hooks and forward pre-hooks are traced into the graph like the forward itself, so
+the ones in place when a step is captured are the ones it computes with: ``forward_hooks``
+fingerprints them for the Trainer's signature (a hook registered or removed after a step was
+captured is captured again; ``PlannedTrainer`` refuses the step).
 ``check_hooks`` raises ``UnsupportedModelError`` naming each hook found and what to do, so
 that a step never silently computes gradients other than eager's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 from torch import nn
 from torch.nn.modules import module as module_mod
@@ -45,3 +50,15 @@ def check_hooks(model: nn.Module) -> None:
             "and the gradients would differ from eager PyTorch's: " + "; ".join(found) +
             ". Remove them (handle.remove()) and apply their effect to p.grad after "
             "trainer.step (e.g. clip or scale the gradients there).")
+
+
+def forward_hooks(model: nn.Module) -> Hashable:
+    """Which forward hooks and forward pre-hooks are registered on ``model``'s modules and
+    globally: per module that has any, its name and the handles' ids (unique per
+    registration, so a hook removed and another registered differs), then the global ones'.
+    Equal fingerprints mean the captured forward ran the hooks in place now."""
+    per_module = tuple((name, tuple(mod._forward_pre_hooks), tuple(mod._forward_hooks))
+                       for name, mod in model.named_modules()
+                       if mod._forward_pre_hooks or mod._forward_hooks)
+    return (per_module, tuple(module_mod._global_forward_pre_hooks),
+            tuple(module_mod._global_forward_hooks))

@@ -197,6 +197,14 @@ def _way_out(exc: BaseException) -> str:
                 "loss, or train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
+    if "allow_non_fake_inputs" in text:
+        return ("The model or the loss reads a tensor that is neither a parameter, a buffer "
+                "nor part of the batch: a plain tensor attribute (self.t = torch.ones(5)) or "
+                "a tensor the loss function closes over (F.cross_entropy(out, y, weight=w)). "
+                "outcore binds a step's tensors from the model's parameters and buffers and "
+                "the batch: register it as a buffer (module.register_buffer('t', t)), pass it "
+                "in the batch, or hold it in a loss module (nn.CrossEntropyLoss(weight=w) "
+                "keeps weight as a buffer).")
     if "Unsupported" in text or "graph break" in text.lower():
         return ("The model calls something that cannot be traced (a graph break). Rewrite that "
                 "call with torch operations, or keep it out of the model.")

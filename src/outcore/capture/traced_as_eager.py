@@ -25,6 +25,14 @@ training step than eager:
    their derivatives (``upsample_*_backward``) on every device: bit for bit.
 0c. **``multi_margin_loss``**: its decomposition rounds otherwise (1.4e-7 relative); traced
    as eager's kernel and ``multi_margin_loss_backward``.
+0d. **Dropout in bfloat16 / float16 on the CPU** (``aten.dropout``, under autocast or in a
+   bfloat16 model): eager's CPU composite draws a mask in the input's dtype, divides it by
+   ``1 - p`` there (the scale rounded to bfloat16: 1.109375 for ``p=0.1``) and multiplies;
+   the decomposition's ``native_dropout`` scales by ``1 / (1 - p)`` in float, so its
+   gradient differs (5e-4 on a conv weight after one step of a small CNN under bfloat16
+   autocast). Traced as eager's composite (``bernoulli``, ``div``, ``mul``; the same draws)
+   on the CPU for those dtypes; float32 and other devices keep ``native_dropout`` (the CUDA
+   eager kernel is ``native_dropout`` itself).
 
 RNNs: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` are traced through the Python decompositions
 of ``aten.lstm`` / ``aten.gru`` / ``aten.rnn_tanh`` / ``aten.rnn_relu`` (``.input`` and the
@@ -85,6 +93,9 @@ _LOCK = threading.Lock()
 #: RNN overloads traced through eager's C++ composite on the CPU (module doc).
 _EAGER_ON_CPU = ("gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
                  "rnn_relu.input", "rnn_relu.data")
+#: Traced through eager's C++ composite on the CPU for bfloat16 / float16 inputs (item 0d).
+_EAGER_ON_CPU_REDUCED = ("dropout.default",)
+_REDUCED = (torch.bfloat16, torch.float16)
 #: Interpolation overloads (item 0b of the module doc): ``.vec`` (``F.interpolate``'s entry,
 #: a C++ composite in eager) and ``.default`` (eager's kernel, with its derivative).
 _UPSAMPLE = tuple(f"{packet}.{overload}" for packet in (
@@ -147,13 +158,17 @@ def _differentiable_lstm(original: Callable[..., Any], one_layer_lstm: Callable[
     return select
 
 
-def _eager_on_cpu(op: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+def _eager_on_cpu(op: Any, original: Callable[..., Any],
+                  reduced: bool = False) -> Callable[..., Any]:
     """A Python kernel for ``op`` that runs eager's C++ composite when every tensor argument
-    is on the CPU, else ``original`` (the decomposition)."""
+    is on the CPU (with ``reduced``: and the first is bfloat16 or float16), else
+    ``original`` (the decomposition)."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-        if all(t.device.type == "cpu" for t in leaves if isinstance(t, torch.Tensor)):
+        leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)]
+        if all(t.device.type == "cpu" for t in leaves) and (
+                not reduced or (bool(leaves) and leaves[0].dtype in _REDUCED)):
             return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         return original(*args, **kwargs)
 
@@ -191,13 +206,14 @@ def _patch() -> None:
     d._rnn_helper = _layer_by_layer(_ORIGINALS["_rnn_helper"])
     d.select_one_layer_lstm_function = _differentiable_lstm(
         _ORIGINALS["select_one_layer_lstm_function"], d.one_layer_lstm)
-    for name in (*_EAGER_ON_CPU, *_EAGER_EVERYWHERE):
+    for name in (*_EAGER_ON_CPU, *_EAGER_ON_CPU_REDUCED, *_EAGER_EVERYWHERE):
         op = _aten(name)
         for key in _KEYS:
             if key in op.py_kernels:
                 _KERNELS.append((op, key, op.py_kernels[key]))
-                if name in _EAGER_ON_CPU:
-                    op.py_kernels[key] = _eager_on_cpu(op, op.py_kernels[key])
+                if name in _EAGER_ON_CPU or name in _EAGER_ON_CPU_REDUCED:
+                    op.py_kernels[key] = _eager_on_cpu(op, op.py_kernels[key],
+                                                       name in _EAGER_ON_CPU_REDUCED)
                 else:  # no Python kernel: the dispatcher runs eager's C++ one
                     del op.py_kernels[key]
         op._dispatch_cache.clear()

@@ -192,6 +192,12 @@ class UnsupportedModelError(OutcoreError):
     sub-batches); raised before anything is written, with what to change."""
 
 
+class NothingToTrainError(OutcoreError, RuntimeError):
+    """A training step where nothing requires grad: every parameter is frozen and no batch
+    tensor requires grad. ``loss.backward()`` raises there in eager PyTorch (a RuntimeError,
+    which this is too), so outcore does not return a loss with no gradient behind it."""
+
+
 class OutcoreWarning(UserWarning):
     """Base of outcore's warnings (each is also logged on the ``outcore`` logger)."""
 

@@ -73,6 +73,7 @@ from outcore.errors import (
     CaptureError,
     EvalModeWarning,
     InvalidArgumentError,
+    NothingToTrainError,
     UnsupportedModelError,
 )
 from outcore.graph.ir import Graph
@@ -206,6 +207,7 @@ class Trainer:
         batch = own_storage(batch_of(args, self.loss_fn))
         if not torch.is_grad_enabled():
             return self._eval_step(batch)
+        _refuse_nothing_to_train(self.model, batch)
         if not self.model.training and not self._warned_eval:
             self._warned_eval = True
             announce("the model is in eval mode: this step computes the eval-mode model's "
@@ -406,6 +408,21 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refuse_nothing_to_train(model: nn.Module, batch: Any) -> None:
+    """Raise ``NothingToTrainError`` when no parameter of ``model`` and no tensor of
+    ``batch`` requires grad (eager's ``loss.backward()`` raises there too)."""
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    if any(t.requires_grad for t in split_batch_leaves(batch)[0]):
+        return
+    raise NothingToTrainError(
+        "nothing in this step requires grad: every parameter of the model is frozen "
+        "(requires_grad=False) and no batch tensor requires grad, so loss.backward() would "
+        "raise ('element 0 of tensors does not require grad'). Unfreeze the parameters you "
+        "train (p.requires_grad_(True)), or call trainer.step under torch.no_grad() to only "
+        "evaluate the loss.")
 
 
 def _refuse_split_input_grads(parts: int, batch: Any) -> None:

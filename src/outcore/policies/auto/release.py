@@ -14,10 +14,10 @@ stalls before each point taken out (every stall removed shifts what follows earl
 much; a copy whose engine is idle moves with its producer). Holding a tensor longer raises
 the memory between its last use and its new release point, so moves whose held interval
 covers an instruction above the budget are dropped again (only dropping, so at most
-``BACKOFF_ROUNDS`` lowerings). The plan with its release points is kept only when it
-verifies, fits the budget and simulates strictly faster; otherwise the plan is returned
-unchanged. Decisions and prefetch points are never changed, so what the step computes does
-not either.
+``BACKOFF_ROUNDS`` lowerings, and none more once no move holds memory where the excess
+is). The plan with its release points is kept only when it verifies, fits the budget and
+simulates strictly faster; otherwise the plan is returned unchanged. Decisions and
+prefetch points are never changed, so what the step computes does not either.
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ def delay_releases(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
             return plan, schedule
         over = [i for i, mem in enumerate(trace.device) if mem > budget]
         spans = _held_spans(lowered, held_after, moves)
-        moves = {t: op for t, op in moves.items()
-                 if not _covers(over, *spans.get(t, (0, len(trace.device))))}
-        if not moves:
-            break
+        kept = {t: op for t, op in moves.items()
+                if not _covers(over, *spans.get(t, (0, len(trace.device))))}
+        if not kept or len(kept) == len(moves):
+            break  # nothing left, or the excess is none of the moves' doing
+        moves = kept
     return plan, schedule
 
 

@@ -228,7 +228,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
-        with _refused(graph, model, can_split and not split_ok, scope):
+        with _refused(graph, model, can_split and not split_ok, scope,
+                      opted_in=name if split_ok else None):
             result, trace = _run_fresh(graph, name, ctx, can_split and not split_ok, simulate)
     if scope == ACTIVATIONS:
         trace = _attach_real(result, real)
@@ -367,9 +368,11 @@ def _offload_sizes(schedule: Schedule, trace: MemoryTrace) -> list[int]:
 
 
 @contextmanager
-def _refused(graph: Graph, cost: Any, can_split: bool, scope: str = "step") -> Iterator[None]:
+def _refused(graph: Graph, cost: Any, can_split: bool, scope: str = "step", *,
+             opted_in: str | None = None) -> Iterator[None]:
     """Re-raise an InfeasibleBudgetError with the lowest peak any plan reaches and what would
-    lower it (``outcore.refusal``); a host budget's error passes as it is. Under
+    lower it (``outcore.refusal``; ``opted_in``: the policy's name when the user allowed
+    sub-batches); a host budget's error passes as it is. Under
     ``scope="activations"`` (``graph`` is then the scoped copy, so every figure is
     activation-scoped) the message opens by saying so."""
     try:
@@ -381,7 +384,7 @@ def _refused(graph: Graph, cost: Any, can_split: bool, scope: str = "step") -> I
             raise
         from outcore.refusal import refusal
 
-        found = refusal(graph, exc, cost, can_split)
+        found = refusal(graph, exc, cost, can_split, opted_in)
         if scope != "step":
             from outcore.plan.scope import scope_words
 

@@ -74,3 +74,40 @@ def test_the_portfolio_candidate_carries_the_release_points():
     assert out.plan.release_at
     assert simulate(graph, out.schedule, COST).step_time < simulate(graph, schedule,
                                                                     COST).step_time
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.9])
+def test_the_simulation_handed_over_is_the_returned_schedules(fraction):
+    """``greedy_policy`` hands the simulation of the schedule it returns to the portfolio
+    (so it is not replayed): it must be exactly what simulating that schedule gives."""
+    from outcore.policies.auto import released
+
+    graph, budget, plan, schedule = _greedy(40, fraction)
+    out = released(graph, plan, schedule, budget, COST)
+    fresh = simulate(graph, out.schedule, COST)
+    assert out.simulation.step_time == fresh.step_time
+    assert out.simulation.end == fresh.end and out.simulation.memory == fresh.memory
+    given = greedy_policy(graph, PolicyContext(budget=budget, cost=COST))
+    assert given.simulation is not None
+    assert given.simulation.step_time == simulate(graph, given.schedule, COST).step_time
+
+
+def test_the_portfolio_does_not_replay_the_greedys_schedule(monkeypatch):
+    import outcore.sim as sim_module
+    from outcore.policies.auto import run_portfolio
+
+    graph = residual_chain(20)
+    budget = int(reference_peaks(graph).liveness * 0.5)
+    calls: list[int] = []
+    real = sim_module.simulate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim_module, "simulate", counted)
+    result = run_portfolio(graph, PolicyContext(budget=budget, cost=COST), ("outcore-auto",),
+                           {"outcore-auto": greedy_policy}, parallel=False)
+    entry = result.entries[0]
+    assert entry.fits and calls == []  # the greedy's own simulation was reused
+    assert entry.seconds == real(graph, entry.output.schedule, COST).step_time

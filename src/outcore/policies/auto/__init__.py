@@ -28,13 +28,13 @@ from outcore.policies.auto.portfolio import (
     crowned,
     run_portfolio,
 )
-from outcore.policies.auto.release import delay_releases
+from outcore.policies.auto.release import Released, delay_releases, released
 from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
 from outcore.policies.auto.side import SIDE, SideRun, can_fork
 
 __all__ = ["CANDIDATES", "LATE", "LINEAR", "SIDE", "AutoConfig", "Choice", "Entry",
-           "PortfolioResult", "Screen", "SideRun", "can_fork", "compute_floor", "crowned",
-           "delay_releases", "find_cuts", "greedy_policy", "keep_back", "keepback", "memo",
-           "memoized", "peak_and_screen", "plan_auto", "plan_checkpoint", "plan_memo", "policy",
-           "portfolio", "release", "run_portfolio", "segment_plan", "segments",
-           "shared_checkpoint", "shared_greedy", "side"]
+           "PortfolioResult", "Released", "Screen", "SideRun", "can_fork", "compute_floor",
+           "crowned", "delay_releases", "find_cuts", "greedy_policy", "keep_back", "keepback",
+           "memo", "memoized", "peak_and_screen", "plan_auto", "plan_checkpoint", "plan_memo",
+           "policy", "portfolio", "release", "released", "run_portfolio", "segment_plan",
+           "segments", "shared_checkpoint", "shared_greedy", "side"]

@@ -234,13 +234,15 @@ def _delay_prefetches(graph: Graph, plan: Plan, spans: dict[int, list[tuple[int,
 def greedy_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """outcore's own greedy planner (``plan_auto``) as a portfolio candidate (run once per
     portfolio run: outcore-optimal's warm start reads the same plan, ``memo``), with release
-    points where its copy-outs stall the forward and that is faster (``release``)."""
+    points where its copy-outs stall the forward and that is faster (``release``; its
+    simulation on ``ctx.cost`` travels in the output, so the portfolio does not replay it)."""
     from outcore.policies.auto.memo import shared_greedy
-    from outcore.policies.auto.release import delay_releases
+    from outcore.policies.auto.release import released
 
     plan, schedule = shared_greedy(graph, ctx.budget, ctx.cost)
     if ctx.budget is not None and ctx.cost is not None and plan.decisions:
-        plan, schedule = delay_releases(graph, plan, schedule, ctx.budget, ctx.cost)
+        out = released(graph, plan, schedule, ctx.budget, ctx.cost)
+        return PolicyOutput(out.plan, out.schedule, graph, simulation=out.simulation)
     return PolicyOutput(plan, schedule, graph)
 
 

@@ -336,7 +336,10 @@ def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str,
     host = max(trace.host, default=0)
     if ctx.host_budget is not None and host > ctx.host_budget:
         return Entry(name, host_peak=host)
-    simulation = simulate(out.graph, out.schedule, ctx.cost)
+    # a runner that simulated its own schedule on this cost model hands it over (the
+    # greedy's release points, ``release.released``); dropping variants resets it
+    simulation = (out.simulation if out.simulation is not None
+                  else simulate(out.graph, out.schedule, ctx.cost))
     seconds = simulation.step_time
     return Entry(name, dataclasses.replace(
         out, predicted_peak=peak, step_time=seconds, trace=trace, simulation=simulation),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from typing import NamedTuple
 
 from outcore.graph.ir import Graph, Phase
 from outcore.plan.lower import lower
@@ -45,10 +46,27 @@ def delay_releases(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
     """``plan`` with release points for its stalled copy-outs, and its schedule, when that
     fits ``budget`` and simulates faster on ``cost``; else ``(plan, schedule)`` unchanged
     (module doc). ``plan`` is never mutated."""
+    out = released(graph, plan, schedule, budget, cost)
+    return out.plan, out.schedule
+
+
+class Released(NamedTuple):
+    """``released``'s answer: the plan, its schedule, and that schedule's simulation on the
+    cost model it was given (``outcore.sim.simulate``'s result, so a caller need not replay
+    the schedule again)."""
+
+    plan: Plan
+    schedule: Schedule
+    simulation: SimResult
+
+
+def released(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
+             cost: object) -> Released:
+    """``delay_releases`` with the simulation of the schedule it returns."""
     sim = simulate(graph, schedule, cost)  # type: ignore[arg-type]
     moves = _moves(graph, plan, schedule, sim)
     if not moves:
-        return plan, schedule
+        return Released(plan, schedule, sim)
     held_after = _last_forward_use(schedule, moves)
     for _ in range(BACKOFF_ROUNDS):
         trial = dataclasses.replace(plan, release_at={**plan.release_at, **moves})
@@ -56,9 +74,10 @@ def delay_releases(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
         trace = memory_curve(graph, lowered)
         if trace.peak <= budget:
             verify(graph, lowered)
-            if simulate(graph, lowered, cost).step_time < sim.step_time:  # type: ignore[arg-type]
-                return _noted(trial, moves), lowered
-            return plan, schedule
+            faster = simulate(graph, lowered, cost)  # type: ignore[arg-type]
+            if faster.step_time < sim.step_time:
+                return Released(_noted(trial, moves), lowered, faster)
+            return Released(plan, schedule, sim)
         over = [i for i, mem in enumerate(trace.device) if mem > budget]
         spans = _held_spans(lowered, held_after, moves)
         kept = {t: op for t, op in moves.items()
@@ -66,7 +85,7 @@ def delay_releases(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
         if not kept or len(kept) == len(moves):
             break  # nothing left, or the excess is none of the moves' doing
         moves = kept
-    return plan, schedule
+    return Released(plan, schedule, sim)
 
 
 def _moves(graph: Graph, plan: Plan, schedule: Schedule, sim: SimResult) -> dict[int, int]:

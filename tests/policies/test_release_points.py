@@ -106,8 +106,26 @@ def test_the_portfolio_does_not_replay_the_greedys_schedule(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(sim_module, "simulate", counted)
+    from outcore.policies.auto import portfolio
+
+    replays: list[int] = []
+    real_curve = portfolio.memory_curve
+    monkeypatch.setattr(portfolio, "memory_curve",
+                        lambda *a, **k: replays.append(1) or real_curve(*a, **k))
     result = run_portfolio(graph, PolicyContext(budget=budget, cost=COST), ("outcore-auto",),
                            {"outcore-auto": greedy_policy}, parallel=False)
     entry = result.entries[0]
     assert entry.fits and calls == []  # the greedy's own simulation was reused
+    assert entry.output.trace is not None and replays == []  # nor its memory replayed
     assert entry.seconds == real(graph, entry.output.schedule, COST).step_time
+
+
+def test_the_trace_handed_over_is_the_returned_schedules():
+    from outcore.policies.auto import released
+
+    graph, budget, plan, schedule = _greedy(40, 0.5)
+    out = released(graph, plan, schedule, budget, COST)
+    assert out.schedule is not schedule and out.trace is not None  # release points were set
+    fresh = memory_curve(graph, out.schedule)
+    assert (out.trace.peak, out.trace.device, out.trace.host) == (fresh.peak, fresh.device,
+                                                                 fresh.host)

@@ -235,14 +235,16 @@ def greedy_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
     """outcore's own greedy planner (``plan_auto``) as a portfolio candidate (run once per
     portfolio run: outcore-optimal's warm start reads the same plan, ``memo``), with release
     points where its copy-outs stall the forward and that is faster (``release``; its
-    simulation on ``ctx.cost`` travels in the output, so the portfolio does not replay it)."""
+    simulation on ``ctx.cost``, and its memory trace where it was computed, travel in the
+    output, so the portfolio does not replay them)."""
     from outcore.policies.auto.memo import shared_greedy
     from outcore.policies.auto.release import released
 
     plan, schedule = shared_greedy(graph, ctx.budget, ctx.cost)
     if ctx.budget is not None and ctx.cost is not None and plan.decisions:
         out = released(graph, plan, schedule, ctx.budget, ctx.cost)
-        return PolicyOutput(out.plan, out.schedule, graph, simulation=out.simulation)
+        return PolicyOutput(out.plan, out.schedule, graph, simulation=out.simulation,
+                            trace=out.trace)
     return PolicyOutput(plan, schedule, graph)
 
 

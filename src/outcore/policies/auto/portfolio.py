@@ -329,7 +329,9 @@ def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str,
         return Entry(name, error=exc)
     if out.schedule.variants and not allow_variants:
         out = _without_variants(out)
-    trace = memory_curve(out.graph, out.schedule)
+    # a runner that replayed its own schedule hands the trace over (``release.released``);
+    # dropping variants resets it, as it does the simulation below
+    trace = out.trace if out.trace is not None else memory_curve(out.graph, out.schedule)
     peak = trace.peak
     if ctx.budget is not None and peak > ctx.budget:
         return Entry(name, peak=peak)

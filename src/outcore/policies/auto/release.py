@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from outcore.graph.ir import Graph, Phase
 from outcore.plan.lower import lower
-from outcore.plan.memory import memory_curve
+from outcore.plan.memory import MemoryTrace, memory_curve
 from outcore.plan.plan import Decision, Plan
 from outcore.plan.schedule import Compute, Free, Offload, Schedule, Wait
 from outcore.plan.verify import verify
@@ -53,11 +53,13 @@ def delay_releases(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
 class Released(NamedTuple):
     """``released``'s answer: the plan, its schedule, and that schedule's simulation on the
     cost model it was given (``outcore.sim.simulate``'s result, so a caller need not replay
-    the schedule again)."""
+    the schedule again); ``trace``: its memory curve (``outcore.plan.memory.memory_curve``)
+    where it was computed (the schedule with release points), else None."""
 
     plan: Plan
     schedule: Schedule
     simulation: SimResult
+    trace: MemoryTrace | None = None
 
 
 def released(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
@@ -76,7 +78,7 @@ def released(graph: Graph, plan: Plan, schedule: Schedule, budget: int,
             verify(graph, lowered)
             faster = simulate(graph, lowered, cost)  # type: ignore[arg-type]
             if faster.step_time < sim.step_time:
-                return Released(_noted(trial, moves), lowered, faster)
+                return Released(_noted(trial, moves), lowered, faster, trace)
             return Released(plan, schedule, sim)
         over = [i for i, mem in enumerate(trace.device) if mem > budget]
         spans = _held_spans(lowered, held_after, moves)

@@ -122,3 +122,46 @@ def test_nothing_fuses_across_a_graph_output_a_view_or_a_random_op():
     fused = fuse_elementwise(graph)
     assert fused.absorbed == 0  # a is an output; b's reader is fine but b's producer random
     assert len(fused.graph.ops) == 3
+
+
+def _shared(first: str = "div", reads: int = 1) -> Graph:
+    """The backward of a pooled head: g = mm(seed, w) (small); e = div(g, h) is read by two
+    reductions and a point-wise op of the backward, each a kernel of its own; ``reads``
+    extra inputs of e's producer."""
+    A, G, IN = TensorKind.ACTIVATION, TensorKind.GRADIENT, TensorKind.INPUT
+    s = _Builder()
+    x, w, seed = s.tensor("x", IN), s.tensor("w", IN), s.tensor("tangent", TensorKind.TANGENT)
+    h = s.op("conv", F, MM, [x, w], "h", A, 65536)
+    loss = s.op("sum", F, RED, [h], "loss", TensorKind.OUTPUT, 4)
+    g = s.op("mm", B, MM, [seed, w], "g", G, 512)
+    extra = [s.tensor(f"r{i}", IN) for i in range(reads - 1)]
+    e = s.op(first, B, EW, [g, h, *extra], "e", G, 65536)
+    s1 = s.op("sum1", B, RED, [e], "s1", G, 64)
+    s2 = s.op("sum2", B, RED, [e, h], "s2", G, 64)
+    m = s.op("mul", B, EW, [e, s1, s2], "m", G, 65536)
+    gx = s.op("mm_x", B, MM, [m, w], "gx", G)
+    return s.graph([loss, gx])
+
+
+def test_a_light_value_several_kernels_read_is_inlined_into_each_and_its_inputs_live_on():
+    """Inductor inlines a point-wise value read by several nodes into each (``mark_reuse``
+    realizes it only for a heavy op, a large body or more than 4 reads): its inputs are
+    read by its last reader. Planned materialised, the 512 B gradient of a convolution
+    network's pooled features was freed before the compiled step's peak, which it was not
+    (tests/compiled/test_inductor_conv.py measured 512 B above the plan)."""
+    fused = fuse_elementwise(_shared())
+    g = fused.graph
+    assert "e" not in {t.name for t in g.tensors}
+    readers = {g.ops[c].name for t in g.tensors if t.name == "g" for c in t.consumers}
+    assert readers == {"sum1", "sum2", "mul"}  # g lives until mul, e's last reader
+    mul = next(op for op in g.ops if op.name == "mul")
+    assert _names(g, mul.inputs) == {"g", "h", "s1", "s2"} and mul.flops == 20.0
+    assert not any(op.name == "div" for op in g.ops)
+    for heavy in ("exp", "tanh"):  # realized on reuse: read by its readers, g freed early
+        g2 = fuse_elementwise(_shared(first=heavy)).graph
+        assert "e" in {t.name for t in g2.tensors}
+        assert {g2.ops[c].name for t in g2.tensors if t.name == "g" for c in t.consumers} \
+            == {heavy}
+    many = fuse_elementwise(_shared(reads=4)).graph  # g, h and 3 more: 5 reads
+    assert "e" in {t.name for t in many.tensors}
+    assert "e" not in {t.name for t in fuse_elementwise(_shared(reads=3)).graph.tensors}

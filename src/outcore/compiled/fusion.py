@@ -159,6 +159,75 @@ def _groups(wiring: _Wiring) -> tuple[dict[int, int], set[int]]:
     return root, absorbed
 
 
+#: Inductor's ``realize_reads_threshold``: a point-wise value read by several kernels is
+#: inlined into each unless its loop body reads more buffers than this (``mark_reuse``).
+_REUSE_READS = 4
+#: Ops Inductor's CPU heuristic realizes a reused value for (``should_realize_on_reuse``).
+_HEAVY = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+#: Members of a group past which its loop body is taken as large (realized): Inductor's
+#: ``realize_opcount_threshold`` is 30 loop-body operations, one ATen op being one or more.
+_LARGE_GROUP = 10
+
+
+def _aten_name(target: str) -> str:
+    """``"exp"`` of ``"aten.exp.default"`` (the target itself where it is no ATen op's)."""
+    parts = target.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else target
+
+
+def _shared_inputs(wiring: _Wiring, root: dict[int, int], tid: int) -> list[int] | None:
+    """The tensors each reader of ``tid`` reads instead of it when Inductor inlines its
+    producer's kernel into every reader (``_inline_shared``), or None where it does not."""
+    graph = wiring.graph
+    producer = wiring._pointwise(tid)
+    readers = wiring.readers[tid]
+    if producer is None or root[producer.id] != producer.id or len(readers) < 2:
+        return None
+    for r in readers:
+        op = graph.ops[r]
+        if op.category not in _INLINES_INTO or op.random or op.phase is not producer.phase:
+            return None
+    group = [m for m in graph.ops[:producer.id + 1] if root[m.id] == producer.id]
+    if len(group) > _LARGE_GROUP or any(m.id in wiring.draws or m.random
+                                       or _aten_name(m.target) in _HEAVY for m in group):
+        return None
+    inside = {t for m in group for t in m.outputs}
+    reads = list(dict.fromkeys(t for m in group for t in wiring.inputs[m.id] if t not in inside))
+    return reads if len(reads) <= _REUSE_READS else None
+
+
+def _inline_shared(wiring: _Wiring, root: dict[int, int], absorbed: set[int]) -> None:
+    """Inline each point-wise value that several kernels of its phase read into all of
+    them, as Inductor's lowering does (``mark_reuse``: a value read by several nodes is
+    realized only when its loop body reads more than ``_REUSE_READS`` buffers, is large or
+    computes a heavy op): the value is absorbed, its group dropped (``root`` -1), and each
+    reader reads the group's inputs and adds its flops. Its inputs then live until its last
+    reader, as in Inductor's kernels; planned materialised, the plan freed them after the
+    value's producer and the compiled step held them past the plan's peak (the pooled
+    features' gradient of a ResNet's backward, held to the last kernel reading the
+    ReLU's gradient). In graph order, so a value read by a shared one is already replaced
+    by its own inputs."""
+    graph = wiring.graph
+    for op in graph.ops:
+        if len(op.outputs) != 1 or root[op.id] != op.id:
+            continue
+        tid = op.outputs[0]
+        reads = _shared_inputs(wiring, root, tid)
+        if reads is None:
+            continue
+        group = [m.id for m in graph.ops[:op.id + 1] if root[m.id] == op.id]
+        flops = sum(graph.ops[m].flops + wiring.extra_flops[m] for m in group)
+        for r in wiring.readers[tid]:
+            wiring.inputs[r] = list(dict.fromkeys(
+                x for t in wiring.inputs[r] for x in (reads if t == tid else [t])))
+            wiring.extra_flops[r] += flops
+        for t in reads:
+            wiring.readers[t] |= wiring.readers[tid]
+        for m in group:
+            root[m] = -1
+        absorbed.add(tid)
+
+
 def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused:
     """``graph`` contracted as Inductor fuses it (module docstring); ``graph`` is unchanged.
     ``draws``: ops that draw random numbers inline (Inductor's seeded random ops, planned as
@@ -167,6 +236,7 @@ def fuse_elementwise(graph: Graph, draws: frozenset[int] = frozenset()) -> Fused
     kept or re-drawn."""
     wiring = _Wiring(graph, draws)
     root, absorbed = _groups(wiring)
+    _inline_shared(wiring, root, absorbed)
     members: dict[int, list[int]] = {}
     for op in graph.ops:
         members.setdefault(root[op.id], []).append(op.id)

@@ -15,7 +15,8 @@ Steps (``plan_optimal``):
    ends short of ``STOP_GAP``: outcore-checkpoint's and the greedy planner's plans mapped to
    the model (warm starts, ``_seed_plans``), with a second segment pass from the best seed
    when it beats the fractional MILP's solution.
-   The search's MILPs stop at ``SEARCH_GAP`` (HiGHS's RINS/RENS heuristics stay on:
+   The search's MILPs stop at ``SEARCH_GAP`` (``SMALL_SEARCH_GAP`` on models of at most
+   ``LARGE_SEARCH`` candidates; HiGHS's RINS/RENS heuristics stay on:
    ``SEARCH_LIGHT``), and a segment's MILP is cut off at the incumbent's step (it only
    looks for better). Stopping rule: the LP value is a lower bound on every integral
    solution of the primal model, so once the incumbent's model step is within ``STOP_GAP``
@@ -108,6 +109,14 @@ LARGE_STOP_GAP = 0.02
 #: is 2.189 s (bound 2.135, +2.5%) against 2.152 s at 1e-3 with the whole segment pass.
 #: Exact MILPs use ``Model.solve``'s 1e-4.
 SEARCH_GAP = STOP_GAP
+#: Relative gap at which the search's MILPs (the fractional MILP and each segment's) stop on
+#: models of at most ``LARGE_SEARCH`` candidates; beyond, ``SEARCH_GAP``. At 1% a segment
+#: keeps only its first improvement, and the pass ends higher: GPT-2 medium at 40% on a100
+#: (486 candidates) simulated at 1.7904 s, +3.3% over its bound 1.734 s (planner table of
+#: 28 Nov 2026); at 1e-3, 1.7713 s (+2.2%), for 62 -> about 100 s CPU. ResNet-50 b640
+#: v100-pcie: 2.189 s at 1%, 2.152 s at 1e-3 (bound 2.135). ResNet-152 (619 candidates)
+#: keeps 1%, where its search ends after the fractional MILP (``LARGE_STOP_GAP``).
+SMALL_SEARCH_GAP = 1e-3
 #: Whether the search's MILPs run without HiGHS's RINS/RENS heuristics. Off: on ResNet-50
 #: b640 v100-pcie they find the better plan (2.152 s with them, 2.209 s without; the bound
 #: is 2.135 s) for about 1.7x the search's time (planner_table.py, 26 Nov 2026).
@@ -297,12 +306,14 @@ def _search(model: Model, start: Solution, segments: int | None,
             seeds: Sequence[list[tuple]] = ()) -> list[Solution]:
     """Integral solutions from the LP relaxation ``start``, for the caller to simulate: the
     rounded LP; the MILP over the candidates the LP left fractional (the others fixed); a
-    segment local search from it (``_segment_pass``); then, only when that search ends
-    without meeting the stopping rule below, each of ``seeds`` (other planners' plans as the
-    model's choices, ``_choice_of``) the model finds feasible (warm starts), and a second
-    segment pass from the best seed when it beats the fractional MILP's solution. Every
-    MILP is bounded by ``NODE_LIMIT`` nodes and stops at ``SEARCH_GAP`` (deterministic work;
-    no wall-clock limit).
+    segment local search from it (``_segment_pass``; every improving incumbent is returned,
+    since the model's step and the simulated one do not always fall together: GPT-2 medium
+    at 40% on a100, model 1.7632 s simulated 1.7867 s, an earlier incumbent 1.7831 s); then,
+    only when that search ends without meeting the stopping rule below, each of ``seeds``
+    (other planners' plans as the model's choices, ``_choice_of``) the model finds feasible
+    (warm starts), and a second segment pass from the best seed when it beats the
+    fractional MILP's solution. Every MILP is bounded by ``NODE_LIMIT`` nodes and stops at
+    ``_search_gap`` (deterministic work; no wall-clock limit).
 
     Stopping rule: ``start`` is the LP optimum, a lower bound on every integral solution
     of ``model``; once the incumbent's model step is at most ``(1 + STOP_GAP)`` times it,
@@ -326,8 +337,8 @@ def _search(model: Model, start: Solution, segments: int | None,
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
-                      light=SEARCH_LIGHT)
+    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT,
+                      gap=_search_gap(model), light=SEARCH_LIGHT)
     first = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
@@ -335,9 +346,9 @@ def _search(model: Model, start: Solution, segments: int | None,
         return out
     best = first
     if first is not None:
-        best = _segment_pass(model, first, segments, enough)
-        if best is not first:
-            out.append(best)
+        trail: list[Solution] = []
+        best = _segment_pass(model, first, segments, enough, trail)
+        out += trail  # every improving incumbent: the simulator picks among them
         if best.objective <= enough:
             return out
     warm_best: Solution | None = None
@@ -363,8 +374,14 @@ def _stop_gap(model: Model) -> float:
     return LARGE_STOP_GAP if len(model.p.candidates) > LARGE_SEARCH else STOP_GAP
 
 
+def _search_gap(model: Model) -> float:
+    """The relative gap the search's MILPs stop at: ``SMALL_SEARCH_GAP``, or ``SEARCH_GAP``
+    beyond ``LARGE_SEARCH`` candidates. Deterministic: a count of candidates."""
+    return SEARCH_GAP if len(model.p.candidates) > LARGE_SEARCH else SMALL_SEARCH_GAP
+
+
 def _segment_pass(model: Model, incumbent: Solution, segments: int | None,
-                  enough: float) -> Solution:
+                  enough: float, trail: list[Solution] | None = None) -> Solution:
     """The segment local search from ``incumbent``: each ``SEGMENT`` of candidates in
     production order is re-solved as a MILP with every other candidate fixed, and kept when
     the model's step falls, for ``SEARCH_PASSES`` passes at most (at most ``segments``
@@ -388,11 +405,13 @@ def _segment_pass(model: Model, incumbent: Solution, segments: int | None,
             if k not in free:
                 pins.update(model.fix(k, pick))
         better = incumbent.objective * (1 - 1e-6)
-        step = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
-                           cutoff=better, light=SEARCH_LIGHT)
+        step = model.solve(integral=True, fixed=pins, node_limit=NODE_LIMIT,
+                           gap=_search_gap(model), cutoff=better, light=SEARCH_LIGHT)
         idle += 1
         if step.choice and step.objective < better:
             incumbent, idle = step, 0
+            if trail is not None:
+                trail.append(step)
     return incumbent
 
 

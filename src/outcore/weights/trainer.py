@@ -51,6 +51,7 @@ from torch import nn
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
 from outcore.errors import OutcoreError
+from outcore.fixed_step import FixedStep
 from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
@@ -98,6 +99,7 @@ class WeightTrainer:
         self.executor = Executor(self.graph, self.choice.schedule, landing,
                                  grad_hook=self.stepper)
         self.measured_peak = 0
+        self._fixed = FixedStep(model, loss_fn)
 
     @property
     def predicted_peak(self) -> int:
@@ -114,6 +116,19 @@ class WeightTrainer:
         """What moved and why (``WeightChoice.explain``)."""
         return self.choice.explain(self.graph)
 
+    def _batch(self, args: tuple[Any, ...]) -> Any:
+        """The step's batch, checked against the captured one: one shape and dtype is
+        planned (no signature cache), so another one raises ``BatchMismatchError``, and a
+        model that left its captured state (``outcore.fixed_step``: train/eval, frozen
+        parameters, Python values, forward hooks) ``UnsupportedModelError``, before
+        anything runs or is stepped."""
+        from outcore.batch_check import check_batch
+
+        batch = batch_of(args, self.loss_fn)
+        check_batch(self.graph, batch)
+        self._fixed.check()
+        return batch
+
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
         """Forward and backward on ``(x, y)``; gradients accumulate into ``.grad`` (the
         user steps the optimizer). With ``scaler`` (a ``torch.amp.GradScaler``) they come
@@ -122,8 +137,8 @@ class WeightTrainer:
         if self.master is not None:
             raise OutcoreError("with master weights the gradients go to the masters: use "
                                "trainer.train_step(x, y), which steps them")
+        batch = self._batch(args)
         self.stepper.start(overlap=False)
-        batch = batch_of(args, self.loss_fn)
         result = self.executor.run(batch, loss_scale=_scale(scaler), apply=not self.on_cuda)
         if self.on_cuda:  # out of the pool's slots, which the next step's offloads reuse
             result.grads = {n: g.clone() if g.device.type == "cpu" else g
@@ -141,10 +156,10 @@ class WeightTrainer:
         scale = _scale(scaler)
         scaled = scaler is not None and scaler.is_enabled()
         barrier = self.clip_grad_norm is not None or scaled  # they need every gradient
+        batch = self._batch(args)
         self.stepper.start(overlap=not barrier)
         try:
-            result = self.executor.run(batch_of(args, self.loss_fn), apply=False,
-                                       loss_scale=scale)
+            result = self.executor.run(batch, apply=False, loss_scale=scale)
         finally:
             stepped = self.stepper.join()
         self.measured_peak = result.peak_bytes

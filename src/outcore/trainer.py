@@ -440,6 +440,18 @@ def _close(device: Any) -> None:
         closer()
 
 
+def refuse_no_grad() -> None:
+    """Raise ``UnsupportedModelError`` under ``torch.no_grad()``/``inference_mode()``: a
+    trainer running one planned step would still compute gradients there (eager computes
+    none), so the validation loop must call the model itself."""
+    if not torch.is_grad_enabled():
+        raise UnsupportedModelError(
+            "trainer.step under torch.no_grad() or inference_mode(): this trainer runs its "
+            "one planned training step, which would still compute gradients. Evaluate with "
+            "the model itself (loss_fn(model(x), y) under no_grad), or use outcore.compile, "
+            "whose step runs the forward eagerly there.")
+
+
 class PlannedTrainer:
     """Runs one planned step, for batches shaped like the example (no signature cache).
 
@@ -486,6 +498,7 @@ class PlannedTrainer:
         from outcore.batch_check import check_batch
         from outcore.runtime.subbatch import run_sub_batches
 
+        refuse_no_grad()
         parts = self.planned.plan.sub_batches
         x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
         check_batch(self.planned.graph, (x, y), parts)

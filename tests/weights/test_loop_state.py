@@ -189,3 +189,44 @@ def test_planned_trainer_refuses_mode_and_frozen_changes(change: str) -> None:
     how(model)
     with pytest.raises(UnsupportedModelError, match=match):
         trainer.step(*batch)
+
+
+def test_weight_trainer_under_no_grad_is_the_eager_forward() -> None:
+    """Validation: ``step`` and ``train_step`` under no_grad computed (and stepped)
+    gradients; eager computes none. Now the forward runs eagerly, in any mode."""
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    batches = _batches(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with outcore.compile(model, F.cross_entropy, batches[0], optimizer=opt,
+                         budget=_budget(model, batches[0]), device="cpu-emulated") as trainer:
+        for mode in (True, False):
+            model.train(mode)
+            ref.train(mode)
+            for call in (trainer.step, trainer.train_step):
+                torch.manual_seed(3)
+                with torch.no_grad():
+                    got = call(*batches[1])
+                torch.manual_seed(3)
+                with torch.no_grad():
+                    want = F.cross_entropy(ref(batches[1][0]), batches[1][1])
+                assert torch.equal(got, want)
+                assert all(p.grad is None for p in model.parameters())
+                for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values(),
+                                        strict=True):
+                    assert torch.equal(a, b), name  # BN statistics move as eager's
+        model.train()
+        assert trainer.train_step(*batches[0]).isfinite()  # and it trains on
+
+
+def test_planned_trainer_refuses_a_step_under_no_grad() -> None:
+    torch.manual_seed(0)
+    model = _Net()
+    batch = _batches(1)[0]
+    planned = outcore.plan(outcore.capture(model, F.cross_entropy, batch), None,
+                           policy="offload-all")
+    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    with torch.no_grad(), pytest.raises(UnsupportedModelError, match="no_grad"):
+        trainer.step(*batch)
+    assert all(p.grad is None for p in model.parameters())

@@ -43,7 +43,7 @@ from outcore.errors import OutcoreError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
-from outcore.trainer import PlannedTrainer
+from outcore.trainer import PlannedTrainer, refuse_no_grad
 
 
 class DataParallelTrainer(PlannedTrainer):
@@ -75,7 +75,9 @@ class DataParallelTrainer(PlannedTrainer):
         return self.ctx.world_size
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
+        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss.
+        Refused under ``torch.no_grad()`` before any collective (``refuse_no_grad``)."""
+        refuse_no_grad()
         self.replay.reset()
         try:
             if not self._plans_compared:

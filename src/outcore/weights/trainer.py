@@ -129,11 +129,26 @@ class WeightTrainer:
         self._fixed.check()
         return batch
 
+    def _eval_step(self, args: tuple[Any, ...]) -> torch.Tensor:
+        """Under ``torch.no_grad()`` (validation): the forward eagerly, the loss detached,
+        no gradient and no optimizer step, as the Trainer of ``outcore.compile`` does. On
+        CUDA with parameters held in host memory the model cannot run eagerly: refused."""
+        from outcore.capture.batching import step_loss
+
+        if self.on_cuda and self.choice.placement.params:
+            raise OutcoreError("trainer.step under torch.no_grad() runs the model eagerly, "
+                               "but some of its parameters are held in host memory on "
+                               "CUDA; evaluate with a model whose weights are on the GPU")
+        with torch.no_grad():
+            return step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn)).detach()
+
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
         """Forward and backward on ``(x, y)``; gradients accumulate into ``.grad`` (the
         user steps the optimizer). With ``scaler`` (a ``torch.amp.GradScaler``) they come
         out scaled, for ``scaler.step(optimizer)``. Not with ``master=`` (use
         ``train_step``)."""
+        if not torch.is_grad_enabled():
+            return self._eval_step(args)
         if self.master is not None:
             raise OutcoreError("with master weights the gradients go to the masters: use "
                                "trainer.train_step(x, y), which steps them")
@@ -153,6 +168,8 @@ class WeightTrainer:
         the eager loop ``backward; clip_grad_norm_; step; zero_grad`` (with ``scaler``:
         ``scale(loss).backward; unscale_; clip; scaler.step; scaler.update``); the LR
         scheduler stays the user's (``sched.step()`` after it)."""
+        if not torch.is_grad_enabled():
+            return self._eval_step(args)
         scale = _scale(scaler)
         scaled = scaler is not None and scaler.is_enabled()
         barrier = self.clip_grad_norm is not None or scaled  # they need every gradient

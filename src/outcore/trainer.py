@@ -75,7 +75,7 @@ from outcore.errors import (
     NothingToTrainError,
     UnsupportedModelError,
 )
-from outcore.fixed_step import FixedStep
+from outcore.fixed_step import FixedStep, without_autocast
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -502,12 +502,13 @@ class PlannedTrainer:
         parts = self.planned.plan.sub_batches
         x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
         check_batch(self.planned.graph, (x, y), parts)
-        self._check_python_state()
+        self._fixed.check((x, y))
         _refuse_split_input_grads(parts, (x, y))
-        if parts > 1:
-            result = run_sub_batches(self.executor, (x, y), parts)
-        else:
-            result = self.executor.run((x, y))
+        with without_autocast((x, y)):  # the graph holds the captured autocast's casts
+            if parts > 1:
+                result = run_sub_batches(self.executor, (x, y), parts)
+            else:
+                result = self.executor.run((x, y))
         self.stats.measured_peak = result.peak_bytes
         self.stats.step_seconds = result.seconds
         self.stats.steps += 1
@@ -585,7 +586,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     limit = check_budget(budget)
     check_device(device)
     gpu = check_gpu(gpu)
-    dp_options = ("bucket_cap", "timeout", "host") if distributed not in (False, None) else ()
+    dp_options: tuple[str, ...] = (("bucket_cap", "timeout", "host")
+                                   if distributed not in (False, None) else ())
     if optimizer is not None:
         dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})

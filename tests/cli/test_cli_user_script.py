@@ -44,7 +44,8 @@ SCRIPT = textwrap.dedent('''
 
     def cat():
         torch.manual_seed(0)
-        return nn.Linear(4, 3), F.cross_entropy, (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+        batch = (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+        return nn.Linear(4, 3), F.cross_entropy, batch
 
 
     def raises():

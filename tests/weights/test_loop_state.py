@@ -230,3 +230,53 @@ def test_planned_trainer_refuses_a_step_under_no_grad() -> None:
     with torch.no_grad(), pytest.raises(UnsupportedModelError, match="no_grad"):
         trainer.step(*batch)
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_weight_trainer_and_autocast() -> None:
+    """Compiled and stepped under bf16 autocast: eager's bits (the executor runs with the
+    ambient autocast off: the graph holds its casts). Stepped under an autocast it was not
+    compiled with: refused (it crashed with "expected scalar type BFloat16 but found Float")."""
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    batches = _batches(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    def bf16() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def in_bf16(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        # one autocast region per step, as PyTorch advises: a region spanning optimizer
+        # steps keeps its cached bf16 casts of the weights from before the update
+        def run(*args: torch.Tensor) -> torch.Tensor:
+            with bf16():
+                return step(*args)
+        return run
+
+    with bf16():
+        trainer = outcore.compile(model, F.cross_entropy, batches[0], optimizer=opt,
+                                  budget=_budget(model, batches[0]), device="cpu-emulated")
+    with trainer:
+        got = _train(model, opt, in_bf16(trainer.train_step), batches)
+    want = _train(ref, ref_opt, in_bf16(_eager_step(ref, ref_opt, None)), batches)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    plain = outcore.compile(ref, F.cross_entropy, batches[0], optimizer=ref_opt,
+                            budget=_budget(ref, batches[0]), device="cpu-emulated")
+    with plain, bf16(), pytest.raises(UnsupportedModelError, match="autocast"):
+        plain.train_step(*batches[0])
+
+
+def test_planned_trainer_refuses_an_autocast_it_was_not_captured_with() -> None:
+    torch.manual_seed(0)
+    model = _Net()
+    batch = _batches(1)[0]
+    planned = outcore.plan(outcore.capture(model, F.cross_entropy, batch), None,
+                           policy="offload-all")
+    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            UnsupportedModelError, match="autocast"):
+        trainer.step(*batch)
+    assert all(p.grad is None for p in model.parameters())

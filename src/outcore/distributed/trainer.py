@@ -107,8 +107,11 @@ class DataParallelTrainer(PlannedTrainer):
         if self.reducer is None:
             return super().step(x, y)
         params = dict(self.model.named_parameters())
-        taken = {n: params[n].grad for n, tid in self._grad_ids.items()
-                 if n in params and params[n].grad is not None}
+        taken: dict[str, torch.Tensor] = {}
+        for name in self._grad_ids:
+            grad = params[name].grad if name in params else None
+            if grad is not None:
+                taken[name] = grad
         for name in taken:
             params[name].grad = None
         self.reducer.prior = {self._grad_ids[n]: g for n, g in taken.items()}

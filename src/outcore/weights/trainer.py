@@ -51,7 +51,7 @@ from torch import nn
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
 from outcore.errors import OutcoreError
-from outcore.fixed_step import FixedStep
+from outcore.fixed_step import FixedStep, without_autocast
 from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
@@ -99,7 +99,7 @@ class WeightTrainer:
         self.executor = Executor(self.graph, self.choice.schedule, landing,
                                  grad_hook=self.stepper)
         self.measured_peak = 0
-        self._fixed = FixedStep(model, loss_fn)
+        self._fixed = FixedStep(model, loss_fn, batch=example_batch)
 
     @property
     def predicted_peak(self) -> int:
@@ -126,7 +126,7 @@ class WeightTrainer:
 
         batch = batch_of(args, self.loss_fn)
         check_batch(self.graph, batch)
-        self._fixed.check()
+        self._fixed.check(batch)
         return batch
 
     def _eval_step(self, args: tuple[Any, ...]) -> torch.Tensor:
@@ -139,7 +139,9 @@ class WeightTrainer:
             raise OutcoreError("trainer.step under torch.no_grad() runs the model eagerly, "
                                "but some of its parameters are held in host memory on "
                                "CUDA; evaluate with a model whose weights are on the GPU")
-        with torch.no_grad():
+        cast = self._fixed.autocast  # the captured autocast, as the step computes
+        with torch.no_grad(), torch.autocast(cast[0] if cast else "cpu", dtype=cast[1] if cast
+                                             else None, enabled=cast is not None):
             return step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn)).detach()
 
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
@@ -154,7 +156,9 @@ class WeightTrainer:
                                "trainer.train_step(x, y), which steps them")
         batch = self._batch(args)
         self.stepper.start(overlap=False)
-        result = self.executor.run(batch, loss_scale=_scale(scaler), apply=not self.on_cuda)
+        with without_autocast(batch):
+            result = self.executor.run(batch, loss_scale=_scale(scaler),
+                                       apply=not self.on_cuda)
         if self.on_cuda:  # out of the pool's slots, which the next step's offloads reuse
             result.grads = {n: g.clone() if g.device.type == "cpu" else g
                             for n, g in result.grads.items()}
@@ -176,7 +180,8 @@ class WeightTrainer:
         batch = self._batch(args)
         self.stepper.start(overlap=not barrier)
         try:
-            result = self.executor.run(batch, apply=False, loss_scale=scale)
+            with without_autocast(batch):
+                result = self.executor.run(batch, apply=False, loss_scale=scale)
         finally:
             stepped = self.stepper.join()
         self.measured_peak = result.peak_bytes

@@ -591,6 +591,9 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if optimizer is not None:
         dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
+    if optimizer is not None:  # first: it refuses distributed= (not planned together yet)
+        return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
+                                policy, distributed, options)
     if distributed is not False and distributed is not None:
         from outcore.distributed import compile_data_parallel
 
@@ -600,9 +603,6 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
                                      **options)
-    if optimizer is not None:
-        return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
-                                policy, distributed, options)
     if autocast is None:
         autocast_now = autocast_state(None, example_batch, model)
         autocast = autocast_now[1] if autocast_now is not None else None
@@ -628,7 +628,13 @@ def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, opti
         raise InvalidArgumentError(None, "a budget with optimizer=", "The plan decides what "
                                    "the budget cannot hold of the weights; give budget=.")
     extra = {k: options.pop(k) for k in WEIGHTS_OPTIONS if k in options}
-    if distributed not in (False, None) or options or policy not in (
+    if distributed not in (False, None):
+        raise InvalidArgumentError("distributed", "optimizer= without distributed=", "The "
+                                   "weights are planned for one process for now: drop "
+                                   "optimizer= for data parallel (the budget then holds the "
+                                   "step's activations, gradients and parameters), or run "
+                                   "one process.")
+    if options or policy not in (
             "auto", "outcore-auto", "outcore-checkpoint"):
         raise InvalidArgumentError(policy, "policy='auto' without other options or "
                                    "distributed= when an optimizer is given", "The weights "

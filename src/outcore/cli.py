@@ -325,12 +325,13 @@ def _fail(args: argparse.Namespace, exc: BaseException) -> None:
 
 
 def emit(args: argparse.Namespace, render: Any) -> None:
-    """Call ``render(console)`` unless --json is set."""
+    """Call ``render(console)`` unless --json is set. No emoji codes: a label such as
+    ``mymodule:llama`` is the user's text, not ``:llama:``."""
     if args.json:
         return
     from rich.console import Console
 
-    render(Console())
+    render(Console(emoji=False))
 
 
 if __name__ == "__main__":  # pragma: no cover

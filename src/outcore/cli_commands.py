@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from outcore import cli_workload as work
@@ -287,17 +288,20 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
                            cache=False if args.no_cache else None, distributed=distributed,
                            **work.options(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    # one batch for model(**batch) / a model returning its own loss, else (x, y)
+    step_args = (batch,) if loss_fn is None or isinstance(batch, Mapping) else tuple(batch)
     losses: list[float] = []
-    from rich.progress import Progress
+    from rich.progress import BarColumn, Progress, TextColumn
 
     from outcore import progress as feedback
 
-    try:
-        with Progress(disable=not feedback.enabled(), transient=True) as bar:
+    try:  # the label is the user's text (no markup, no emoji codes such as ":llama:")
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                      disable=not feedback.enabled(), transient=True) as bar:
             task = bar.add_task(f"training {label}", total=args.steps)
             for _ in range(args.steps):
                 optimizer.zero_grad()
-                losses.append(float(trainer.step(*batch)))
+                losses.append(float(trainer.step(*step_args)))
                 optimizer.step()
                 bar.advance(task)
     finally:

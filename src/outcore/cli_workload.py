@@ -17,7 +17,7 @@ from typing import Any
 
 from outcore import progress
 from outcore.cli import UsageError, parse_option
-from outcore.errors import UnknownModelError
+from outcore.errors import CaptureError, UnknownModelError
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +85,12 @@ def load_workload(args: argparse.Namespace, *, fake: bool,
             raise UnknownModelError(spec, "module:function naming a function of an importable "
                                     "module", f"Cannot load it ({type(exc).__name__}: {exc}); "
                                     "check the module is on PYTHONPATH.") from None
-        made = fn()
+        try:
+            made = fn()
+        except Exception as exc:  # the user's own code: say so, not "a bug in outcore"
+            raise UsageError(f"{spec}() raised {type(exc).__name__}: {exc} (that error is in "
+                             "the function itself; run it in Python, or pass --debug for the "
+                             "traceback)") from exc
         if hasattr(made, "model"):
             return made.model, made.loss_fn, made.batch, spec
         if not (isinstance(made, tuple) and len(made) == 3):
@@ -115,8 +120,14 @@ def capture(args: argparse.Namespace, *, fake: bool) -> tuple[Any, str]:
     from outcore.capture import capture as run_capture
 
     model, loss_fn, batch, label = load_workload(args, fake=fake)
-    with progress.task(f"capturing {label}{' (fake tensors)' if fake else ''}"):
-        graph = run_capture(model, loss_fn, batch, fake=fake, name=args.model)
+    try:
+        with progress.task(f"capturing {label}{' (fake tensors)' if fake else ''}"):
+            graph = run_capture(model, loss_fn, batch, fake=fake, name=args.model)
+    except CaptureError as exc:
+        if fake and "with fake=True it cannot" in str(exc):  # the CLI's spelling of fake=False
+            raise CaptureError(f"{exc} On the command line: pass --real to capture with the "
+                               "example's values.") from exc
+        raise
     if key is not None:
         plan_cache.store(key, graph.to_json())
     return graph, label

@@ -47,7 +47,8 @@ def task(description: str) -> Iterator[None]:
     outer = _state["progress"] is None
     if outer:
         console = Console(stderr=True)
-        _state["progress"] = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+        _state["progress"] = Progress(SpinnerColumn(),
+                                      TextColumn("{task.description}", markup=False),
                                       TimeElapsedColumn(), console=console, transient=True)
         _state["progress"].start()
     bar = _state["progress"]

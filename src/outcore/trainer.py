@@ -65,7 +65,6 @@ from outcore.capture.hooks import check_hooks, forward_hooks
 from outcore.capture.python_state import (
     announce_replan,
     announce_side_effects,
-    changed,
     python_state,
 )
 from outcore.capture.step import SpecializationMismatch
@@ -76,6 +75,7 @@ from outcore.errors import (
     NothingToTrainError,
     UnsupportedModelError,
 )
+from outcore.fixed_step import FixedStep, without_autocast
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -440,6 +440,18 @@ def _close(device: Any) -> None:
         closer()
 
 
+def refuse_no_grad() -> None:
+    """Raise ``UnsupportedModelError`` under ``torch.no_grad()``/``inference_mode()``: a
+    trainer running one planned step would still compute gradients there (eager computes
+    none), so the validation loop must call the model itself."""
+    if not torch.is_grad_enabled():
+        raise UnsupportedModelError(
+            "trainer.step under torch.no_grad() or inference_mode(): this trainer runs its "
+            "one planned training step, which would still compute gradients. Evaluate with "
+            "the model itself (loss_fn(model(x), y) under no_grad), or use outcore.compile, "
+            "whose step runs the forward eagerly there.")
+
+
 class PlannedTrainer:
     """Runs one planned step, for batches shaped like the example (no signature cache).
 
@@ -464,32 +476,18 @@ class PlannedTrainer:
         self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
                                   sub_batches=planned.plan.sub_batches,
                                   notes=list(planned.notes))
-        self._python_state = python_state(model)
-        self._hooks = forward_hooks(model)
+        self._fixed = FixedStep(model, way_out=(
+            "Set it back, or use outcore.compile, which captures again when it changes."))
 
     @property
     def plan(self) -> Plan:
         return self.planned.plan
 
     def _check_python_state(self) -> None:
-        """Refuse a step after a Python value the captured step may have baked in changed
-        (``outcore.capture.python_state``), or after a forward hook was registered or removed
-        (``forward_hooks``): this trainer runs one fixed captured step."""
-        now = python_state(self.model)
-        if now != self._python_state:
-            names = ", ".join(changed((self.model,), self._python_state, now)[:5])
-            raise UnsupportedModelError(
-                f"the model's Python value(s) {names or '(its attributes)'} changed after the "
-                "step was captured, and this trainer runs that one captured step, which "
-                "computes with the old values. Set them back, hold a value that changes in a "
-                "tensor buffer (register_buffer), or plan again (outcore.compile captures "
-                "again by itself when one changes).")
-        if forward_hooks(self.model) != self._hooks:
-            raise UnsupportedModelError(
-                "a forward hook or forward pre-hook was registered or removed after the step "
-                "was captured, and this trainer runs that one captured step, which computes "
-                "with the hooks it was captured with. Register hooks before planning, or use "
-                "outcore.compile (it captures again when they change).")
+        """Refuse a step after the model left the state its step was captured in: a
+        training flag, a parameter's ``requires_grad``/dtype/shape, a Python value
+        (``outcore.capture.python_state``) or a forward hook (``outcore.fixed_step``)."""
+        self._fixed.check()
 
     def explain(self) -> list[dict[str, Any]]:
         """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
@@ -500,15 +498,17 @@ class PlannedTrainer:
         from outcore.batch_check import check_batch
         from outcore.runtime.subbatch import run_sub_batches
 
+        refuse_no_grad()
         parts = self.planned.plan.sub_batches
         x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
         check_batch(self.planned.graph, (x, y), parts)
-        self._check_python_state()
+        self._fixed.check((x, y))
         _refuse_split_input_grads(parts, (x, y))
-        if parts > 1:
-            result = run_sub_batches(self.executor, (x, y), parts)
-        else:
-            result = self.executor.run((x, y))
+        with without_autocast((x, y)):  # the graph holds the captured autocast's casts
+            if parts > 1:
+                result = run_sub_batches(self.executor, (x, y), parts)
+            else:
+                result = self.executor.run((x, y))
         self.stats.measured_peak = result.peak_bytes
         self.stats.step_seconds = result.seconds
         self.stats.steps += 1
@@ -524,6 +524,11 @@ class PlannedTrainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: ``outcore.weights.compile``'s own keyword arguments, taken by ``compile(optimizer=...)``
+WEIGHTS_OPTIONS = ("clip_grad_norm", "master", "slowdown", "bandwidth", "profile",
+                   "device_options")
 
 
 def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
@@ -567,7 +572,9 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             the plan decides which parameters live in host memory with the activations
             (``outcore.weights.compile``; a ``WeightTrainer``: ``step`` accumulates
             ``.grad``, the user still calls ``optimizer.step()``). Runs on
-            "cpu-emulated" and "cpu"; policy "auto" or "outcore-checkpoint".
+            "cpu-emulated" and "cpu"; policy "auto" or "outcore-checkpoint". Its own
+            options pass through (``WEIGHTS_OPTIONS``: ``clip_grad_norm`` for
+            ``train_step``, ``master`` weights, ...).
 
     Returns:
         A Trainer; ``trainer.step(x, y)`` or ``trainer.step(batch)`` trains one step (a
@@ -579,8 +586,14 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     limit = check_budget(budget)
     check_device(device)
     gpu = check_gpu(gpu)
-    dp_options = ("bucket_cap", "timeout", "host") if distributed not in (False, None) else ()
+    dp_options: tuple[str, ...] = (("bucket_cap", "timeout", "host")
+                                   if distributed not in (False, None) else ())
+    if optimizer is not None:
+        dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
+    if optimizer is not None:  # first: it refuses distributed= (not planned together yet)
+        return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
+                                policy, distributed, options)
     if distributed is not False and distributed is not None:
         from outcore.distributed import compile_data_parallel
 
@@ -590,9 +603,6 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
                                      **options)
-    if optimizer is not None:
-        return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
-                                policy, distributed, options)
     if autocast is None:
         autocast_now = autocast_state(None, example_batch, model)
         autocast = autocast_now[1] if autocast_now is not None else None
@@ -617,11 +627,18 @@ def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, opti
     if limit is None:
         raise InvalidArgumentError(None, "a budget with optimizer=", "The plan decides what "
                                    "the budget cannot hold of the weights; give budget=.")
-    if distributed not in (False, None) or options or policy not in (
+    extra = {k: options.pop(k) for k in WEIGHTS_OPTIONS if k in options}
+    if distributed not in (False, None):
+        raise InvalidArgumentError("distributed", "optimizer= without distributed=", "The "
+                                   "weights are planned for one process for now: drop "
+                                   "optimizer= for data parallel (the budget then holds the "
+                                   "step's activations, gradients and parameters), or run "
+                                   "one process.")
+    if options or policy not in (
             "auto", "outcore-auto", "outcore-checkpoint"):
         raise InvalidArgumentError(policy, "policy='auto' without other options or "
                                    "distributed= when an optimizer is given", "The weights "
                                    "are planned with outcore-auto for one process for now.")
     return compile_weights(model, loss_fn, example_batch, optimizer=optimizer, budget=limit,
-                           device=device, gpu=gpu)
+                           device=device, gpu=gpu, **extra)
 

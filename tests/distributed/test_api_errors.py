@@ -43,3 +43,15 @@ def test_a_share_viewing_a_larger_batch_gets_its_own_storage():
         assert copy.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
     whole = (torch.randn(4, 4), torch.arange(4))
     assert all(a is b for a, b in zip(own_storage(whole), whole, strict=True))
+
+
+def test_an_optimizer_with_distributed_is_refused_not_ignored(monkeypatch):
+    """Found by the session-20 journey: the distributed branch came first, so under torchrun
+    ``optimizer=`` (weights planning) was silently dropped."""
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    net, loss_fn, batch = small()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(OutcoreError, match="optimizer= without distributed="):
+        outcore.compile(net, loss_fn, batch, budget="1MB", device="cpu-emulated",
+                        distributed=True, optimizer=opt)

@@ -10,6 +10,10 @@ every rank issues the same collectives in the same order). During the step:
   it too), the gradients are copied in, divided by the world size (division by a power of
   two is exact), and an asynchronous ``all_reduce`` (sum) is started. The rest of backward
   runs while it is in flight (gloo runs it on its own threads; nccl on its stream);
+  With ``prior`` (gradient accumulation: ``.grad`` already held a gradient, which the
+  trainer took out), the bucket holds ``prior + gradient`` before the division, as DDP
+  all-reduces the ``.grad`` autograd accumulated: ``.grad`` ends as the average of the
+  ranks' accumulated gradients, bit for bit DDP's (not the prior plus the average);
 * ``finish(outputs)``: after the schedule, waits for every bucket in order and hands the
   averaged gradients out as views of the buffers (``outputs[tid]``), which the executor
   then accumulates into ``.grad`` as for one device;
@@ -41,6 +45,8 @@ class BucketReducer:
         self._values: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
         self._flat: list[torch.Tensor | None] = [None] * len(buckets)
         self._works: list[Any] = [None] * len(buckets)
+        #: gradient id -> the ``.grad`` this step accumulates onto (set by the trainer)
+        self.prior: dict[int, torch.Tensor] = {}
 
     def begin(self) -> None:
         for values in self._values:
@@ -60,7 +66,13 @@ class BucketReducer:
         flat = torch.empty(bucket.numel, dtype=first.dtype, device=first.device)
         for tid, offset in zip(bucket.tensors, bucket.offsets, strict=True):
             value = values[tid]
-            flat[offset:offset + value.numel()].view(value.shape).copy_(value)
+            into = flat[offset:offset + value.numel()].view(value.shape)
+            prior = self.prior.get(tid)
+            if prior is None:
+                into.copy_(value)
+            else:  # as autograd accumulates before DDP copies .grad into its bucket
+                into.copy_(prior)
+                into.add_(value)
         values.clear()  # the buffer holds them now; the step's own references remain
         if self.ctx.world_size > 1:
             flat.div_(self.ctx.world_size)

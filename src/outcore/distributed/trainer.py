@@ -14,7 +14,9 @@ As with PyTorch's DistributedDataParallel:
   speed, and a short group timeout must not end the slower one's planning);
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
-  stays the user's;
+  stays the user's. Accumulating over steps, the average is of the accumulated ``.grad``
+  (DDP all-reduces what autograd accumulated: ``(prior + g_r) / N`` summed, which rounds
+  differently from ``prior + sum(g_r / N)``), so the bits equal DDP's;
 * with one pass (``plan.sub_batches == 1``) the executor's ``BucketReducer`` all-reduces
   each bucket as backward makes it final (overlapped with the rest of backward); with
   sub-batches the gradients are final only after the last pass, so ``.grad`` is
@@ -39,8 +41,9 @@ from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
 from outcore.errors import OutcoreError
 from outcore.plan.grad_buckets import GradBucket
+from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
-from outcore.trainer import PlannedTrainer
+from outcore.trainer import PlannedTrainer, refuse_no_grad
 
 
 class DataParallelTrainer(PlannedTrainer):
@@ -58,6 +61,9 @@ class DataParallelTrainer(PlannedTrainer):
         self.ctx = ctx
         self.buckets = buckets
         self.reducer: BucketReducer | None = reducer
+        bucketed = reducer.tensors if reducer is not None else frozenset()
+        #: parameter name -> its gradient's id, for the gradients the buckets all-reduce
+        self._grad_ids = {n: t for n, t in gradients(planned.graph).items() if t in bucketed}
         self._plans_compared = False
 
     @property
@@ -69,7 +75,9 @@ class DataParallelTrainer(PlannedTrainer):
         return self.ctx.world_size
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss."""
+        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss.
+        Refused under ``torch.no_grad()`` before any collective (``refuse_no_grad``)."""
+        refuse_no_grad()
         self.replay.reset()
         try:
             if not self._plans_compared:
@@ -77,7 +85,7 @@ class DataParallelTrainer(PlannedTrainer):
                     same_plan_everywhere(self.ctx, self.planned, self.buckets)))
                 self._plans_compared = True
             self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(x, y)  # PlannedTrainer.step gives the batch its own storage
+            loss = self._accumulating_step(x, y)
             if self.reducer is None and self.ctx.world_size > 1:
                 self._collective("the all-reduce of the accumulated gradients",
                                  self._allreduce_grads)
@@ -90,6 +98,31 @@ class DataParallelTrainer(PlannedTrainer):
             self.ctx.report_failure(exc)
             raise
         return loss
+
+    def _accumulating_step(self, x: Any, y: Any) -> torch.Tensor:
+        """``PlannedTrainer.step`` (which gives the batch its own storage), with the
+        ``.grad`` already held by the bucketed parameters handed to the reducer: it
+        all-reduces ``.grad + gradient`` as DDP does, and the result replaces ``.grad``.
+        A failed step leaves every ``.grad`` as it was."""
+        if self.reducer is None:
+            return super().step(x, y)
+        params = dict(self.model.named_parameters())
+        taken: dict[str, torch.Tensor] = {}
+        for name in self._grad_ids:
+            grad = params[name].grad if name in params else None
+            if grad is not None:
+                taken[name] = grad
+        for name in taken:
+            params[name].grad = None
+        self.reducer.prior = {self._grad_ids[n]: g for n, g in taken.items()}
+        try:
+            return super().step(x, y)
+        except BaseException:
+            for name, grad in taken.items():
+                params[name].grad = grad
+            raise
+        finally:
+            self.reducer.prior = {}
 
     def _collective(self, what: str, fn: Any) -> None:
         try:

@@ -112,12 +112,32 @@ def _prepared_grad(name: str, param: torch.Tensor, grad: torch.Tensor) -> torch.
     return torch.empty_like(param).copy_(grad)
 
 
+def _tied_summed(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]
+                 ) -> dict[str, torch.Tensor]:
+    """``grads`` with the gradients of names bound to one parameter (tied weights: an LM
+    head sharing the embedding's) summed first, under the first name. Autograd sums a
+    leaf's contributions before it accumulates them into ``.grad`` (``prior + (a + b)``);
+    adding them to ``.grad`` one by one rounds as ``(prior + a) + b``. With two uses the sum
+    is eager's to the bit (float addition commutes); with more, the order may differ."""
+    first: dict[int, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, g in grads.items():
+        key = id(params[name])
+        if key in first:
+            out[first[key]] = out[first[key]] + g
+        else:
+            first[key] = name
+            out[name] = g
+    return out
+
+
 def commit(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
            buffers: Mapping[str, torch.Tensor], updates: Mapping[str, torch.Tensor]) -> None:
     """Accumulate ``grads`` into ``params[name].grad`` and copy ``updates`` into
     ``buffers[name]``, all or nothing (module docstring)."""
     with torch.no_grad():
-        ready = {name: _prepared_grad(name, params[name], g) for name, g in grads.items()}
+        ready = {name: _prepared_grad(name, params[name], g)
+                 for name, g in _tied_summed(params, grads).items()}
         for name, value in updates.items():
             if buffers[name].shape != value.shape:
                 raise OutcoreError(f"buffer {name!r} is {tuple(buffers[name].shape)}, its "

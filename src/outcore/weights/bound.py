@@ -181,11 +181,10 @@ def min_cover(items: list[tuple[float, float]], need: float) -> float:
     for b, c in sorted(items, key=lambda bc: (bc[1] / bc[0]) if bc[0] > 0 else math.inf):
         if b <= 0:
             continue
-        take = min(1.0, need / b)
-        total += take * c
-        need -= take * b
-        if need <= 0:
-            return total
+        if need <= b:  # the last one, fractionally: covered (no residue of need - need/b*b)
+            return total + c * (need / b)
+        total += c
+        need -= b
     return math.inf
 
 

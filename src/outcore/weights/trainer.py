@@ -51,6 +51,7 @@ from torch import nn
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
 from outcore.errors import OutcoreError
+from outcore.fixed_step import FixedStep, without_autocast
 from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
@@ -98,6 +99,7 @@ class WeightTrainer:
         self.executor = Executor(self.graph, self.choice.schedule, landing,
                                  grad_hook=self.stepper)
         self.measured_peak = 0
+        self._fixed = FixedStep(model, loss_fn, batch=example_batch)
 
     @property
     def predicted_peak(self) -> int:
@@ -114,17 +116,49 @@ class WeightTrainer:
         """What moved and why (``WeightChoice.explain``)."""
         return self.choice.explain(self.graph)
 
+    def _batch(self, args: tuple[Any, ...]) -> Any:
+        """The step's batch, checked against the captured one: one shape and dtype is
+        planned (no signature cache), so another one raises ``BatchMismatchError``, and a
+        model that left its captured state (``outcore.fixed_step``: train/eval, frozen
+        parameters, Python values, forward hooks) ``UnsupportedModelError``, before
+        anything runs or is stepped."""
+        from outcore.batch_check import check_batch
+
+        batch = batch_of(args, self.loss_fn)
+        check_batch(self.graph, batch)
+        self._fixed.check(batch)
+        return batch
+
+    def _eval_step(self, args: tuple[Any, ...]) -> torch.Tensor:
+        """Under ``torch.no_grad()`` (validation): the forward eagerly, the loss detached,
+        no gradient and no optimizer step, as the Trainer of ``outcore.compile`` does. On
+        CUDA with parameters held in host memory the model cannot run eagerly: refused."""
+        from outcore.capture.batching import step_loss
+
+        if self.on_cuda and self.choice.placement.params:
+            raise OutcoreError("trainer.step under torch.no_grad() runs the model eagerly, "
+                               "but some of its parameters are held in host memory on "
+                               "CUDA; evaluate with a model whose weights are on the GPU")
+        cast = self._fixed.autocast  # the captured autocast, as the step computes
+        with torch.no_grad(), torch.autocast(cast[0] if cast else "cpu", dtype=cast[1] if cast
+                                             else None, enabled=cast is not None):
+            return step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn)).detach()
+
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
         """Forward and backward on ``(x, y)``; gradients accumulate into ``.grad`` (the
         user steps the optimizer). With ``scaler`` (a ``torch.amp.GradScaler``) they come
         out scaled, for ``scaler.step(optimizer)``. Not with ``master=`` (use
         ``train_step``)."""
+        if not torch.is_grad_enabled():
+            return self._eval_step(args)
         if self.master is not None:
             raise OutcoreError("with master weights the gradients go to the masters: use "
                                "trainer.train_step(x, y), which steps them")
+        batch = self._batch(args)
         self.stepper.start(overlap=False)
-        batch = batch_of(args, self.loss_fn)
-        result = self.executor.run(batch, loss_scale=_scale(scaler), apply=not self.on_cuda)
+        with without_autocast(batch):
+            result = self.executor.run(batch, loss_scale=_scale(scaler),
+                                       apply=not self.on_cuda)
         if self.on_cuda:  # out of the pool's slots, which the next step's offloads reuse
             result.grads = {n: g.clone() if g.device.type == "cpu" else g
                             for n, g in result.grads.items()}
@@ -138,13 +172,16 @@ class WeightTrainer:
         the eager loop ``backward; clip_grad_norm_; step; zero_grad`` (with ``scaler``:
         ``scale(loss).backward; unscale_; clip; scaler.step; scaler.update``); the LR
         scheduler stays the user's (``sched.step()`` after it)."""
+        if not torch.is_grad_enabled():
+            return self._eval_step(args)
         scale = _scale(scaler)
         scaled = scaler is not None and scaler.is_enabled()
         barrier = self.clip_grad_norm is not None or scaled  # they need every gradient
+        batch = self._batch(args)
         self.stepper.start(overlap=not barrier)
         try:
-            result = self.executor.run(batch_of(args, self.loss_fn), apply=False,
-                                       loss_scale=scale)
+            with without_autocast(batch):
+                result = self.executor.run(batch, apply=False, loss_scale=scale)
         finally:
             stepped = self.stepper.join()
         self.measured_peak = result.peak_bytes

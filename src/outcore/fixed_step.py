@@ -1,0 +1,105 @@
+"""What a trainer that runs one captured step (no signature cache) checks before each step.
+
+``outcore.compile``'s Trainer keys its plan cache on the step signature (``outcore.trainer``)
+and captures again when the model changes. ``PlannedTrainer`` (data parallel builds on it)
+and ``outcore.weights.WeightTrainer`` run the one step they captured, so a change that
+eager PyTorch would compute with must be refused instead of silently ignored:
+
+* each module's ``training`` flag (``model.eval()``, a frozen BatchNorm);
+* each parameter's ``requires_grad``, dtype, device and shape (freezing a layer);
+* the forward hooks and pre-hooks (``outcore.capture.hooks.forward_hooks``);
+* the plain Python values the modules hold (``outcore.capture.python_state``: a dropout
+  ``p``, a temperature);
+* the autocast: a step under an autocast the step was not captured with (none, or another
+  dtype) is refused. A step captured under autocast keeps it when called without one, as
+  ``outcore.compile(..., autocast=)`` does. ``without_autocast`` is the context the
+  captured step runs in (its casts are explicit ops: an ambient autocast must not recast).
+
+Invariant: ``FixedStep(model, ...).check()`` raises ``UnsupportedModelError`` naming the
+first kind of change above whenever the model differs from the state it was built in, in
+any of these; it raises nothing when the state is the same (changing a value and setting it
+back is allowed). Cost: one pass over the modules and parameters per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.capture.aot import autocast_state
+from outcore.capture.batching import split_batch_leaves
+from outcore.capture.hooks import forward_hooks
+from outcore.capture.python_state import changed, python_state
+from outcore.errors import UnsupportedModelError
+
+_WAY_OUT = ("Set it back, or compile a new trainer in the new state (outcore.compile "
+            "plans it again).")
+
+
+Layout = tuple[tuple[tuple[Hashable, ...], ...], tuple[tuple[str, bool], ...]]
+
+
+def layout(model: nn.Module) -> Layout:
+    """Each parameter's (name, requires_grad, dtype, device, shape) and each module's
+    (name, training flag), in module order."""
+    params = tuple((n, p.requires_grad, p.dtype, p.device.type, tuple(p.shape))
+                   for n, p in model.named_parameters())
+    modes = tuple((n, m.training) for n, m in model.named_modules())
+    return params, modes
+
+
+class FixedStep:
+    """The model state one captured step computes with (module doc)."""
+
+    def __init__(self, model: nn.Module, *extra_roots: Any, way_out: str = _WAY_OUT,
+                 batch: Any = None) -> None:
+        self.model = model
+        #: the autocast the step was captured under (from the ambient one and ``batch``)
+        self.autocast = autocast_state(None, batch, model)
+        self.roots = (model, *extra_roots)
+        self.way_out = way_out
+        self._layout = layout(model)
+        self._python = python_state(*self.roots)
+        self._hooks = forward_hooks(model)
+
+    def check(self, batch: Any = None) -> None:
+        """Raise ``UnsupportedModelError`` when the model left the captured state (and,
+        given the step's ``batch``, when the ambient autocast is not the captured one)."""
+        if batch is not None:
+            now = autocast_state(None, batch, self.model)
+            if now is not None and now != self.autocast:
+                self._refuse(f"the autocast ({now[1]} on {now[0]}; captured: "
+                             f"{'none' if self.autocast is None else self.autocast[1]})")
+        params, modes = layout(self.model)
+        if modes != self._layout[1]:
+            names = [n or "model" for (n, a), (_, b) in zip(modes, self._layout[1],
+                                                           strict=False) if a != b]
+            self._refuse(f"the training flag of {', '.join(names[:5]) or 'a module'} "
+                         "(train()/eval())")
+        if params != self._layout[0]:
+            names = [str(a[0]) for a, b in zip(params, self._layout[0], strict=False)
+                     if a != b]
+            self._refuse(f"requires_grad, dtype, device or shape of parameter(s) "
+                         f"{', '.join(names[:5]) or '(the parameter list)'}")
+        state = python_state(*self.roots)
+        if state != self._python:
+            names = changed(self.roots, self._python, state)[:5]
+            self._refuse(f"the model's Python value(s) {', '.join(names) or '(its attributes)'}"
+                         " (hold a value that changes in a tensor buffer: register_buffer)")
+        if forward_hooks(self.model) != self._hooks:
+            self._refuse("the forward hooks or forward pre-hooks (register hooks before "
+                         "planning)")
+
+    def _refuse(self, what: str) -> None:
+        raise UnsupportedModelError(
+            f"{what} changed after the step was captured, and this trainer runs that one "
+            f"captured step, which computes with the state it was captured in. {self.way_out}")
+
+
+def without_autocast(batch: Any) -> torch.autocast:
+    """The context a captured step runs in: autocast off for the batch's device type."""
+    tensors, _ = split_batch_leaves(batch)
+    return torch.autocast(tensors[0].device.type if tensors else "cpu", enabled=False)

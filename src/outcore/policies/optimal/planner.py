@@ -15,8 +15,8 @@ Steps (``plan_optimal``):
    ends short of ``STOP_GAP``: outcore-checkpoint's and the greedy planner's plans mapped to
    the model (warm starts, ``_seed_plans``), with a second segment pass from the best seed
    when it beats the fractional MILP's solution.
-   The search's MILPs stop at ``SEARCH_GAP`` (``SMALL_SEARCH_GAP`` on models of at most
-   ``LARGE_SEARCH`` candidates; HiGHS's RINS/RENS heuristics stay on:
+   The search's MILPs stop at ``SEARCH_GAP`` (segments at ``SMALL_SEARCH_GAP`` on models of
+   at most ``LARGE_SEARCH`` candidates; HiGHS's RINS/RENS heuristics stay on:
    ``SEARCH_LIGHT``), and a segment's MILP is cut off at the incumbent's step (it only
    looks for better). Stopping rule: the LP value is a lower bound on every integral
    solution of the primal model, so once the incumbent's model step is within ``STOP_GAP``
@@ -109,13 +109,15 @@ LARGE_STOP_GAP = 0.02
 #: is 2.189 s (bound 2.135, +2.5%) against 2.152 s at 1e-3 with the whole segment pass.
 #: Exact MILPs use ``Model.solve``'s 1e-4.
 SEARCH_GAP = STOP_GAP
-#: Relative gap at which the search's MILPs (the fractional MILP and each segment's) stop on
-#: models of at most ``LARGE_SEARCH`` candidates; beyond, ``SEARCH_GAP``. At 1% a segment
-#: keeps only its first improvement, and the pass ends higher: GPT-2 medium at 40% on a100
-#: (486 candidates) simulated at 1.7904 s, +3.3% over its bound 1.734 s (planner table of
-#: 28 Nov 2026); at 1e-3, 1.7713 s (+2.2%), for 62 -> about 100 s CPU. ResNet-50 b640
-#: v100-pcie: 2.189 s at 1%, 2.152 s at 1e-3 (bound 2.135). ResNet-152 (619 candidates)
-#: keeps 1%, where its search ends after the fractional MILP (``LARGE_STOP_GAP``).
+#: Relative gap at which each segment's MILP stops on models of at most ``LARGE_SEARCH``
+#: candidates; beyond, ``SEARCH_GAP`` (the fractional MILP always stops at ``SEARCH_GAP``).
+#: At 1% a segment keeps only its first improvement and the pass ends higher: GPT-2 medium
+#: at 40% on a100 (486 candidates) simulated at 1.7904 s, +3.3% over its bound 1.734 s
+#: (planner table of 28 Nov 2026); at 1e-3, with every improving incumbent simulated,
+#: 1.7831 s (+2.8%). With the fractional MILP at 1e-3 too it was 1.7713 s, but DenseNet-121
+#: at 35% then ended at 0.3580 s (+4.6% over 0.3423) against 0.3498 s (+2.2%) this way
+#: (``/work/notes/s20/lead/trace_opt.py``). ResNet-152 (619 candidates) keeps 1%: its
+#: search ends after the fractional MILP (``LARGE_STOP_GAP``).
 SMALL_SEARCH_GAP = 1e-3
 #: Whether the search's MILPs run without HiGHS's RINS/RENS heuristics. Off: on ResNet-50
 #: b640 v100-pcie they find the better plan (2.152 s with them, 2.209 s without; the bound
@@ -313,7 +315,7 @@ def _search(model: Model, start: Solution, segments: int | None,
     (other planners' plans as the model's choices, ``_choice_of``) the model finds feasible
     (warm starts), and a second segment pass from the best seed when it beats the
     fractional MILP's solution. Every MILP is bounded by ``NODE_LIMIT`` nodes and stops at
-    ``_search_gap`` (deterministic work; no wall-clock limit).
+    ``SEARCH_GAP`` (segments: ``_search_gap``; deterministic work; no wall-clock limit).
 
     Stopping rule: ``start`` is the LP optimum, a lower bound on every integral solution
     of ``model``; once the incumbent's model step is at most ``(1 + STOP_GAP)`` times it,
@@ -337,8 +339,8 @@ def _search(model: Model, start: Solution, segments: int | None,
     for k, pick in enumerate(start.choice):
         if start.settled[k]:
             fixed.update(model.fix(k, pick))
-    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT,
-                      gap=_search_gap(model), light=SEARCH_LIGHT)
+    sol = model.solve(integral=True, fixed=fixed, node_limit=NODE_LIMIT, gap=SEARCH_GAP,
+                      light=SEARCH_LIGHT)
     first = sol if sol.choice and math.isfinite(sol.objective) else None
     if sol.choice:
         out.append(sol)
@@ -375,7 +377,7 @@ def _stop_gap(model: Model) -> float:
 
 
 def _search_gap(model: Model) -> float:
-    """The relative gap the search's MILPs stop at: ``SMALL_SEARCH_GAP``, or ``SEARCH_GAP``
+    """The relative gap a segment's MILP stops at: ``SMALL_SEARCH_GAP``, or ``SEARCH_GAP``
     beyond ``LARGE_SEARCH`` candidates. Deterministic: a count of candidates."""
     return SEARCH_GAP if len(model.p.candidates) > LARGE_SEARCH else SMALL_SEARCH_GAP
 

@@ -75,7 +75,7 @@ from outcore.errors import (
     NothingToTrainError,
     UnsupportedModelError,
 )
-from outcore.fixed_step import FixedStep, without_autocast
+from outcore.fixed_step import FixedStep, layout, without_autocast
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -299,10 +299,7 @@ class Trainer:
     def signature(self, batch: Any) -> Hashable:
         """The cache key of a training step on ``batch`` (see the module docstring)."""
         _, batch_sig = split_batch_leaves(batch)
-        params = tuple((p.dtype, p.device.type, p.requires_grad, p.shape)
-                       for p in self.model.parameters())
-        modes = tuple(m.training for m in self.model.modules())
-        return (batch_sig, params, modes, autocast_state(self.autocast, batch, self.model),
+        return (batch_sig, layout(self.model), autocast_state(self.autocast, batch, self.model),
                 forward_hooks(self.model), python_state(self.model, self.loss_fn))
 
     def _entry(self, batch: Any, fresh: bool = False) -> _Entry:

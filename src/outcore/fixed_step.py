@@ -24,6 +24,7 @@ back is allowed). Cost: one pass over the modules and parameters per step.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -99,7 +100,18 @@ class FixedStep:
             f"captured step, which computes with the state it was captured in. {self.way_out}")
 
 
+def batch_device_type(batch: Any) -> str:
+    """The device type of the batch's first tensor ("cpu" for a batch without one)."""
+    tensors, _ = split_batch_leaves(batch)
+    return tensors[0].device.type if tensors else "cpu"
+
+
 def without_autocast(batch: Any) -> torch.autocast:
     """The context a captured step runs in: autocast off for the batch's device type."""
-    tensors, _ = split_batch_leaves(batch)
-    return torch.autocast(tensors[0].device.type if tensors else "cpu", enabled=False)
+    return torch.autocast(batch_device_type(batch), enabled=False)
+
+
+def under_autocast(cast: tuple[str, torch.dtype] | None) -> AbstractContextManager[Any]:
+    """The context an eager forward runs in to compute as a step captured under ``cast``
+    (``autocast_state``'s (device type, dtype), or None: no autocast)."""
+    return torch.autocast(cast[0], dtype=cast[1]) if cast is not None else nullcontext()

@@ -75,7 +75,13 @@ from outcore.errors import (
     NothingToTrainError,
     UnsupportedModelError,
 )
-from outcore.fixed_step import FixedStep, layout, without_autocast
+from outcore.fixed_step import (
+    FixedStep,
+    batch_device_type,
+    layout,
+    under_autocast,
+    without_autocast,
+)
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
@@ -215,7 +221,7 @@ class Trainer:
                      "call trainer.step under torch.no_grad()", EvalModeWarning)
         scale = 1.0
         if scaler is not None and scaler.is_enabled():
-            scale = float(scaler.scale(torch.ones((), device=self._device_type(batch))))
+            scale = float(scaler.scale(torch.ones((), device=batch_device_type(batch))))
         entry = self._entry(batch)
         rng = rng_state()
         try:
@@ -279,19 +285,15 @@ class Trainer:
 
         parts = entry.planned.plan.sub_batches
         # the graph holds the captured autocast's casts; an ambient autocast must not recast
-        with torch.autocast(self._device_type(batch), enabled=False):
+        with without_autocast(batch):
             if parts > 1:
                 return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
             return entry.executor.run(batch, loss_scale=scale)
 
     def _eval_step(self, batch: Any) -> torch.Tensor:
         cast = autocast_state(self.autocast, batch, self.model)
-        with torch.no_grad():
-            if cast is None:
-                loss = step_loss(self.model, self.loss_fn, batch)
-            else:
-                with torch.autocast(cast[0], dtype=cast[1]):
-                    loss = step_loss(self.model, self.loss_fn, batch)
+        with torch.no_grad(), under_autocast(cast):
+            loss = step_loss(self.model, self.loss_fn, batch)
         self.stats.eval_steps += 1
         return loss.detach()
 
@@ -390,10 +392,6 @@ class Trainer:
         from outcore.cost.measure_temporaries import measure_temporaries
 
         measure_temporaries(graph, batch, device=self.device_kind, rng_state=rng_state)
-
-    def _device_type(self, batch: Any) -> str:
-        tensors, _ = split_batch_leaves(batch)
-        return tensors[0].device.type if tensors else "cpu"
 
     def close(self) -> None:
         """Stop the device's copy engines (if any); idempotent. A trainer that is never

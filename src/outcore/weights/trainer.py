@@ -51,7 +51,7 @@ from torch import nn
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
 from outcore.errors import OutcoreError
-from outcore.fixed_step import FixedStep, without_autocast
+from outcore.fixed_step import FixedStep, under_autocast, without_autocast
 from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
@@ -139,9 +139,8 @@ class WeightTrainer:
             raise OutcoreError("trainer.step under torch.no_grad() runs the model eagerly, "
                                "but some of its parameters are held in host memory on "
                                "CUDA; evaluate with a model whose weights are on the GPU")
-        cast = self._fixed.autocast  # the captured autocast, as the step computes
-        with torch.no_grad(), torch.autocast(cast[0] if cast else "cpu", dtype=cast[1] if cast
-                                             else None, enabled=cast is not None):
+        # the captured autocast, as the step computes
+        with torch.no_grad(), under_autocast(self._fixed.autocast):
             return step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn)).detach()
 
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:

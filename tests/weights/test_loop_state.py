@@ -176,14 +176,19 @@ def test_weight_trainer_refuses_another_batch_shape_before_running() -> None:
         assert trainer.train_step(x, y).isfinite()  # and the trainer still steps
 
 
-@pytest.mark.parametrize("change", ["eval", "freeze"])
-def test_planned_trainer_refuses_mode_and_frozen_changes(change: str) -> None:
+def _planned_trainer() -> tuple[_Net, tuple[torch.Tensor, torch.Tensor], PlannedTrainer]:
+    """A PlannedTrainer (offload-all, no budget) on a fresh net, and one batch."""
     torch.manual_seed(0)
     model = _Net()
     batch = _batches(1)[0]
     planned = outcore.plan(outcore.capture(model, F.cross_entropy, batch), None,
                            policy="offload-all")
-    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    return model, batch, PlannedTrainer(model, planned, device=None, budget=None)
+
+
+@pytest.mark.parametrize("change", ["eval", "freeze"])
+def test_planned_trainer_refuses_mode_and_frozen_changes(change: str) -> None:
+    model, batch, trainer = _planned_trainer()
     trainer.step(*batch)
     how, match = CHANGES[change]
     how(model)
@@ -221,12 +226,7 @@ def test_weight_trainer_under_no_grad_is_the_eager_forward() -> None:
 
 
 def test_planned_trainer_refuses_a_step_under_no_grad() -> None:
-    torch.manual_seed(0)
-    model = _Net()
-    batch = _batches(1)[0]
-    planned = outcore.plan(outcore.capture(model, F.cross_entropy, batch), None,
-                           policy="offload-all")
-    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    model, batch, trainer = _planned_trainer()
     with torch.no_grad(), pytest.raises(UnsupportedModelError, match="no_grad"):
         trainer.step(*batch)
     assert all(p.grad is None for p in model.parameters())
@@ -270,12 +270,7 @@ def test_weight_trainer_and_autocast() -> None:
 
 
 def test_planned_trainer_refuses_an_autocast_it_was_not_captured_with() -> None:
-    torch.manual_seed(0)
-    model = _Net()
-    batch = _batches(1)[0]
-    planned = outcore.plan(outcore.capture(model, F.cross_entropy, batch), None,
-                           policy="offload-all")
-    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    model, batch, trainer = _planned_trainer()
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
             UnsupportedModelError, match="autocast"):
         trainer.step(*batch)

@@ -76,7 +76,7 @@ def test_the_stage_bound_skips_only_lowered_planners(monkeypatch, fraction):
     result = run_portfolio(GRAPH, ctx, CANDIDATES, RUNNERS)
     by = {e.name: e for e in result.entries}
     assert by["outcore-checkpoint"].skipped is not None
-    assert "stage bound" in by["outcore-checkpoint"].skipped
+    assert "plans lowered by outcore" in by["outcore-checkpoint"].skipped
     assert by["pooch"].skipped is None
     # honest: what was skipped could not have gained more than the tolerance
     twin = {e.name: e for e in full.entries}["outcore-checkpoint"]

@@ -45,7 +45,9 @@ schedules are ``outcore.plan.lower``'s: one sub-batch, framework kernels) also
 outcore-optimal's stage bound (``stage_bound``; one small LP per stage of largest excess,
 computed once per run and only when the floor alone does not decide), taken over
 recompute-only plans for ``RECOMPUTE_ONLY`` planners (outcore-checkpoint never offloads, so
-every byte it frees at a stage costs recompute time there). PoocH is never
+every byte it frees at a stage costs recompute time there), together with the bound model's
+LP of recompute-only plans (``recompute_only_bound``, the larger of the two; a candidate
+whose bound is at or above the best plan so far cannot beat it at all). PoocH is never
 skipped so: it builds its own schedules (it frees forward intermediates ``lower`` keeps;
 the stage bound does not cover them), the floor alone is too weak (``NEAR_SKIP``'s note).
 A skipped candidate could gain at most
@@ -135,10 +137,12 @@ NEAR_BOUND = 0.03
 #: covers it.
 LOWERED: tuple[str, ...] = ("outcore-checkpoint",)
 #: Of ``LOWERED``, the candidates whose plans never offload (outcore-checkpoint: recompute
-#: only, ``segments``' module doc): the stage bound of recompute-only plans covers them
-#: (``stage_bound(..., offload=False)``, at least the general one). On ResNet-152 b256
-#: v100-pcie it is 2.3113 s against the general 2.2696 s, so outcore-checkpoint (4.3-4.9 s
-#: CPU there) is skipped: outcore-optimal's 2.3760 s is within 2.8% of it.
+#: only, ``segments``' module doc): bounds of recompute-only plans cover them, the stage
+#: bound's (``stage_bound(..., offload=False)``, at least the general one) and the bound
+#: model's LP with every offload fixed at 0 (``recompute_only_bound``). On ResNet-152 b256
+#: v100-pcie: 2.3113 s and 2.4266 s (0.3 s CPU) against the general stage bound's 2.2696 s;
+#: outcore-optimal's plan, 2.3822 s, is below the second, so outcore-checkpoint (5 s CPU
+#: there, its plan 2.705 s) is skipped as one that cannot beat it.
 RECOMPUTE_ONLY: tuple[str, ...] = ("outcore-checkpoint",)
 
 #: Beyond this many movable activations only ``LINEAR`` candidates run (module doc).
@@ -258,7 +262,7 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
     candidates are computed there and read here only for the ones not skipped."""
     best = math.inf
     entries: dict[str, Entry] = {}
-    bounds: dict[str, float] = {}  # the stage bound, computed once when first needed
+    bounds: dict[str, tuple[float, str]] = {}  # ``_lowered_bound``, once when needed
 
     def evaluate(name: str) -> Entry:
         return _evaluate(name, graph, ctx, runners, allow_variants)
@@ -286,7 +290,7 @@ def _side_run(graph: Graph, cost: Any, order: Sequence[str], large: bool,
     """A child process computing the ``SIDE`` candidates of ``order`` (``side``'s module
     doc), or None: not asked for, no fork or one core, a small or large graph, or nothing
     for the parent to do meanwhile (outcore-optimal not in ``order``)."""
-    names = [n for n in order if n in SIDE]
+    names = [n for n in SIDE if n in order]  # the child's order: ``SIDE``'s
     if parallel is False or large or not names or "outcore-optimal" not in order:
         return None
     if not can_fork():
@@ -299,7 +303,8 @@ def _side_run(graph: Graph, cost: Any, order: Sequence[str], large: bool,
         return None
 
 
-def _skip(name: str, best: float, floor: float | None, large: bool, bounds: dict[str, float],
+def _skip(name: str, best: float, floor: float | None, large: bool,
+          bounds: dict[str, tuple[float, str]],
           graph: Graph, ctx: PolicyContext) -> str | None:
     """Why ``name`` is not run, given the best simulated step so far, or None."""
     if large and name not in LINEAR:
@@ -348,34 +353,58 @@ def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str,
         seconds)
 
 
-def _near_bound(name: str, best: float, floor: float, bounds: dict[str, float],
-                graph: Graph, ctx: PolicyContext) -> str | None:
+def _near_bound(name: str, best: float, floor: float,
+                bounds: dict[str, tuple[float, str]], graph: Graph,
+                ctx: PolicyContext) -> str | None:
     """Why ``name`` (of ``NEAR_SKIP``) is skipped when the best plan so far, ``best``
     seconds, is within ``NEAR_BOUND`` of a proven lower bound on every plan ``name`` can
     return, else None. The bound: the compute floor for every candidate, and for
-    ``LOWERED`` ones also outcore-optimal's stage bound (``stage_bound``, one small LP
-    per stage of largest excess; computed once, into ``bounds``), of recompute-only plans
-    for ``RECOMPUTE_ONLY`` ones. Deterministic: a comparison of simulated and model
-    seconds, never a clock."""
+    ``LOWERED`` ones also ``_lowered_bound`` (computed once per run, into ``bounds``). At or
+    below the bound, ``name`` cannot beat ``best`` at all, and the reason says so.
+    Deterministic: a comparison of simulated and model seconds, never a clock."""
     bound, what = floor, "the compute floor"
     if name in LOWERED and best > floor * (1 + NEAR_BOUND) and ctx.budget is not None:
-        only = name in RECOMPUTE_ONLY
-        key = "recompute" if only else "stage"
+        key = "recompute" if name in RECOMPUTE_ONLY else "stage"
         if key not in bounds:
-            from outcore.policies.optimal import build_problem, highs_quiet, stage_bound
-
-            with highs_quiet():
-                bounds[key] = stage_bound(build_problem(graph, ctx.cost, int(ctx.budget)),
-                                          offload=not only)
-        if bounds[key] > bound:
-            bound, what = bounds[key], ("the stage bound of recompute-only plans lowered by "
-                                        "outcore" if only else
-                                        "the stage bound of plans lowered by outcore")
+            bounds[key] = _lowered_bound(graph, ctx, recompute_only=key == "recompute")
+        if bounds[key][0] > bound:
+            bound, what = bounds[key]
     if best > bound * (1 + NEAR_BOUND):
         return None
+    if best <= bound:
+        return (f"{what} is {bound * 1e3:.3f} ms, no less than the best plan so far, "
+                f"{best * 1e3:.3f} ms, so {name} cannot beat it")
     return (f"the best plan so far, {best * 1e3:.3f} ms, is within {NEAR_BOUND:.0%} of "
             f"{what}, {bound * 1e3:.3f} ms, so {name} could gain at most "
             f"{(best / bound - 1) * 100:.1f}%")
+
+
+def _lowered_bound(graph: Graph, ctx: PolicyContext, *,
+                   recompute_only: bool) -> tuple[float, str]:
+    """A lower bound on the simulated step of plans lowered by ``outcore.plan.lower`` within
+    ``ctx``'s budget (recompute-only plans when ``recompute_only``), and what it is:
+    outcore-optimal's stage bound (``stage_bound``), and for recompute-only plans also the
+    bound model's LP with every offload fixed at 0 (``recompute_only_bound``; 2.4266 s
+    against the stage bound's 2.3113 s on ResNet-152 b256 v100-pcie, so outcore-checkpoint,
+    5 s CPU there, is skipped: outcore-optimal's 2.3822 s plan is below it)."""
+    from outcore.policies.optimal import (
+        build_problem,
+        highs_quiet,
+        recompute_only_bound,
+        stage_bound,
+    )
+
+    assert ctx.budget is not None
+    problem = build_problem(graph, ctx.cost, int(ctx.budget))
+    kind = "recompute-only plans" if recompute_only else "plans"
+    with highs_quiet():
+        found = (stage_bound(problem, offload=not recompute_only),
+                 f"the stage bound of {kind} lowered by outcore")
+        if recompute_only:
+            model = recompute_only_bound(problem)
+            if model > found[0]:
+                found = (model, f"the bound model's LP of {kind} lowered by outcore")
+    return found
 
 
 def _without_variants(out: PolicyOutput) -> PolicyOutput:

@@ -126,7 +126,8 @@ def _model_arguments(p: argparse.ArgumentParser, *, default_fake: bool) -> None:
     p.add_argument("--list-policies", action="store_true", help="list the policies and exit")
 
 
-def _planning_arguments(p: argparse.ArgumentParser) -> None:
+def _planning_arguments(p: argparse.ArgumentParser, *, cost: bool = True) -> None:
+    """--budget, --gpu, --policy, --option, --allow-sub-batches and (``cost``) --cost."""
     p.add_argument("--budget", default=None,
                    help='device memory budget with a unit, e.g. "12GB", "11.5GiB"')
     p.add_argument("--gpu", default=None, help="hardware profile (default v100-pcie; "
@@ -138,6 +139,8 @@ def _planning_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-sub-batches", action="store_true",
                    help="let the plan split the batch into sub-batches (changes what "
                         "BatchNorm computes; announced)")
+    if not cost:  # `outcore run`: the Trainer plans with the --gpu profile's costs
+        return
     p.add_argument("--cost", default=None, metavar="PATH",
                    help="plan with an op profile written by `outcore profile --model M --out "
                         "PATH` instead of the GPU profile")
@@ -228,7 +231,7 @@ def _add_planning_commands(sub: Any) -> None:
 
     p = sub.add_parser("run", help="train N steps on the CPU-emulated device")
     _model_arguments(p, default_fake=False)
-    _planning_arguments(p)
+    _planning_arguments(p, cost=False)
     p.add_argument("--steps", type=int, default=3, help="training steps to run")
     _training_arguments(p)
     p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine "

@@ -84,6 +84,7 @@ def no_capture(monkeypatch):
     (["--lr", "nan"], "above 0"),
     (["--weight-decay", "-1"], "at least 0"),
     (["--optimizer", "lbfgs"], "invalid choice"),
+    (["--cost", __file__], "unrecognized arguments: --cost"),  # was accepted, never read
 ])
 def test_run_optimizer_arguments_are_checked_first(args, words, no_capture, capsys):
     assert main(["run", *MLP, *args]) == EXIT_USAGE

@@ -46,6 +46,8 @@ EXIT_CAPTURE, EXIT_OUTPUT, EXIT_INTERRUPTED = 5, 6, 130
 
 #: Flags accepted anywhere on the command line (moved to the front before parsing).
 GLOBAL_FLAGS = ("--json", "--no-cache", "--debug")
+#: ``--optimizer`` of plan, explain and run: the optimizers whose state the weights plan sizes
+OPTIMIZERS = ("adamw", "adam", "sgd")
 
 
 class UsageError(InvalidArgumentError):
@@ -124,7 +126,8 @@ def _model_arguments(p: argparse.ArgumentParser, *, default_fake: bool) -> None:
     p.add_argument("--list-policies", action="store_true", help="list the policies and exit")
 
 
-def _planning_arguments(p: argparse.ArgumentParser) -> None:
+def _planning_arguments(p: argparse.ArgumentParser, *, cost: bool = True) -> None:
+    """--budget, --gpu, --policy, --option, --allow-sub-batches and (``cost``) --cost."""
     p.add_argument("--budget", default=None,
                    help='device memory budget with a unit, e.g. "12GB", "11.5GiB"')
     p.add_argument("--gpu", default=None, help="hardware profile (default v100-pcie; "
@@ -136,6 +139,8 @@ def _planning_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-sub-batches", action="store_true",
                    help="let the plan split the batch into sub-batches (changes what "
                         "BatchNorm computes; announced)")
+    if not cost:  # `outcore run`: the Trainer plans with the --gpu profile's costs
+        return
     p.add_argument("--cost", default=None, metavar="PATH",
                    help="plan with an op profile written by `outcore profile --model M --out "
                         "PATH` instead of the GPU profile")
@@ -149,7 +154,7 @@ def _scope_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _weights_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", default=None, choices=("adamw", "adam", "sgd"),
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
                    help="plan the parameters, gradients and this optimizer's state with the "
                         "activations (fp32 moments and masters; the budget then holds them "
                         "all): which live in host memory, host and pinned bytes, the step "
@@ -159,6 +164,22 @@ def _weights_arguments(p: argparse.ArgumentParser) -> None:
                         "memory when that makes the step fastest or the budget needs it)")
     p.add_argument("--host-adam-rate", type=float, default=None, metavar="PARAMS_PER_S",
                    help="with --optimizer: this CPU's optimizer parameters per second")
+
+
+def _training_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help="train with this torch optimizer under the plan `outcore plan "
+                        "--optimizer` makes: the budget holds the parameters, gradients and "
+                        "optimizer state with the activations, and parameters it cannot hold "
+                        "live in host memory, stepped there (needs --budget; policy auto or "
+                        "outcore-checkpoint). Default: SGD, only the activations planned")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default 0.01 with SGD, 1e-3 with Adam and AdamW)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD's momentum (default 0: no momentum buffer, so less state "
+                        "than `outcore plan --optimizer sgd` counts: it plans one buffer)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="the optimizer's weight decay (default torch's: 0, 0.01 for AdamW)")
 
 
 def _global_arguments(p: argparse.ArgumentParser) -> None:
@@ -210,9 +231,9 @@ def _add_planning_commands(sub: Any) -> None:
 
     p = sub.add_parser("run", help="train N steps on the CPU-emulated device")
     _model_arguments(p, default_fake=False)
-    _planning_arguments(p)
+    _planning_arguments(p, cost=False)
     p.add_argument("--steps", type=int, default=3, help="training steps to run")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
+    _training_arguments(p)
     p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine "
                    "(started under torchrun, gloo, each with its share of --batch)")
 

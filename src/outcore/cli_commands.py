@@ -264,14 +264,16 @@ def _print_weights(console: Any, planned: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
+    """Train ``--steps`` steps on the emulated device, with SGD and only the activations
+    planned, or with ``--optimizer`` under the weights plan (``outcore plan --optimizer``'s:
+    ``outcore.compile(..., optimizer=)``, each step ``train_step``)."""
     from outcore.api import compile as compile_step
     from outcore.distributed.cli import launch_nproc, rank_share
     from outcore.validation import check_positive_int
 
     work.check(args)
     check_positive_int(args.steps, "--steps")
+    work.check_training(args)
     if args.nproc > 1:
         argv = [a for i, a in enumerate(args.argv) if not a.startswith("--nproc")
                 and (i == 0 or args.argv[i - 1] != "--nproc")]
@@ -282,36 +284,74 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         return {"nproc": args.nproc, "exit_code": code}
     model, loss_fn, full, label = work.load_workload(args, fake=False)
     batch, distributed = rank_share(full)
+    optimizer = work.optimizer_for(args, model.parameters())
     trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
                            device="cpu-emulated", gpu=args.gpu, policy=args.policy,
                            allow_sub_batches=work.allow_sub_batches(args),
                            cache=False if args.no_cache else None, distributed=distributed,
+                           optimizer=optimizer if args.optimizer else None,
                            **work.options(args))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     # one batch for model(**batch) / a model returning its own loss, else (x, y)
     step_args = (batch,) if loss_fn is None or isinstance(batch, Mapping) else tuple(batch)
-    losses: list[float] = []
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    from outcore import progress as feedback
-
-    try:  # the label is the user's text (no markup, no emoji codes such as ":llama:")
-        with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                      disable=not feedback.enabled(), transient=True) as bar:
-            task = bar.add_task(f"training {label}", total=args.steps)
-            for _ in range(args.steps):
-                optimizer.zero_grad()
-                losses.append(float(trainer.step(*step_args)))
-                optimizer.step()
-                bar.advance(task)
+    try:
+        losses = _train(trainer, optimizer, step_args, args.steps, label,
+                        weights=args.optimizer is not None)
     finally:
         trainer.close()
+    kind = type(optimizer).__name__
+    if args.optimizer is not None:
+        return _weights_run_result(args, trainer, label, kind, losses)
     stats = trainer.stats
-    result = {"model": label, "policy": trainer.plan.policy, "losses": losses,
-              "budget": trainer.budget, "measured_peak": stats.measured_peak,
+    result = {"model": label, "optimizer": kind, "policy": trainer.plan.policy,
+              "losses": losses, "budget": trainer.budget, "measured_peak": stats.measured_peak,
               "predicted_peak": stats.predicted_peak, "step_seconds": stats.step_seconds,
               "sub_batches": stats.sub_batches, "notes": stats.notes}
     emit(args, lambda console: console.print(
         f"{label}: {args.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; {stats}"))
     return result
 
+
+def _train(trainer: Any, optimizer: Any, step_args: tuple[Any, ...], steps: int, label: str,
+           *, weights: bool) -> list[float]:
+    """The losses of ``steps`` training steps on ``step_args``: the weights trainer's
+    ``train_step`` (the optimizer step where the plan put it), else the Trainer's step
+    between ``zero_grad`` and ``optimizer.step()``; with a progress bar."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from outcore import progress as feedback
+
+    losses: list[float] = []
+    # the label is the user's text (no markup, no emoji codes such as ":llama:")
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                  disable=not feedback.enabled(), transient=True) as bar:
+        task = bar.add_task(f"training {label}", total=steps)
+        for _ in range(steps):
+            if weights:
+                losses.append(float(trainer.train_step(*step_args)))
+            else:
+                optimizer.zero_grad()
+                losses.append(float(trainer.step(*step_args)))
+                optimizer.step()
+            bar.advance(task)
+    return losses
+
+
+def _weights_run_result(args: argparse.Namespace, trainer: Any, label: str, kind: str,
+                        losses: list[float]) -> dict[str, Any]:
+    """``outcore run --optimizer``'s JSON and line: the losses, the peaks, the optimizer
+    state left on the device and the parameters held in host memory."""
+    choice = trainer.choice
+    held = trainer.held()
+    result = {"model": label, "optimizer": kind, "policy": choice.plan.policy,
+              "losses": losses, "budget": work.budget(args),
+              "measured_peak": trainer.measured_peak,
+              "predicted_peak": trainer.predicted_peak, "device_state": choice.device_state,
+              "held": held, "parameters": len(trainer.state), "host_bytes": choice.host_bytes}
+    emit(args, lambda console: console.print(
+        f"{label}: {args.steps} steps with {kind}, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+        f"peak {format_bytes(trainer.measured_peak)} (predicted "
+        f"{format_bytes(trainer.predicted_peak)}) + {kind} state "
+        f"{format_bytes(choice.device_state)} on the device; {len(held)} of "
+        f"{len(trainer.state)} parameters held in host memory "
+        f"({format_bytes(choice.host_bytes)} with their state)", markup=False))
+    return result

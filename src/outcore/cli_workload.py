@@ -65,6 +65,63 @@ def check(args: argparse.Namespace) -> None:
                              "profile --model M --out PATH`")
 
 
+#: ``outcore run``: the torch optimizer of each --optimizer and its --lr when not given
+RUN_OPTIMIZERS = {"sgd": ("SGD", 0.01), "adam": ("Adam", 1e-3), "adamw": ("AdamW", 1e-3)}
+#: what ``outcore run --optimizer`` plans with (``outcore.compile(..., optimizer=)``)
+WEIGHTS_POLICIES = ("auto", "outcore-auto", "outcore-checkpoint")
+
+
+def check_training(args: argparse.Namespace) -> None:
+    """``outcore run``'s optimizer arguments, before anything is captured: finite
+    learning rate (> 0), momentum and weight decay (>= 0); momentum for SGD only; with
+    ``--optimizer`` (the weights planned) a budget, one process, the policies and none of
+    the options the weights plan does not take."""
+    import math
+
+    from outcore.errors import InvalidOptionError
+
+    for flag, value, low in (("--lr", args.lr, 0.0), ("--momentum", args.momentum, None),
+                             ("--weight-decay", args.weight_decay, None)):
+        if value is not None and not (math.isfinite(value) and (
+                value > low if low is not None else value >= 0)):
+            raise InvalidOptionError(f"{flag}={value!r}", "a finite number above 0"
+                                     if low is not None else "a finite number of at least 0")
+    if args.momentum is not None and args.optimizer not in (None, "sgd"):
+        raise UsageError(f"--momentum is SGD's; --optimizer {args.optimizer} has none (its "
+                         "betas are torch's defaults)")
+    if args.optimizer is None:
+        return
+    refused = ""
+    if args.budget is None:
+        refused = "needs --budget (the plan decides what the budget cannot hold of the weights)"
+    elif args.nproc > 1:
+        refused = ("runs one process (the weights are not planned with data parallel yet): "
+                   "leave out --nproc, or --optimizer to plan only the activations")
+    elif args.policy not in WEIGHTS_POLICIES:
+        refused = (f"plans with policy auto or outcore-checkpoint, not {args.policy!r} (as "
+                   "`outcore plan --optimizer` does)")
+    elif options(args):
+        refused = "takes no --option (the weights plan has none)"
+    elif allow_sub_batches(args):
+        refused = "does not split the batch: leave out --allow-sub-batches"
+    if refused:
+        raise UsageError(f"outcore run --optimizer {args.optimizer} {refused}")
+
+
+def optimizer_for(args: argparse.Namespace, params: Any) -> Any:
+    """The torch optimizer of ``outcore run`` on ``params``: --optimizer (SGD when not
+    given) with --lr, --momentum and --weight-decay, torch's defaults for the rest."""
+    import torch
+
+    name, default_lr = RUN_OPTIMIZERS[args.optimizer or "sgd"]
+    kwargs: dict[str, Any] = {"lr": default_lr if args.lr is None else args.lr}
+    if args.momentum is not None:
+        kwargs["momentum"] = args.momentum
+    if args.weight_decay is not None:
+        kwargs["weight_decay"] = args.weight_decay
+    return getattr(torch.optim, name)(params, **kwargs)
+
+
 def budget(args: argparse.Namespace) -> int | None:
     """The checked budget in bytes (the unit note was given by ``check``)."""
     from outcore.validation import check_budget

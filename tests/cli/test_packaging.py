@@ -36,6 +36,7 @@ def wheel(tmp_path_factory):
 def test_wheel_holds_reproductions_types_and_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "outcore/py.typed" in names
+    assert "outcore/__main__.py" in names  # python -m outcore
     assert {f"outcore/reproduce/{p}.py" for p in
             ("vdnn", "superneurons", "modnn", "pooch", "dymem")} <= names
     assert "outcore/cost/gpus.json" in names

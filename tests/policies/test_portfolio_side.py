@@ -145,3 +145,38 @@ def test_small_graphs_plan_in_one_process(children):
     here: list[str] = []
     run_portfolio(GRAPH, _ctx(0.5), NAMES, _runners(here))  # parallel=None: by the size
     assert sorted(here) == sorted(NAMES) and children == []
+
+
+def test_every_candidate_gives_the_entries_of_one_process(children):
+    """The whole portfolio: the cheap seed policies in the child too."""
+    from outcore.policies.auto import CANDIDATES
+
+    runners = {"outcore-auto": greedy_policy}
+    side = run_portfolio(GRAPH, _ctx(0.6), CANDIDATES, runners, parallel=True)
+    serial = run_portfolio(GRAPH, _ctx(0.6), CANDIDATES, runners, parallel=False)
+    assert {"vdnn-dyn", "superneurons", "modnn", "dymem", "offload-all"} <= set(SIDE)
+    _same(side, serial)
+    assert len(children) == 1 and _reaped(children[0])
+
+
+def test_this_process_plans_ahead_of_reading_the_child(monkeypatch, children):
+    """outcore-optimal (here the greedy stand-in) runs in this process before the first
+    entry is read from the child, though the candidates before it in order run there: the
+    HiGHS solves do not wait for the child's planners."""
+    here: list[str] = []
+    seen_at_first_take: list[list[str]] = []
+    take = SideRun.take
+
+    def recording_take(self, name):
+        if not seen_at_first_take:
+            seen_at_first_take.append(list(here))
+        return take(self, name)
+
+    monkeypatch.setattr(SideRun, "take", recording_take)
+    names = ("outcore-auto", "superneurons", "outcore-optimal", "outcore-checkpoint", "pooch")
+    runners = _runners(here)
+    runners["superneurons"] = get("superneurons").fn
+    side = run_portfolio(GRAPH, _ctx(0.5), names, runners, parallel=True)
+    assert seen_at_first_take == [["outcore-auto", "outcore-optimal"]]
+    serial = run_portfolio(GRAPH, _ctx(0.5), names, runners, parallel=False)
+    _same(side, serial)

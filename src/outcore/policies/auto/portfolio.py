@@ -269,12 +269,16 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
 
     helper = _side_run(graph, ctx.cost, order, large, parallel, evaluate)
     try:
+        ahead = ({} if helper is None
+                 else _run_ahead(order, helper.names, floor, evaluate))
         for name in order:
             skipped = _skip(name, best, floor, large, bounds, graph, ctx)
             if skipped is not None:
                 entries[name] = Entry(name, skipped=skipped)
                 continue
-            entry = helper.take(name) if helper is not None and name in helper.names else None
+            entry = ahead.get(name)
+            if entry is None and helper is not None and name in helper.names:
+                entry = helper.take(name)
             entries[name] = entry if entry is not None else evaluate(name)
             seconds = entries[name].seconds
             if seconds is not None:
@@ -283,6 +287,32 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
         if helper is not None:
             helper.close()
     return entries
+
+
+def _run_ahead(order: Sequence[str], side: Sequence[str], floor: float | None,
+               evaluate: Callable[[str], Entry]) -> dict[str, Entry]:
+    """The Entries of the candidates of ``order`` that the side child does not compute,
+    computed first, in ``order``, while the child works (outcore-optimal's HiGHS solves need
+    not wait for the cheap planners the child runs). ``_run``'s loop still decides every
+    skip in ``order`` from the entries before it and reads an entry from here only for a
+    candidate it runs; the planners are deterministic, so the entries are those of one
+    process in order. Work ahead stops at the first ``LATE`` candidate once a plan at the
+    compute floor is among these entries (the loop skips it then), and before any
+    ``NEAR_SKIP`` one (its bound is the loop's to compute): nothing is computed ahead that
+    the loop would skip for what this side of the run already knows."""
+    ready: dict[str, Entry] = {}
+    best = math.inf
+    for name in order:
+        if name in side:
+            continue
+        if name in NEAR_SKIP or (name in LATE and floor is not None
+                                 and best <= floor * (1 + TIE)):
+            break
+        ready[name] = evaluate(name)
+        seconds = ready[name].seconds
+        if seconds is not None:
+            best = min(best, seconds)
+    return ready
 
 
 def _side_run(graph: Graph, cost: Any, order: Sequence[str], large: bool,

@@ -1,10 +1,11 @@
 """Portfolio candidates run beside the others in a forked child process (planning time).
 
 On a machine with two cores or more, ``run_portfolio`` may hand the candidates of
-``SIDE`` (PoocH and outcore-checkpoint: pure-Python searches, no HiGHS) to one child
-process made with ``os.fork`` when it starts, while the parent runs the other candidates
-(outcore-optimal's HiGHS solves above all) in order. The child inherits the Graph, the cost
-model and the runners (nothing is pickled on the way in: the Graph is a pybind11 object);
+``SIDE`` (PoocH, the cheap seed policies and outcore-checkpoint: pure Python, no HiGHS) to
+one child process made with ``os.fork`` when it starts, while the parent runs the other
+candidates (outcore-optimal's HiGHS solves above all), ahead of reading the child's. The
+child inherits the Graph, the cost model and the runners (nothing is pickled on the way in:
+the Graph is a pybind11 object);
 only each candidate's outcome travels back, pickled, in the child's order. Objects the
 parent already holds (the Graph, the cost model and its attributes: ``shared_objects``)
 travel as their index in a list both processes have (a fork keeps every object where it
@@ -28,7 +29,7 @@ Invariants (why the result is the result of running every candidate in the paren
   reaps it when the portfolio is done (``close``, also on an exception), so no process
   outlives ``run_portfolio``.
 * The child runs no HiGHS (a solver's thread pool does not survive ``fork``): only names
-  in ``SIDE`` go there, and neither of them solves an LP.
+  in ``SIDE`` go there, and none of them solves an LP.
 
 Off where ``os.fork`` is missing, where this process may use one core only, on graphs of
 fewer than ``MIN_ACTIVATIONS`` movable activations (a fork costs more than it saves
@@ -50,12 +51,15 @@ from typing import Any
 
 from outcore.errors import InfeasibleBudgetError
 
-#: Candidates that may run in the child: pure-Python searches that never call HiGHS, in
-#: the order the child computes them. PoocH first: the parent never skips it but at the
-#: compute floor, while outcore-checkpoint is often skipped once outcore-optimal's plan is
-#: known (the recompute-only bound, ``portfolio``), so its run is then wasted; computed
-#: second, it costs the parent no wait (ResNet-152 b256 v100-pcie: 5.1 s CPU).
-SIDE: tuple[str, ...] = ("pooch", "outcore-checkpoint")
+#: Candidates that may run in the child: pure-Python planners that never call HiGHS, in the
+#: order the child computes them, while the parent runs the others (outcore-optimal's HiGHS
+#: solves above all; ``portfolio._run_ahead``). PoocH first: the parent never skips it but
+#: at the compute floor; then the cheap seed policies (2 s CPU together on ResNet-152 b256
+#: v100-pcie); outcore-checkpoint last: it is often skipped once outcore-optimal's plan is
+#: known (the recompute-only bound, ``portfolio``), so its run is then wasted, and
+#: computed last it costs the parent no wait (5.1 s CPU there).
+SIDE: tuple[str, ...] = ("pooch", "vdnn-dyn", "superneurons", "modnn", "dymem", "offload-all",
+                         "outcore-checkpoint")
 #: Below this many movable activations the portfolio runs in one process.
 MIN_ACTIVATIONS = 300
 

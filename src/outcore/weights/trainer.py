@@ -121,6 +121,10 @@ class WeightTrainer:
     def stepper(self) -> HostStepper:
         return self._current.stepper
 
+    @stepper.setter
+    def stepper(self, value: HostStepper) -> None:  # tests swap in an instrumented one
+        self._current.stepper = value
+
     @property
     def executor(self) -> Any:
         return self._current.executor

@@ -24,7 +24,8 @@ from outcore.planned import (
     plan,
     policies,
 )
-from outcore.trainer import PlannedTrainer, Trainer, TrainerStats, compile
+from outcore.planned_trainer import PlannedTrainer
+from outcore.trainer import Trainer, TrainerStats, compile
 
 __all__ = ["DEFAULT_GPU", "DEFAULT_POLICY", "MACHINE", "PlannedStep", "PlannedTrainer",
            "Trainer", "TrainerStats", "compile", "cost_model_for", "plan", "policies"]

@@ -19,13 +19,21 @@ Invariant: ``FixedStep(model, ...).check()`` raises ``UnsupportedModelError`` na
 first kind of change above whenever the model differs from the state it was built in, in
 any of these; it raises nothing when the state is the same (changing a value and setting it
 back is allowed). Cost: one pass over the modules and parameters per step.
+
+The batch is another matter: a batch of another shape (the smaller last batch of a
+DataLoader without ``drop_last``) is a step eager PyTorch computes like any other, so these
+trainers capture and plan it (``ShapeCache``: one planned step per batch signature, at most
+``SHAPES`` besides the first, least recently used out; the re-plan is logged on the
+``outcore`` logger and shown by ``outcore.progress``). The model state above stays fixed
+for every shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -35,6 +43,11 @@ from outcore.capture.batching import split_batch_leaves
 from outcore.capture.hooks import forward_hooks
 from outcore.capture.python_state import changed, python_state
 from outcore.errors import UnsupportedModelError
+from outcore.log import info
+
+#: planned batch signatures a fixed-step trainer keeps besides its first (``ShapeCache``)
+SHAPES = 4
+Entry = TypeVar("Entry")
 
 _WAY_OUT = ("Set it back, or compile a new trainer in the new state (outcore.compile "
             "plans it again).")
@@ -115,3 +128,57 @@ def under_autocast(cast: tuple[str, torch.dtype] | None) -> AbstractContextManag
     """The context an eager forward runs in to compute as a step captured under ``cast``
     (``autocast_state``'s (device type, dtype), or None: no autocast)."""
     return torch.autocast(cast[0], dtype=cast[1]) if cast is not None else nullcontext()
+
+
+class ShapeCache(Generic[Entry]):
+    """One planned step per batch signature: the first one the trainer was built with, and
+    up to ``size`` others, planned by ``prepare(batch)`` on their first step (module doc).
+
+    Invariant: ``entry(batch)`` returns the first entry for every batch ``matches_first``
+    accepts (the shapes it was captured for: with sub-batches, ``parts`` times the captured
+    one), otherwise the entry planned for ``batch``'s signature, planning it once; an
+    evicted entry is given to ``evicted`` (e.g. to close it). ``replans`` counts the
+    shapes planned after the first."""
+
+    def __init__(self, first: Entry, matches_first: Callable[[Any], bool],
+                 prepare: Callable[[Any], Entry], *, what: str, size: int = SHAPES,
+                 evicted: Callable[[Entry], None] | None = None) -> None:
+        self.first = first
+        self._matches_first = matches_first
+        self._prepare = prepare
+        self._what = what
+        self._size = size
+        self._evicted = evicted
+        self._first_keys: set[Hashable] = set()
+        self._others: OrderedDict[Hashable, Entry] = OrderedDict()
+        self.replans = 0
+
+    def entries(self) -> list[Entry]:
+        """The first entry and the others, least recently used first."""
+        return [self.first, *self._others.values()]
+
+    def entry(self, batch: Any) -> Entry:
+        """The planned step for ``batch`` (planned now if its signature is new)."""
+        _, key = split_batch_leaves(batch)
+        if key in self._first_keys:
+            return self.first
+        if key in self._others:
+            self._others.move_to_end(key)
+            return self._others[key]
+        if self._matches_first(batch):
+            self._first_keys.add(key)
+            return self.first
+        from outcore import progress
+
+        info(f"{self._what}: a batch {key.describe()} unlike the planned ones (a smaller "
+             "last batch?): capturing and planning it; later batches of this signature "
+             "reuse that plan")
+        with progress.task(f"planning {self._what} for the batch {key.describe()}"):
+            entry = self._prepare(batch)
+        self.replans += 1
+        self._others[key] = entry
+        while len(self._others) > self._size:
+            _, old = self._others.popitem(last=False)
+            if self._evicted is not None:
+                self._evicted(old)
+        return entry

@@ -38,8 +38,8 @@ they do in eager PyTorch. The returned loss is unscaled.
 
 A failed step leaves the model as it was (``outcore.runtime.failsafe``); ``close()`` or
 ``with outcore.compile(...) as trainer:`` stops the device's copy engines.
-``PlannedTrainer`` runs one fixed planned step (no signature cache); data parallel
-(``outcore.distributed``) builds on it.
+``PlannedTrainer`` (``outcore.planned_trainer``; re-exported here) runs given planned steps
+with the model state fixed; data parallel (``outcore.distributed``) builds on it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ from outcore.errors import (
     UnsupportedModelError,
 )
 from outcore.fixed_step import (
-    FixedStep,
     batch_device_type,
     layout,
     under_autocast,
@@ -435,92 +434,6 @@ def _close(device: Any) -> None:
         closer()
 
 
-def refuse_no_grad() -> None:
-    """Raise ``UnsupportedModelError`` under ``torch.no_grad()``/``inference_mode()``: a
-    trainer running one planned step would still compute gradients there (eager computes
-    none), so the validation loop must call the model itself."""
-    if not torch.is_grad_enabled():
-        raise UnsupportedModelError(
-            "trainer.step under torch.no_grad() or inference_mode(): this trainer runs its "
-            "one planned training step, which would still compute gradients. Evaluate with "
-            "the model itself (loss_fn(model(x), y) under no_grad), or use outcore.compile, "
-            "whose step runs the forward eagerly there.")
-
-
-class PlannedTrainer:
-    """Runs one planned step, for batches shaped like the example (no signature cache).
-
-    ``outcore.distributed.DataParallelTrainer`` builds on it: each rank plans its share once
-    (``grad_hook``: the executor's ``GradHook``, the rank's gradient-bucket reducer;
-    ``impls``: op replacements, the rank's replayed collectives).
-    ``step(x, y)`` raises BatchMismatchError (a ValueError) before running anything when the
-    batch's shapes or dtypes differ from the captured example's.
-    """
-
-    def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
-                 budget: int | None, grad_hook: Any = None,
-                 impls: dict[int, Any] | None = None) -> None:
-        from outcore.runtime.executor import Executor
-
-        self.model = model
-        self.planned = planned
-        self.device = device
-        self.budget = budget
-        self.executor = Executor(planned.graph, planned.schedule, device, grad_hook=grad_hook,
-                                 impls=impls)
-        self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
-                                  sub_batches=planned.plan.sub_batches,
-                                  notes=list(planned.notes))
-        self._fixed = FixedStep(model, way_out=(
-            "Set it back, or use outcore.compile, which captures again when it changes."))
-
-    @property
-    def plan(self) -> Plan:
-        return self.planned.plan
-
-    def _check_python_state(self) -> None:
-        """Refuse a step after the model left the state its step was captured in: a
-        training flag, a parameter's ``requires_grad``/dtype/shape, a Python value
-        (``outcore.capture.python_state``) or a forward hook (``outcore.fixed_step``)."""
-        self._fixed.check()
-
-    def explain(self) -> list[dict[str, Any]]:
-        """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
-        return self.planned.explain()
-
-    def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the loss (a detached scalar)."""
-        from outcore.batch_check import check_batch
-        from outcore.runtime.subbatch import run_sub_batches
-
-        refuse_no_grad()
-        parts = self.planned.plan.sub_batches
-        x, y = own_storage((x, y))  # as captured: a slice is counted at its own size
-        check_batch(self.planned.graph, (x, y), parts)
-        self._fixed.check((x, y))
-        _refuse_split_input_grads(parts, (x, y))
-        with without_autocast((x, y)):  # the graph holds the captured autocast's casts
-            if parts > 1:
-                result = run_sub_batches(self.executor, (x, y), parts)
-            else:
-                result = self.executor.run((x, y))
-        self.stats.measured_peak = result.peak_bytes
-        self.stats.step_seconds = result.seconds
-        self.stats.steps += 1
-        self.stats.history.append(float(result.loss))
-        return result.loss
-
-    def close(self) -> None:
-        """Stop the device's copy engines (if any); idempotent."""
-        _close(self.device)
-
-    def __enter__(self) -> PlannedTrainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 #: ``outcore.weights.compile``'s own keyword arguments, taken by ``compile(optimizer=...)``
 WEIGHTS_OPTIONS = ("clip_grad_norm", "master", "slowdown", "bandwidth", "profile",
                    "device_options")
@@ -637,3 +550,13 @@ def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, opti
     return compile_weights(model, loss_fn, example_batch, optimizer=optimizer, budget=limit,
                            device=device, gpu=gpu, **extra)
 
+
+
+def __getattr__(name: str) -> Any:
+    """``PlannedTrainer``, which moved to ``outcore.planned_trainer`` (it builds on this
+    module, so it is imported on first use rather than at the top)."""
+    if name == "PlannedTrainer":
+        from outcore.planned_trainer import PlannedTrainer
+
+        return PlannedTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,9 +4,9 @@ DDP all-reduces the ``.grad`` autograd accumulated, ``sum_r (prior + g_r) / N``;
 averaged the new gradients and added them, ``prior + sum_r g_r / N``: the same value in
 exact arithmetic, different float roundings (1.5e-8 on a conv weight after two
 accumulated steps; found by the session-20 journey fuzz). The bucket now starts from the
-prior ``.grad`` (``BucketReducer.prior``). Also: the model has BatchNorm buffers and an
-unused parameter, and a step refused on the batch's shape leaves the accumulated ``.grad``
-in place.
+prior ``.grad`` (``BucketReducer.prior``; the slot holds ``gradient + prior``). Also: the
+model has BatchNorm buffers and an unused parameter, and a refused step (a layer frozen
+after compiling) leaves the accumulated ``.grad`` in place.
 """
 
 from __future__ import annotations

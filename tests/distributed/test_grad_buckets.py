@@ -90,3 +90,19 @@ def test_peak_with_buckets_is_the_rule_plus_the_buckets(workspace):
         # during b1: its workspace and gw2's bucket (ready before it) are both held
         assert peak_with_buckets(graph, schedule, buckets, ws) == base.device[4] + 40
     assert peak_with_buckets(graph, schedule, [], ws) == base.peak
+
+
+def test_a_tied_group_takes_one_slot_under_its_last_made_member():
+    """Tied weights: one parameter, one gradient output per name. Grouped, they take one
+    slot (the runtime sums them into it), under the member backward makes last, ready then;
+    the other member's bytes are not in any bucket."""
+    graph = three_layers()
+    schedule = Schedule([Compute(op.id) for op in graph.ops], keep_at_end=graph.outputs)
+    ids = {graph.tensors[t].name: t for t in gradient_tensors(graph)}
+    tied = [(ids["gw2"], ids["gw0"])]  # as if layers 2 and 0 shared their weight
+    buckets = assign_buckets(graph, schedule, 1 << 20, tied)
+    assert [names(graph, b) for b in buckets] == [["gw1", "gw0"]]
+    assert buckets[0].ready_at == 5  # gw0's instruction: the group is final then
+    assert buckets[0].numel == sum(graph.tensors[ids[n]].nbytes // 4 for n in ("gw1", "gw0"))
+    untied = assign_buckets(graph, schedule, 1 << 20)
+    assert untied[0].nbytes - buckets[0].nbytes == graph.tensors[ids["gw2"]].nbytes

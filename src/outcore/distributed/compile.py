@@ -8,12 +8,17 @@ rule (``outcore.plan.grad_buckets``): the predicted peak (``trainer.stats.predic
 includes the bucket buffers, and must stay within the budget. When the plan at the full
 budget leaves no room for the buckets it is re-planned with the budget less the buckets'
 bytes.
+
+A share of another signature (a smaller last batch, an uneven split) is captured and planned
+on its first step by the trainer's ``replan`` (``data_parallel_trainer``): the same policy,
+budget, cost model and options, the first plan's gradient buckets
+(``outcore.distributed.layout``), and sub-batches only when the first share had them.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.capture.batching import own_storage
 from outcore.distributed.group import RankContext, rank_context
+from outcore.distributed.layout import tied_gradients, tied_names
 from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
 from outcore.errors import InfeasibleBudgetError
@@ -77,16 +83,42 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
     """Plan ``graph`` (this rank's captured share of ``model``'s step) and build the
     rank's trainer; the parameters must already equal rank 0's (``broadcast_state``)."""
     limit = None if budget is None else parse_bytes(budget)
+    tied = tied_names(model)
     try:
         cost = rank_cost(gpu, host, ctx.world_size)
         planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
-                                     ctx.world_size, options)
+                                     ctx.world_size, options,
+                                     tied=tied_gradients(graph, tied))
         dev = rank_device(device, limit, gpu, host, ctx.world_size)
     except BaseException as exc:
         ctx.report_failure(exc)
         raise
     ctx.clear_failure()
-    return DataParallelTrainer(model, planned, dev, limit, ctx, buckets)
+    step = graph.source.step_module
+    cast = step.autocast[1] if step.autocast is not None else None
+    split = planned.plan.sub_batches > 1
+    built: list[DataParallelTrainer] = []
+
+    def replan(batch: Any) -> PlannedStep:
+        """Capture and plan a share of another signature (module doc)."""
+        from outcore.runtime.subbatch import split_batch
+
+        layout = built[0].layout
+        share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast)
+
+        def again(parts: int) -> Graph:
+            return capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
+                                autocast=cast)
+
+        return plan_rank(share, limit, policy, cost, again if split else None, bucket_cap,
+                         ctx.world_size, options if split else
+                         {**options, "allow_sub_batches": False},
+                         buckets_for=lambda p: layout.buckets(p.graph, p.schedule))[0]
+
+    trainer = DataParallelTrainer(model, planned, dev, limit, ctx, buckets, replan=replan,
+                                  tied=tied)
+    built.append(trainer)
+    return trainer
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
@@ -97,11 +129,12 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
 
 
 def capture_rank(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any,
-                 ctx: RankContext) -> Graph:
-    """Capture this rank's step on ``batch``; a ``nn.SyncBatchNorm`` captures with batch
-    statistics over the ranks (``outcore.distributed.sync_bn``)."""
+                 ctx: RankContext, autocast: torch.dtype | None = None) -> Graph:
+    """Capture this rank's step on ``batch`` (under ``autocast``, else the ambient one); a
+    ``nn.SyncBatchNorm`` captures with batch statistics over the ranks
+    (``outcore.distributed.sync_bn``)."""
     with traced_sync_batchnorm(model, ctx.group):
-        return capture(model, loss_fn, own_storage(batch))
+        return capture(model, loss_fn, own_storage(batch), autocast=autocast)
 
 
 def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:
@@ -123,8 +156,12 @@ REPLANS = 6
 
 def plan_rank(graph: Graph, limit: int | None, policy: str, cost: Any,
               recapture: Callable[[int], Graph] | None, bucket_cap: int, world_size: int,
-              options: dict[str, Any]) -> tuple[PlannedStep, list[GradBucket]]:
-    """Plan one rank; its predicted peak includes its gradient buckets.
+              options: dict[str, Any], *, tied: Sequence[Sequence[int]] = (),
+              buckets_for: Callable[[PlannedStep], list[GradBucket]] | None = None,
+              ) -> tuple[PlannedStep, list[GradBucket]]:
+    """Plan one rank; its predicted peak includes its gradient buckets: assigned on the plan
+    (``tied``: groups of one parameter's gradient ids), or ``buckets_for(plan)`` (another
+    share signature: the first plan's buckets, ``outcore.distributed.layout``).
 
     The buckets are allocated during backward, so they add to the peak only where it falls
     after them: the rank is planned at the budget, and while the peak with its buckets is
@@ -134,7 +171,8 @@ def plan_rank(graph: Graph, limit: int | None, policy: str, cost: Any,
     for _ in range(REPLANS):
         planned = plan(graph, target, policy=policy, cost=cost, recapture=recapture,
                        simulate=False, **options)
-        buckets = _buckets(planned, bucket_cap, world_size)
+        buckets = (buckets_for(planned) if buckets_for is not None
+                   else _buckets(planned, bucket_cap, world_size, tied))
         peak = peak_with_buckets(planned.graph, planned.schedule, buckets)
         if limit is None or target is None or peak <= limit:
             planned.predicted_peak = peak
@@ -150,10 +188,11 @@ def plan_rank(graph: Graph, limit: int | None, policy: str, cost: Any,
                                 "bucket_cap.")
 
 
-def _buckets(planned: PlannedStep, cap: int, world_size: int) -> list[GradBucket]:
+def _buckets(planned: PlannedStep, cap: int, world_size: int,
+             tied: Sequence[Sequence[int]]) -> list[GradBucket]:
     if world_size == 1 or planned.plan.sub_batches > 1:
         return []  # one rank: nothing to reduce; sub-batches: .grad is reduced after them
-    return assign_buckets(planned.graph, planned.schedule, cap)
+    return assign_buckets(planned.graph, planned.schedule, cap, tied)
 
 
 def rank_device(device: str, limit: int | None, gpu: str | None, host: str | None,

@@ -3,24 +3,41 @@
 As with PyTorch's DistributedDataParallel:
 
 * parameters and buffers are broadcast from rank 0 when the trainer is built, and buffers
-  (e.g. BatchNorm running statistics) again before every step, so every rank starts each
-  step from rank 0's; BatchNorm normalises with each rank's own batch statistics (as DDP
-  without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's over the ranks
-  (``outcore.distributed.sync_bn``; its recomputes replay, ``outcore.distributed.replay``);
+  (e.g. BatchNorm running statistics) again before a step, so every rank starts it from
+  rank 0's: before each training step, and before the first forward under
+  ``torch.no_grad()`` after one, not before the training step after such a forward (DDP's
+  ``require_forward_param_sync``: a forward broadcasts when the previous one was a
+  training forward, and at the first); BatchNorm normalises with each rank's own batch
+  statistics (as DDP without SyncBatchNorm), ``nn.SyncBatchNorm`` with the whole batch's
+  over the ranks (``outcore.distributed.sync_bn``; its recomputes replay,
+  ``outcore.distributed.replay``);
 * the step's batch is used with its own storage, as it was captured
   (``outcore.capture.batching.own_storage``, in ``PlannedTrainer.step``);
-* the first step compares the ranks' plans (``same_plan_everywhere``) before any other
-  collective (at the first step, not when the trainer is built: ranks plan at their own
-  speed, and a short group timeout must not end the slower one's planning);
+* a share of another shape (the smaller last batch; an uneven split, 10 samples over 4
+  ranks) is captured and planned on this rank on its first step and kept
+  (``PlannedTrainer``); its gradients fill the same buckets as the first plan's
+  (``outcore.distributed.layout``), started in bucket order, so every rank issues the same
+  all-reduces whatever its share, as DDP does (it averages over the world size, whatever
+  each rank's batch). A plan that split the first share into sub-batches all-reduces
+  ``.grad`` after the step for every shape; one that did not plans every shape in one pass;
+* the first training step compares the ranks' first plans (``same_plan_everywhere``)
+  before the gradients' collectives (at the first step, not when the trainer is built:
+  ranks plan at their own speed, and a short group timeout must not end the slower one's
+  planning);
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
   stays the user's. Accumulating over steps, the average is of the accumulated ``.grad``
   (DDP all-reduces what autograd accumulated: ``(prior + g_r) / N`` summed, which rounds
-  differently from ``prior + sum(g_r / N)``), so the bits equal DDP's;
+  differently from ``prior + sum(g_r / N)``), so the bits equal DDP's. A tied parameter's
+  contributions are summed into its one slot before the all-reduce, as autograd sums them
+  before DDP copies ``.grad`` (``outcore.distributed.reducer``);
 * with one pass (``plan.sub_batches == 1``) the executor's ``BucketReducer`` all-reduces
   each bucket as backward makes it final (overlapped with the rest of backward); with
   sub-batches the gradients are final only after the last pass, so ``.grad`` is
   all-reduced then (moDNN's "gradient accumulation" at the end of the iteration);
+* under ``torch.no_grad()`` (validation) ``step`` runs the forward eagerly and returns this
+  rank's loss: no gradient, no all-reduce (only DDP's buffer broadcast above), the model
+  in the train/eval mode the user left it;
 * a step that raises on one rank is reported to the others (``RankContext``), whose next
   collective raises ``DistributedError`` naming that rank, at the latest after the group's
   timeout.
@@ -29,6 +46,8 @@ As with PyTorch's DistributedDataParallel:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,35 +55,47 @@ import torch.distributed as dist
 from torch import nn
 
 from outcore.distributed.group import DistributedError, RankContext
+from outcore.distributed.layout import BucketLayout, tied_gradients, tied_names
 from outcore.distributed.reducer import BucketReducer
 from outcore.distributed.replay import CollectiveReplay
-from outcore.distributed.sync_bn import SyncBatchNormCollectiveError
+from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, SyncBatchNormCollectiveError
 from outcore.errors import OutcoreError
 from outcore.plan.grad_buckets import GradBucket
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
-from outcore.trainer import PlannedTrainer, refuse_no_grad
+from outcore.planned_trainer import FixedEntry, PlannedTrainer
+
+
+@dataclass
+class RankEntry(FixedEntry):
+    """One share signature's planned step on this rank, with its collectives."""
+
+    reducer: BucketReducer | None
+    replay: CollectiveReplay
+    buckets: list[GradBucket]
+    #: parameter name -> the gradient id of its bucket slot
+    slots: dict[str, int]
+    #: names of the gradients summed into another's slot (tied parameters)
+    folded: frozenset[str]
 
 
 class DataParallelTrainer(PlannedTrainer):
     """A Trainer on one rank of a data-parallel group (module doc); built by
-    ``outcore.compile(..., distributed=True)``."""
+    ``outcore.compile(..., distributed=True)``. ``buckets``: the first plan's, assigned
+    with ``tied`` (the model's tied parameter names, ``layout.tied_names``);
+    ``replan``: captures and plans a share of another signature (``PlannedTrainer``)."""
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
-                 budget: int | None, ctx: RankContext, buckets: list[GradBucket]) -> None:
-        reducer = None
-        if planned.plan.sub_batches == 1 and ctx.world_size > 1:
-            reducer = BucketReducer(planned.graph, buckets, ctx)
-        self.replay = CollectiveReplay(planned.graph, planned.schedule)
-        super().__init__(model, planned, device, budget, grad_hook=reducer,
-                         impls=self.replay.impls)
+                 budget: int | None, ctx: RankContext, buckets: list[GradBucket], *,
+                 replan: Callable[[Any], PlannedStep] | None = None,
+                 tied: Sequence[Sequence[str]] | None = None) -> None:
         self.ctx = ctx
-        self.buckets = buckets
-        self.reducer: BucketReducer | None = reducer
-        bucketed = reducer.tensors if reducer is not None else frozenset()
-        #: parameter name -> its gradient's id, for the gradients the buckets all-reduce
-        self._grad_ids = {n: t for n, t in gradients(planned.graph).items() if t in bucketed}
+        self.tied = [tuple(g) for g in (tied_names(model) if tied is None else tied)]
+        self.layout = BucketLayout.of(planned.graph, buckets, self.tied)
+        self._split = planned.plan.sub_batches  # the first plan's passes
         self._plans_compared = False
+        self._sync_next = True  # DDP's require_forward_param_sync
+        super().__init__(model, planned, device, budget, replan=replan)
 
     @property
     def rank(self) -> int:
@@ -74,19 +105,73 @@ class DataParallelTrainer(PlannedTrainer):
     def world_size(self) -> int:
         return self.ctx.world_size
 
+    @property
+    def buckets(self) -> list[GradBucket]:
+        return list(self._current.buckets)
+
+    @property
+    def reducer(self) -> BucketReducer | None:
+        return self._current.reducer  # type: ignore[no-any-return]
+
+    @property
+    def replay(self) -> CollectiveReplay:
+        return self._current.replay  # type: ignore[no-any-return]
+
+    def _make_entry(self, planned: PlannedStep) -> RankEntry:
+        """The rank's entry for ``planned``: the layout's buckets and their reducer, the
+        replayed collectives; refused when its collectives could differ from the other
+        ranks' (``_check_collectives``)."""
+        from outcore.runtime.executor import Executor
+
+        self._check_collectives(planned)
+        buckets = self.layout.buckets(planned.graph, planned.schedule)
+        reducer = None
+        if buckets and self.ctx.world_size > 1:
+            reducer = BucketReducer(planned.graph, buckets, self.ctx,
+                                    tied_gradients(planned.graph, self.tied))
+        replay = CollectiveReplay(planned.graph, planned.schedule)
+        executor = Executor(planned.graph, planned.schedule, self.device, grad_hook=reducer,
+                            impls=replay.impls)
+        name_of = {tid: name for name, tid in gradients(planned.graph).items()}
+        slots = {name_of[t]: t for b in buckets for t in b.tensors}
+        folded = frozenset(name_of[t] for t in (reducer.folded if reducer else ()))
+        return RankEntry(planned, executor, reducer, replay, buckets, slots, folded)
+
+    def _check_collectives(self, planned: PlannedStep) -> None:
+        """Raise OutcoreError when a plan of another share signature would issue other
+        collectives than the first plan (which every rank shares): a split where the first
+        was bucketed, or, with SyncBatchNorm (one all-reduce per pass), another split."""
+        parts = planned.plan.sub_batches
+        if self.layout.first and parts > 1:
+            raise OutcoreError(
+                f"rank {self.ctx.rank}: this share's plan splits it into {parts} sub-batches, "
+                "whose gradients are all-reduced after the step, while the first share's are "
+                "all-reduced in buckets during backward: the ranks' collectives would not "
+                "match. Give a budget that holds this share in one pass.")
+        syncs = any(op.target == ALL_REDUCE_TARGET for op in planned.graph.ops)
+        if syncs and parts != self._split:
+            raise OutcoreError(
+                f"rank {self.ctx.rank}: this share's plan runs {parts} sub-batch(es) and the "
+                f"first share's {self._split}: SyncBatchNorm all-reduces once per pass, so the "
+                "ranks' collectives would not match. Pass allow_sub_batches=False, or drop "
+                "the uneven last batch (DistributedSampler(drop_last=True) and a DataLoader "
+                "with drop_last=True).")
+
     def step(self, x: Any, y: Any) -> torch.Tensor:
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss.
-        Refused under ``torch.no_grad()`` before any collective (``refuse_no_grad``)."""
-        refuse_no_grad()
-        self.replay.reset()
+        Under ``torch.no_grad()``: the eager forward's loss (module doc)."""
+        training = torch.is_grad_enabled()
         try:
-            if not self._plans_compared:
+            if training and not self._plans_compared:
+                first = self.entries()[0]
                 self._collective("the comparison of the ranks' plans", lambda: (
-                    same_plan_everywhere(self.ctx, self.planned, self.buckets)))
+                    same_plan_everywhere(self.ctx, first.planned, first.buckets)))
                 self._plans_compared = True
-            self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = self._accumulating_step(x, y)
-            if self.reducer is None and self.ctx.world_size > 1:
+            if self._sync_next:
+                self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
+            loss = super().step(x, y)
+            self._sync_next = training
+            if training and self.reducer is None and self.ctx.world_size > 1:
                 self._collective("the all-reduce of the accumulated gradients",
                                  self._allreduce_grads)
         except SyncBatchNormCollectiveError as exc:
@@ -99,30 +184,31 @@ class DataParallelTrainer(PlannedTrainer):
             raise
         return loss
 
-    def _accumulating_step(self, x: Any, y: Any) -> torch.Tensor:
-        """``PlannedTrainer.step`` (which gives the batch its own storage), with the
-        ``.grad`` already held by the bucketed parameters handed to the reducer: it
-        all-reduces ``.grad + gradient`` as DDP does, and the result replaces ``.grad``.
-        A failed step leaves every ``.grad`` as it was."""
-        if self.reducer is None:
-            return super().step(x, y)
-        params = dict(self.model.named_parameters())
-        taken: dict[str, torch.Tensor] = {}
-        for name in self._grad_ids:
-            grad = params[name].grad if name in params else None
-            if grad is not None:
-                taken[name] = grad
+    def _run(self, entry: RankEntry, batch: Any) -> Any:
+        """``PlannedTrainer._run`` with the bucketed parameters' ``.grad`` handed to the
+        reducer (it all-reduces ``gradient + .grad`` as DDP does; the result replaces
+        ``.grad``) and the folded tied gradients left out (they are in their slot). A
+        failed step leaves every ``.grad`` as it was."""
+        entry.replay.reset()
+        if entry.reducer is None:
+            return super()._run(entry, batch)
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        taken = {n: params[n].grad for n in entry.slots if params[n].grad is not None}
         for name in taken:
             params[name].grad = None
-        self.reducer.prior = {self._grad_ids[n]: g for n, g in taken.items()}
+        entry.reducer.prior = {entry.slots[n]: g for n, g in taken.items() if g is not None}
         try:
-            return super().step(x, y)
+            result = entry.executor.run(batch, apply=False)
+            for name in entry.folded:
+                result.grads.pop(name, None)
+            entry.executor.apply(result, inputs=entry.executor.step.batch_tensors(batch))
+            return result
         except BaseException:
             for name, grad in taken.items():
                 params[name].grad = grad
             raise
         finally:
-            self.reducer.prior = {}
+            entry.reducer.prior = {}
 
     def _collective(self, what: str, fn: Any) -> None:
         try:

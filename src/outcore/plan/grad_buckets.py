@@ -8,6 +8,11 @@ as it is; a data-parallel step adds, on top of it, one flat buffer per gradient 
   that is when it is *final*, since gradients are outputs of the step and never freed or
   recomputed), and grouped, in that order, into buckets of one dtype of at most
   ``cap_bytes`` each (a gradient larger than the cap gets a bucket of its own);
+* a tied parameter (one parameter under two names, an LM head sharing the embedding's
+  weight) has one gradient output per name; given as a ``tied`` group it takes one slot,
+  under the member the schedule makes last (the parameter's gradient is final when all its
+  contributions are: the runtime sums them into that slot, as autograd sums them before
+  DDP copies ``.grad`` into its bucket);
 * a bucket is *ready* after the instruction that makes its last gradient; the runtime then
   allocates its flat buffer (the bucket's bytes: its gradients' elements times their item
   size), copies the gradients in and starts the all-reduce. The buffer lives until the step
@@ -83,13 +88,32 @@ def final_at(graph: Graph, schedule: Schedule) -> dict[int, int]:
     return out
 
 
-def assign_buckets(graph: Graph, schedule: Schedule,
-                   cap_bytes: int = DEFAULT_BUCKET_CAP) -> list[GradBucket]:
+def fold_tied(ready: dict[int, int], tied: Sequence[Sequence[int]]) -> dict[int, tuple[int, ...]]:
+    """Per tied group of at least two gradients in ``ready`` (gradient id -> the instruction
+    making it final): the member made last (ties: the larger id), which holds the group's
+    slot, -> the other members, folded into it."""
+    out: dict[int, tuple[int, ...]] = {}
+    for group in tied:
+        members = [t for t in group if t in ready]
+        if len(members) < 2:
+            continue
+        last = max(members, key=lambda t: (ready[t], t))
+        out[last] = tuple(t for t in members if t != last)
+    return out
+
+
+def assign_buckets(graph: Graph, schedule: Schedule, cap_bytes: int = DEFAULT_BUCKET_CAP,
+                   tied: Sequence[Sequence[int]] = ()) -> list[GradBucket]:
     """Group the gradients into buckets (module doc); deterministic for a graph+schedule, so
-    every rank running the same plan issues the same collectives in the same order."""
+    every rank running the same plan issues the same collectives in the same order.
+    ``tied``: groups of gradient ids of one parameter; each group is one slot, under its
+    member made last (``fold_tied``)."""
     if cap_bytes <= 0:
         raise ValueError(f"bucket cap must be > 0 bytes, got {cap_bytes}")
     ready = final_at(graph, schedule)
+    for folded in fold_tied(ready, tied).values():
+        for tid in folded:
+            del ready[tid]
     order = sorted(ready, key=lambda t: (ready[t], t))
     buckets: list[GradBucket] = []
     members: list[int] = []

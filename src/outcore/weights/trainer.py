@@ -25,6 +25,14 @@ runs after backward (the simulator's ``host_steps(..., barrier=True)`` prices th
 Mixed precision: ``master=MasterWeights(model)`` for a bf16/fp16 model, the optimizer built
 on the fp32 masters (``outcore.weights.mixed``).
 
+Batch shapes: the model state is fixed (``outcore.fixed_step``: train/eval, frozen
+parameters, Python values, forward hooks, autocast; a change is refused), the batch is not:
+a batch of another signature (the smaller last batch of a DataLoader without ``drop_last``)
+is captured on its first step and planned with the first plan's placement (the same
+parameters held in host memory, ``choose_weights(given=...)``), on the same device, and kept
+for later batches of that signature (``replans``; ``outcore.fixed_step.ShapeCache``). Its
+step equals eager's as the first shape's does.
+
 Budget rule: ``predicted_peak`` of the step (what the emulated device measures, to the
 byte) plus the optimizer state of the device-held parameters is at most ``budget``; the
 device's capacity is ``budget`` less that state.
@@ -43,6 +51,7 @@ there); ``train_step`` consumes them within the step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,8 +59,8 @@ from torch import nn
 
 from outcore.capture.aot import capture
 from outcore.capture.batching import LossFn, batch_of
-from outcore.errors import OutcoreError
-from outcore.fixed_step import FixedStep, under_autocast, without_autocast
+from outcore.errors import BatchMismatchError, OutcoreError
+from outcore.fixed_step import FixedStep, ShapeCache, under_autocast, without_autocast
 from outcore.runtime.host_weights import LandingDevice
 from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
@@ -70,36 +79,97 @@ class WeightTrainer:
                  clip_grad_norm: float | None = None, profile: Any = None,
                  device_options: dict[str, Any] | None = None) -> None:
         from outcore.planned import cost_model_for
-        from outcore.runtime.executor import Executor
-        from outcore.sim.simulator import simulate
 
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.master = master
         self.clip_grad_norm = clip_grad_norm
-        self.graph = capture(model, loss_fn, example_batch)
-        cost = cost_model_for(gpu, self.graph, device)
+        self.budget = budget
+        self._planning = (gpu, device, profile)
+        graph = capture(model, loss_fn, example_batch)
         self.state = state_bytes(optimizer, model, master)
-        self.choice: WeightChoice = choose_weights(
-            self.graph, budget, cost, self.state, profile=profile,
-            simulate=lambda g, s: simulate(g, s, cost).step_time)
-        self.device = _make_device(device, budget - self.choice.device_state, gpu=gpu,
+        choice = self._choose(graph, cost_model_for(gpu, graph, device), None)
+        self.device = _make_device(device, budget - choice.device_state, gpu=gpu,
                                    slowdown=slowdown, bandwidth=bandwidth,
                                    options=device_options)
         self.on_cuda = device == "cuda"
         self.pinned: torch.Tensor | None = None
         if self.on_cuda:
-            self.pinned = _to_pinned_host(self.device, self.graph, self.choice.schedule,
+            self.pinned = _to_pinned_host(self.device, graph, choice.schedule,
                                           model, optimizer)
-        params = dict(model.named_parameters())
-        self.stepper = HostStepper(self.graph, self.choice.schedule, params, optimizer, master)
-        landing = LandingDevice(self.device, self.stepper.landed)
-        self.stepper.device = self.device
-        self.executor = Executor(self.graph, self.choice.schedule, landing,
-                                 grad_hook=self.stepper)
         self.measured_peak = 0
         self._fixed = FixedStep(model, loss_fn, batch=example_batch)
+        first = self._shape(graph, choice)
+        self._current = first
+        self._shapes: ShapeCache[_Shape] = ShapeCache(
+            first, lambda batch: _matches(graph, batch), self._replan,
+            what=f"the weights trainer of {type(model).__name__}",
+            evicted=lambda shape: shape.stepper.close())
+
+    # -- one planned step per batch signature (outcore.fixed_step.ShapeCache) -----------------
+    @property
+    def graph(self) -> Any:
+        """The captured step of the last batch signature stepped."""
+        return self._current.graph
+
+    @property
+    def choice(self) -> WeightChoice:
+        return self._current.choice
+
+    @property
+    def stepper(self) -> HostStepper:
+        return self._current.stepper
+
+    @stepper.setter
+    def stepper(self, value: HostStepper) -> None:  # tests swap in an instrumented one
+        self._current.stepper = value
+
+    @property
+    def executor(self) -> Any:
+        return self._current.executor
+
+    @property
+    def replans(self) -> int:
+        """Batch signatures planned after the first."""
+        return self._shapes.replans
+
+    def _choose(self, graph: Any, cost: Any, given: list[str] | None) -> WeightChoice:
+        from outcore.sim.simulator import simulate
+
+        return choose_weights(graph, self.budget, cost, self.state, profile=self._planning[2],
+                              given=given, simulate=lambda g, s: simulate(g, s, cost).step_time)
+
+    def _shape(self, graph: Any, choice: WeightChoice) -> _Shape:
+        from outcore.runtime.executor import Executor
+
+        params = dict(self.model.named_parameters())
+        stepper = HostStepper(graph, choice.schedule, params, self.optimizer, self.master)
+        landing = LandingDevice(self.device, stepper.landed)
+        stepper.device = self.device
+        return _Shape(graph, choice, stepper,
+                      Executor(graph, choice.schedule, landing, grad_hook=stepper))
+
+    def _replan(self, batch: Any) -> _Shape:
+        """Capture and plan a batch of another signature (a smaller last batch) with the
+        first plan's placement: the same parameters held in host memory (on CUDA they
+        already live there), the activations planned for this batch; the device and its
+        capacity stay (the device-held optimizer state is the same)."""
+        from outcore.plan.schedule import Offload
+        from outcore.planned import cost_model_for
+
+        first = self._shapes.first
+        cast = self._fixed.autocast
+        graph = capture(self.model, self.loss_fn, batch,
+                        autocast=cast[1] if cast is not None else None)
+        gpu, device, _ = self._planning
+        held = sorted(first.graph.tensors[t].source for t in first.choice.placement.params)
+        choice = self._choose(graph, cost_model_for(gpu, graph, device), held)
+        if self.on_cuda:  # room in the pinned pool for this plan's offloads
+            self.device.reserve_host([graph.storage_bytes(i.tensor)
+                                      for i in choice.schedule.instructions
+                                      if isinstance(i, Offload)])
+        return self._shape(graph, choice)
 
     @property
     def predicted_peak(self) -> int:
@@ -117,16 +187,17 @@ class WeightTrainer:
         return self.choice.explain(self.graph)
 
     def _batch(self, args: tuple[Any, ...]) -> Any:
-        """The step's batch, checked against the captured one: one shape and dtype is
-        planned (no signature cache), so another one raises ``BatchMismatchError``, and a
-        model that left its captured state (``outcore.fixed_step``: train/eval, frozen
-        parameters, Python values, forward hooks) ``UnsupportedModelError``, before
-        anything runs or is stepped."""
+        """The step's batch, its planned step made current: a model that left its captured
+        state (``outcore.fixed_step``: train/eval, frozen parameters, Python values,
+        forward hooks) raises ``UnsupportedModelError`` before anything runs or is
+        stepped; a batch of a new signature is captured and planned (``_replan``)."""
         from outcore.batch_check import check_batch
 
         batch = batch_of(args, self.loss_fn)
-        check_batch(self.graph, batch)
         self._fixed.check(batch)
+        shape = self._shapes.entry(batch)
+        check_batch(shape.graph, batch)
+        self._current = shape
         return batch
 
     def _eval_step(self, args: tuple[Any, ...]) -> torch.Tensor:
@@ -211,7 +282,8 @@ class WeightTrainer:
     def close(self) -> None:
         """Join the host steps, close the device and unpin the held parameters' segment
         (they keep its memory, pageable from then on)."""
-        self.stepper.close()
+        for shape in self._shapes.entries():
+            shape.stepper.close()
         close = getattr(self.device, "close", None)
         if callable(close):
             close()
@@ -226,6 +298,27 @@ class WeightTrainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class _Shape:
+    """One batch signature's captured step, weights choice, host stepper and executor."""
+
+    graph: Any
+    choice: WeightChoice
+    stepper: HostStepper
+    executor: Any
+
+
+def _matches(graph: Any, batch: Any) -> bool:
+    """Whether ``batch`` is of the signature ``graph`` was captured for."""
+    from outcore.batch_check import check_batch
+
+    try:
+        check_batch(graph, batch)
+    except BatchMismatchError:
+        return False
+    return True
 
 
 def _make_device(device: str, capacity: int, *, gpu: str | None, slowdown: float,

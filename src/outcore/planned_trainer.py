@@ -1,0 +1,206 @@
+"""``PlannedTrainer``: runs given planned steps, without ``outcore.compile``'s signature cache.
+
+``outcore.distributed.DataParallelTrainer`` builds on it. The model state the step was
+captured in is fixed (``outcore.fixed_step.FixedStep``: train/eval flags, frozen parameters,
+Python values, forward hooks, the autocast; a change is refused before anything runs), but
+the batch is not: a batch of another shape or dtype (the smaller last batch of a DataLoader
+without ``drop_last``) is captured and planned on its first step with the first plan's
+policy and budget, and kept for later batches of that signature (``ShapeCache``; logged on
+the ``outcore`` logger). Its gradients are the ones eager PyTorch computes on that batch.
+
+Under ``torch.no_grad()`` (a validation loop) ``step`` runs the forward eagerly under the
+captured autocast and returns the loss, detached: no plan, no gradient, the model in the
+train/eval mode the user left it, as ``outcore.compile``'s Trainer does.
+
+Invariant: after ``step(x, y)`` with grad enabled, each parameter's ``.grad`` is what
+``loss_fn(model(x), y).backward()`` accumulates into it (bit for bit for plans with the
+framework's kernels), for every batch signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.capture.batching import own_storage, step_loss
+from outcore.errors import BatchMismatchError
+from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, without_autocast
+from outcore.plan.plan import Plan
+from outcore.planned import PlannedStep
+from outcore.trainer import TrainerStats, _close, _refuse_split_input_grads
+
+#: ``batch -> PlannedStep``: captures and plans the step for a batch of a new signature
+Replan = Callable[[Any], PlannedStep]
+
+
+@dataclass
+class FixedEntry:
+    """One batch signature's planned step and the executor that runs it."""
+
+    planned: PlannedStep
+    executor: Any  # outcore.runtime.executor.Executor
+
+
+class PlannedTrainer:
+    """Runs planned steps of fixed model state, one per batch signature (module doc).
+
+    ``planned``: the step of the example batch. ``replan``: plans a batch of another
+    signature; by default it is captured with the planned step's loss function and
+    autocast, and planned with its policy under ``budget`` (sub-batches allowed only when
+    the first plan split). ``shapes``: the other signatures kept (least recently used out).
+    """
+
+    def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
+                 budget: int | None, *, replan: Replan | None = None,
+                 shapes: int = SHAPES) -> None:
+        self.model = model
+        self.device = device
+        self.budget = budget
+        self.replan: Replan = replan or replan_like(model, planned, budget)
+        self.stats = TrainerStats(predicted_peak=planned.predicted_peak,
+                                  sub_batches=planned.plan.sub_batches,
+                                  notes=list(planned.notes))
+        self._fixed = FixedStep(model, way_out=(
+            "Set it back, or use outcore.compile, which captures again when it changes."))
+        step = planned.graph.source.step_module
+        #: the loss function and the autocast the step was captured with
+        self.loss_fn = step.loss_fn
+        self.autocast: tuple[str, torch.dtype] | None = step.autocast
+        first = self._make_entry(planned)
+        self._current = first
+        self._shapes: ShapeCache[Any] = ShapeCache(
+            first, lambda batch: _matches(planned, batch),
+            lambda batch: self._make_entry(self.replan(batch)),
+            what=f"the planned step of {type(model).__name__}", size=shapes)
+
+    # -- the current plan (the last batch signature stepped) ---------------------------------
+    @property
+    def planned(self) -> PlannedStep:
+        return self._current.planned
+
+    @property
+    def executor(self) -> Any:
+        return self._current.executor
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    @property
+    def replans(self) -> int:
+        """Batch signatures planned after the first."""
+        return self._shapes.replans
+
+    def entries(self) -> list[Any]:
+        """Every planned signature's entry, the first one first."""
+        return self._shapes.entries()
+
+    def _make_entry(self, planned: PlannedStep) -> Any:
+        """The entry that runs ``planned`` (data parallel adds its reducer)."""
+        from outcore.runtime.executor import Executor
+
+        return FixedEntry(planned, Executor(planned.graph, planned.schedule, self.device))
+
+    def _check_python_state(self) -> None:
+        """Refuse a step after the model left the state its step was captured in: a
+        training flag, a parameter's ``requires_grad``/dtype/shape, a Python value
+        (``outcore.capture.python_state``) or a forward hook (``outcore.fixed_step``)."""
+        self._fixed.check()
+
+    def explain(self) -> list[dict[str, Any]]:
+        """Per activation, what was decided and why (see ``PlannedStep.explain``)."""
+        return self.planned.explain()
+
+    # -- stepping ----------------------------------------------------------------------------
+    def step(self, x: Any, y: Any) -> torch.Tensor:
+        """One training step on ``(x, y)``; returns the loss (a detached scalar). Under
+        ``torch.no_grad()``: the eager forward's loss (``eval_step``)."""
+        from outcore.batch_check import check_batch
+
+        if not torch.is_grad_enabled():
+            return self.eval_step(x, y)
+        batch = own_storage((x, y))  # as captured: a slice is counted at its own size
+        self._fixed.check(batch)
+        entry = self._shapes.entry(batch)
+        parts = entry.planned.plan.sub_batches
+        check_batch(entry.planned.graph, batch, parts)
+        _refuse_split_input_grads(parts, batch)
+        self._current = entry
+        self.stats.predicted_peak = entry.planned.predicted_peak
+        self.stats.sub_batches = parts
+        self.stats.notes = list(entry.planned.notes)
+        self.stats.replans = self._shapes.replans
+        with without_autocast(batch):  # the graph holds the captured autocast's casts
+            result = self._run(entry, batch)
+        self.stats.measured_peak = result.peak_bytes
+        self.stats.step_seconds = result.seconds
+        self.stats.steps += 1
+        self.stats.history.append(float(result.loss))
+        return result.loss
+
+    def _run(self, entry: Any, batch: Any) -> Any:
+        """Run ``entry``'s planned step on ``batch`` and apply its gradients."""
+        from outcore.runtime.subbatch import run_sub_batches
+
+        parts = entry.planned.plan.sub_batches
+        if parts > 1:
+            return run_sub_batches(entry.executor, batch, parts)
+        return entry.executor.run(batch)
+
+    def eval_step(self, x: Any, y: Any) -> torch.Tensor:
+        """The loss of the eager forward on ``(x, y)`` without gradient, under the
+        captured autocast, in the mode the model is in; nothing planned or accumulated."""
+        with torch.no_grad(), under_autocast(self.autocast):
+            loss = step_loss(self.model, self.loss_fn, (x, y))
+        self.stats.eval_steps += 1
+        return loss.detach()
+
+    def close(self) -> None:
+        """Stop the device's copy engines (if any); idempotent."""
+        _close(self.device)
+
+    def __enter__(self) -> PlannedTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _matches(planned: PlannedStep, batch: Any) -> bool:
+    """Whether ``batch`` is of the signature ``planned`` was captured for."""
+    from outcore.batch_check import check_batch
+
+    try:
+        check_batch(planned.graph, batch, planned.plan.sub_batches)
+    except BatchMismatchError:
+        return False
+    return True
+
+
+def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> Replan:
+    """A ``Replan`` that captures a batch as ``planned``'s step was captured (its loss
+    function and autocast) and plans it with ``planned``'s policy under ``budget``; with
+    sub-batches only when ``planned`` has them. ``outcore.compile``'s other options and cost
+    model are not known here: a trainer built from them passes its own ``replan``."""
+    from outcore.capture import capture
+    from outcore.planned import plan
+    from outcore.runtime.subbatch import split_batch
+
+    step = planned.graph.source.step_module
+    cast = step.autocast[1] if step.autocast is not None else None
+    split = planned.plan.sub_batches > 1
+
+    def replan(batch: Any) -> PlannedStep:
+        graph = capture(model, step.loss_fn, batch, autocast=cast)
+
+        def recapture(parts: int) -> Any:
+            return capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
+
+        return plan(graph, budget, policy=planned.plan.policy, simulate=False,
+                    recapture=recapture if split else None, allow_sub_batches=split)
+
+    return replan

@@ -42,7 +42,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
     from outcore.sim import simulate as run_simulation
     from outcore.weights.choose import MODES, choose_weights, default_planners
     from outcore.weights.report import build_report
-    from outcore.weights.spec import graph_state_bytes, spec_of
+    from outcore.weights.spec import graph_state_bytes, optimizer_name
 
     mode = weights or "auto"
     if mode not in MODES:
@@ -54,8 +54,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         raise InvalidArgumentError(policy, "policy outcore-auto or outcore-checkpoint with "
                                    "optimizer=", "The weights are planned with those "
                                    "activation planners; drop policy= or optimizer=.")
-    spec = spec_of(optimizer)
-    state = graph_state_bytes(graph, spec)
+    state = graph_state_bytes(graph, optimizer)
     planners = default_planners()
     if policy == "outcore-checkpoint":
         planners = {policy: planners[policy]}
@@ -65,7 +64,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         overlap=getattr(cost, "profile", None) is not None,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)
-    report = build_report(graph, choice, spec.name, mode, trace.host)
+    report = build_report(graph, choice, optimizer_name(optimizer), mode, trace.host)
     result = PlannedStep(graph, choice.plan, choice.schedule, choice.peak, limit,
                          notes=[f"weights: {report.summary()}"])
     result.weights = report

@@ -153,31 +153,30 @@ def _scope_argument(p: argparse.ArgumentParser) -> None:
                         "left out (as torch's activation_memory_budget)")
 
 
-def _weights_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
-                   help="plan the parameters, gradients and this optimizer's state with the "
-                        "activations (fp32 moments and masters; the budget then holds them "
-                        "all): which live in host memory, host and pinned bytes, the step "
-                        "with the optimizer step")
+def _weights_arguments(p: argparse.ArgumentParser, *, run: bool = False) -> None:
+    """--optimizer and its options: plan, explain (the weights planned) and run (trained
+    under that plan; ``run``: its help and --lr)."""
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help=(
+        "train with this torch optimizer under the plan `outcore plan --optimizer` makes: "
+        "the budget holds the parameters, gradients and optimizer state with the "
+        "activations, and parameters it cannot hold live in host memory, stepped there "
+        "(needs --budget; policy auto or outcore-checkpoint). Default: SGD, only the "
+        "activations planned") if run else (
+        "plan the parameters, gradients and this torch optimizer's state (with --momentum "
+        "and --weight-decay as `outcore run` builds it; fp32 state and masters) with the "
+        "activations (the budget then holds them all): which live in host memory, host and "
+        "pinned bytes, the step with the optimizer step"))
     p.add_argument("--weights", default=None, choices=("auto", "device", "host"),
                    help="with --optimizer: where the parameters live (default auto: in host "
                         "memory when that makes the step fastest or the budget needs it)")
     p.add_argument("--host-adam-rate", type=float, default=None, metavar="PARAMS_PER_S",
                    help="with --optimizer: this CPU's optimizer parameters per second")
-
-
-def _training_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
-                   help="train with this torch optimizer under the plan `outcore plan "
-                        "--optimizer` makes: the budget holds the parameters, gradients and "
-                        "optimizer state with the activations, and parameters it cannot hold "
-                        "live in host memory, stepped there (needs --budget; policy auto or "
-                        "outcore-checkpoint). Default: SGD, only the activations planned")
-    p.add_argument("--lr", type=float, default=None,
-                   help="learning rate (default 0.01 with SGD, 1e-3 with Adam and AdamW)")
+    if run:
+        p.add_argument("--lr", type=float, default=None,
+                       help="learning rate (default 0.01 with SGD, 1e-3 with Adam and AdamW)")
     p.add_argument("--momentum", type=float, default=None,
-                   help="SGD's momentum (default 0: no momentum buffer, so less state "
-                        "than `outcore plan --optimizer sgd` counts: it plans one buffer)")
+                   help="SGD's momentum (default 0: SGD keeps no state; above 0 one momentum "
+                        "buffer per parameter, which the plan counts)")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="the optimizer's weight decay (default torch's: 0, 0.01 for AdamW)")
 
@@ -233,7 +232,7 @@ def _add_planning_commands(sub: Any) -> None:
     _model_arguments(p, default_fake=False)
     _planning_arguments(p, cost=False)
     p.add_argument("--steps", type=int, default=3, help="training steps to run")
-    _training_arguments(p)
+    _weights_arguments(p, run=True)
     p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks on this machine "
                    "(started under torchrun, gloo, each with its share of --batch)")
 

@@ -265,8 +265,9 @@ def _print_weights(console: Any, planned: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     """Train ``--steps`` steps on the emulated device, with SGD and only the activations
-    planned, or with ``--optimizer`` under the weights plan (``outcore plan --optimizer``'s:
-    ``outcore.compile(..., optimizer=)``, each step ``train_step``)."""
+    planned, or with ``--optimizer`` under the weights plan (``outcore plan --optimizer``'s,
+    with its --weights and --host-adam-rate: ``outcore.weights.compile``, each step
+    ``train_step``)."""
     from outcore.api import compile as compile_step
     from outcore.distributed.cli import launch_nproc, rank_share
     from outcore.validation import check_positive_int
@@ -285,12 +286,25 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     model, loss_fn, full, label = work.load_workload(args, fake=False)
     batch, distributed = rank_share(full)
     optimizer = work.optimizer_for(args, model.parameters())
-    trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
-                           device="cpu-emulated", gpu=args.gpu, policy=args.policy,
-                           allow_sub_batches=work.allow_sub_batches(args),
-                           cache=False if args.no_cache else None, distributed=distributed,
-                           optimizer=optimizer if args.optimizer else None,
-                           **work.options(args))
+    if args.optimizer is not None:  # checked: a budget, one process, no --option
+        from outcore.weights import compile as compile_weights
+
+        if distributed:
+            from outcore.cli import UsageError
+
+            raise UsageError(f"outcore run --optimizer {args.optimizer} runs one process; "
+                             "it was started under torchrun with WORLD_SIZE > 1")
+
+        trainer = compile_weights(model, loss_fn, batch, optimizer=optimizer,
+                                  budget=work.budget(args), device="cpu-emulated",
+                                  gpu=args.gpu, weights=args.weights or "auto",
+                                  host_adam_rate=args.host_adam_rate)
+    else:
+        trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
+                               device="cpu-emulated", gpu=args.gpu, policy=args.policy,
+                               allow_sub_batches=work.allow_sub_batches(args),
+                               cache=False if args.no_cache else None,
+                               distributed=distributed, **work.options(args))
     # one batch for model(**batch) / a model returning its own loss, else (x, y)
     step_args = (batch,) if loss_fn is None or isinstance(batch, Mapping) else tuple(batch)
     try:

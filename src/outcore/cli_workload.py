@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 from outcore import progress
-from outcore.cli import UsageError, parse_option
+from outcore.cli import OPTIMIZERS, UsageError, parse_option
 from outcore.errors import CaptureError, UnknownModelError
 
 
@@ -57,6 +57,8 @@ def check(args: argparse.Namespace) -> None:
     check_positive_int(args.batch, "--batch")
     if hasattr(args, "steps"):
         check_positive_int(args.steps, "--steps")
+    if hasattr(args, "momentum"):
+        check_optimizer_options(args)
     if getattr(args, "cost", None):
         from pathlib import Path
 
@@ -71,16 +73,18 @@ RUN_OPTIMIZERS = {"sgd": ("SGD", 0.01), "adam": ("Adam", 1e-3), "adamw": ("AdamW
 WEIGHTS_POLICIES = ("auto", "outcore-auto", "outcore-checkpoint")
 
 
-def check_training(args: argparse.Namespace) -> None:
-    """``outcore run``'s optimizer arguments, before anything is captured: finite
-    learning rate (> 0), momentum and weight decay (>= 0); momentum for SGD only; with
-    ``--optimizer`` (the weights planned) a budget, one process, the policies and none of
-    the options the weights plan does not take."""
+def check_optimizer_options(args: argparse.Namespace) -> None:
+    """--optimizer's options (plan, explain, run), before anything is captured: finite
+    --lr and --host-adam-rate (> 0), --momentum and --weight-decay (>= 0); --momentum for
+    SGD only; --weights and --host-adam-rate only with --optimizer, and on plan and
+    explain (which plan nothing with them otherwise) --momentum and --weight-decay too."""
     import math
 
     from outcore.errors import InvalidOptionError
 
-    for flag, value, low in (("--lr", args.lr, 0.0), ("--momentum", args.momentum, None),
+    for flag, value, low in (("--lr", getattr(args, "lr", None), 0.0),
+                             ("--host-adam-rate", args.host_adam_rate, 0.0),
+                             ("--momentum", args.momentum, None),
                              ("--weight-decay", args.weight_decay, None)):
         if value is not None and not (math.isfinite(value) and (
                 value > low if low is not None else value >= 0)):
@@ -89,6 +93,20 @@ def check_training(args: argparse.Namespace) -> None:
     if args.momentum is not None and args.optimizer not in (None, "sgd"):
         raise UsageError(f"--momentum is SGD's; --optimizer {args.optimizer} has none (its "
                          "betas are torch's defaults)")
+    if args.optimizer is not None:
+        return
+    flags = ["weights", "host_adam_rate"] + (
+        [] if args.command == "run" else ["momentum", "weight_decay"])
+    given = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is not None]
+    if given:
+        raise UsageError(f"{given[0]} goes with --optimizer (outcore {args.command} "
+                         f"--optimizer {'|'.join(OPTIMIZERS)} ...)")
+
+
+def check_training(args: argparse.Namespace) -> None:
+    """``outcore run --optimizer`` (the weights planned), before anything is captured: a
+    budget, one process, the policies and none of the options the weights plan does not
+    take (the optimizer's own options: ``check_optimizer_options``)."""
     if args.optimizer is None:
         return
     refused = ""
@@ -108,6 +126,14 @@ def check_training(args: argparse.Namespace) -> None:
         raise UsageError(f"outcore run --optimizer {args.optimizer} {refused}")
 
 
+def optimizer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--momentum and --weight-decay as the torch optimizer's keyword arguments (those
+    given; torch's defaults for the rest): what ``outcore run`` builds the optimizer with
+    and ``outcore plan`` sizes its state from."""
+    found = {"momentum": args.momentum, "weight_decay": args.weight_decay}
+    return {k: v for k, v in found.items() if v is not None}
+
+
 def optimizer_for(args: argparse.Namespace, params: Any) -> Any:
     """The torch optimizer of ``outcore run`` on ``params``: --optimizer (SGD when not
     given) with --lr, --momentum and --weight-decay, torch's defaults for the rest."""
@@ -115,11 +141,18 @@ def optimizer_for(args: argparse.Namespace, params: Any) -> Any:
 
     name, default_lr = RUN_OPTIMIZERS[args.optimizer or "sgd"]
     kwargs: dict[str, Any] = {"lr": default_lr if args.lr is None else args.lr}
-    if args.momentum is not None:
-        kwargs["momentum"] = args.momentum
-    if args.weight_decay is not None:
-        kwargs["weight_decay"] = args.weight_decay
-    return getattr(torch.optim, name)(params, **kwargs)
+    return getattr(torch.optim, name)(params, **kwargs, **optimizer_options(args))
+
+
+def optimizer_spec(args: argparse.Namespace) -> Any:
+    """What ``outcore plan --optimizer`` sizes the state of: the torch optimizer ``outcore
+    run`` builds from the same flags (``outcore.weights.spec.torch_spec``, one account
+    of what it keeps: SGD without --momentum keeps nothing), in fp32 with fp32 masters of
+    narrower parameters (``outcore.weights.spec``'s named recipe)."""
+    from outcore.weights.spec import torch_spec
+
+    return torch_spec(RUN_OPTIMIZERS[args.optimizer][0], optimizer_options(args),
+                      name=args.optimizer)
 
 
 def budget(args: argparse.Namespace) -> int | None:
@@ -227,8 +260,10 @@ def plan_policy(args: argparse.Namespace, graph: Any, policy: str, *,
     from outcore.api import plan
 
     fake = not getattr(args, "real", False)
-    weights = {k: getattr(args, k) for k in ("optimizer", "weights", "host_adam_rate")
+    weights = {k: getattr(args, k) for k in ("weights", "host_adam_rate")
                if getattr(args, k, None) is not None}
+    if getattr(args, "optimizer", None) is not None:
+        weights["optimizer"] = optimizer_spec(args)
     return plan(graph, budget(args), policy=policy, gpu=args.gpu, cost=cost_model(args),
                 recapture=recapture_for(args, fake=fake),
                 allow_sub_batches=allow_sub_batches(args),

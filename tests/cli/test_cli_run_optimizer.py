@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from outcore import cli_workload, zoo
-from outcore.cli import EXIT_OK, EXIT_USAGE, main
+from outcore.cli import EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, main
 
 MLP = ["--model", "mlp", "--small", "--batch", "8"]
 BUDGET = 60_000  # below the MLP's weights, gradients and Adam state (about 0.2 MB)
@@ -52,9 +52,65 @@ def test_run_optimizer_trains_under_the_weights_plan_as_eager(name, kind, extra,
     assert doc["held"], "at this budget some parameters must live in host memory"
     assert doc["measured_peak"] == doc["predicted_peak"]
     assert doc["predicted_peak"] + doc["device_state"] <= BUDGET
-    planned = run_json(["plan", *args, "--real"], capsys)  # the plan `run` trained under
+    sizing = [a for i, a in enumerate(extra) if "--lr" not in (a, extra[i - 1])]
+    planned = run_json(["plan", *args, *sizing, "--real"], capsys)  # what `run` trained under
     assert sorted(planned["weights"]["held"]) == doc["held"]
     assert planned["predicted_peak"] == doc["predicted_peak"]
+
+
+def plan_and_run(args, capsys, steps=2):
+    """``outcore run`` and ``outcore plan --real`` with the same arguments: their JSON."""
+    return (run_json(["run", *args, "--steps", str(steps)], capsys),
+            run_json(["plan", *args, "--real"], capsys))
+
+
+def assert_same_plan(doc, planned):
+    assert sorted(planned["weights"]["held"]) == doc["held"]
+    assert planned["predicted_peak"] == doc["predicted_peak"] == doc["measured_peak"]
+    assert planned["weights"]["device_state"] == doc["device_state"]
+
+
+@pytest.mark.parametrize("extra,options", [([], {}), (["--momentum", "0.9"], {"momentum": 0.9})],
+                         ids=["no-momentum", "momentum"])
+def test_plan_and_run_sgd_agree_with_and_without_momentum(extra, options, capsys):
+    """SGD keeps a momentum buffer only with momentum: `plan --optimizer sgd` counts what
+    `run --optimizer sgd` keeps, so both hold the same parameters at the same peak."""
+    doc, planned = plan_and_run([*MLP, "--budget", str(BUDGET), "--optimizer", "sgd",
+                                 *extra], capsys)
+    assert_same_plan(doc, planned)
+    assert (doc["device_state"] > 0) == bool(options)
+    assert doc["losses"] == eager_losses("SGD", 2, lr=0.01, **options)
+
+
+def test_run_weights_host_holds_what_plan_weights_host_holds(capsys):
+    doc, planned = plan_and_run([*MLP, "--budget", "120000", "--optimizer", "adam",
+                                 "--weights", "host"], capsys)
+    assert_same_plan(doc, planned)
+    assert len(doc["held"]) == doc["parameters"] and doc["device_state"] == 0
+    assert doc["losses"] == eager_losses("Adam", 2, lr=1e-3)
+
+
+def test_run_weights_device_is_refused_where_plan_refuses_it(capsys):
+    args = [*MLP, "--budget", str(BUDGET), "--optimizer", "adam", "--weights", "device"]
+    assert main(["run", *args]) == EXIT_INFEASIBLE
+    assert main(["plan", *args, "--real"]) == EXIT_INFEASIBLE
+
+
+def test_run_host_adam_rate_reaches_the_chooser(monkeypatch, capsys):
+    from outcore.weights import trainer as weights_trainer
+
+    seen = []
+    choose = weights_trainer.choose_weights
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("host_adam_rate"), kwargs.get("mode")))
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(weights_trainer, "choose_weights", spy)
+    doc, planned = plan_and_run([*MLP, "--budget", str(BUDGET), "--optimizer", "adam",
+                                 "--host-adam-rate", "2.5e6"], capsys, steps=1)
+    assert seen == [(2.5e6, "auto")]
+    assert_same_plan(doc, planned)
 
 
 def test_run_without_optimizer_is_sgd_with_the_new_flags(capsys):
@@ -85,9 +141,29 @@ def no_capture(monkeypatch):
     (["--weight-decay", "-1"], "at least 0"),
     (["--optimizer", "lbfgs"], "invalid choice"),
     (["--cost", __file__], "unrecognized arguments: --cost"),  # was accepted, never read
+    (["--weights", "host"], "--weights goes with --optimizer"),
+    (["--host-adam-rate", "1e9"], "--host-adam-rate goes with --optimizer"),
+    (["--optimizer", "adam", "--budget", "1MB", "--host-adam-rate", "0"], "above 0"),
+    (["--optimizer", "adam", "--budget", "1MB", "--weights", "all"], "invalid choice"),
 ])
 def test_run_optimizer_arguments_are_checked_first(args, words, no_capture, capsys):
     assert main(["run", *MLP, *args]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert words in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--momentum", "0.9"], "--momentum goes with --optimizer"),
+    (["--weight-decay", "0.1"], "--weight-decay goes with --optimizer"),
+    (["--weights", "host"], "--weights goes with --optimizer"),
+    (["--optimizer", "adam", "--momentum", "0.9"], "SGD's"),
+    (["--optimizer", "sgd", "--momentum", "-1"], "at least 0"),
+    (["--optimizer", "sgd", "--host-adam-rate", "inf"], "above 0"),
+])
+@pytest.mark.parametrize("command", ["plan", "explain"])
+def test_plan_optimizer_arguments_are_checked_first(command, args, words, no_capture, capsys):
+    assert main([command, *MLP, "--budget", "1MB", *args]) == EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert words in err, err
     assert "Traceback" not in err

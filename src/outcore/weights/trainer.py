@@ -77,7 +77,8 @@ class WeightTrainer:
                  gpu: str | None = None, slowdown: float = 1.0,
                  bandwidth: float | None = None, master: MasterWeights | None = None,
                  clip_grad_norm: float | None = None, profile: Any = None,
-                 device_options: dict[str, Any] | None = None) -> None:
+                 device_options: dict[str, Any] | None = None, weights: str = "auto",
+                 host_adam_rate: float | None = None) -> None:
         from outcore.planned import cost_model_for
 
         self.model = model
@@ -87,6 +88,7 @@ class WeightTrainer:
         self.clip_grad_norm = clip_grad_norm
         self.budget = budget
         self._planning = (gpu, device, profile)
+        self._weights = (weights, host_adam_rate)  # choose_weights' mode= and host_adam_rate=
         graph = capture(model, loss_fn, example_batch)
         self.state = state_bytes(optimizer, model, master)
         choice = self._choose(graph, cost_model_for(gpu, graph, device), None)
@@ -138,7 +140,9 @@ class WeightTrainer:
         from outcore.sim.simulator import simulate
 
         return choose_weights(graph, self.budget, cost, self.state, profile=self._planning[2],
-                              given=given, simulate=lambda g, s: simulate(g, s, cost).step_time)
+                              given=given, mode=self._weights[0],
+                              host_adam_rate=self._weights[1],
+                              simulate=lambda g, s: simulate(g, s, cost).step_time)
 
     def _shape(self, graph: Any, choice: WeightChoice) -> _Shape:
         from outcore.runtime.executor import Executor
@@ -374,8 +378,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             optimizer: torch.optim.Optimizer, budget: int | str, device: str = "cpu-emulated",
             gpu: str | None = None, slowdown: float = 1.0, bandwidth: float | None = None,
             master: MasterWeights | None = None, clip_grad_norm: float | None = None,
-            profile: Any = None, device_options: dict[str, Any] | None = None
-            ) -> WeightTrainer:
+            profile: Any = None, device_options: dict[str, Any] | None = None,
+            weights: str = "auto", host_adam_rate: float | None = None) -> WeightTrainer:
     """A ``WeightTrainer`` for ``model`` within ``budget`` (bytes or "2GB"); see the module
     doc. ``slowdown`` slows the emulated copy engine (races); ``bandwidth``: its link
     bytes/s instead of ``gpu``'s ratio; ``master``: fp32 master weights of a low-precision
@@ -383,9 +387,12 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     ``train_step`` clips to; ``profile``: the hardware profile pricing the optimizer step
     (default: the cost model's, whose host fields are measured for "this-cpu");
     ``device_options``: keyword arguments of ``CudaDevice`` with ``device="cuda"``
-    (``copy_delay_cycles``, ``poison``, ``timing``, ``host_limit``)."""
+    (``copy_delay_cycles``, ``poison``, ``timing``, ``host_limit``); ``weights`` ("auto",
+    "device" or "host") and ``host_adam_rate``: as ``outcore.plan``'s (``choose_weights``'s
+    ``mode`` and ``host_adam_rate``)."""
     return WeightTrainer(model, loss_fn, example_batch, optimizer=optimizer,
                          budget=parse_bytes(budget), device=device, gpu=gpu,
                          slowdown=slowdown, bandwidth=bandwidth, master=master,
                          clip_grad_norm=clip_grad_norm, profile=profile,
-                         device_options=device_options)
+                         device_options=device_options, weights=weights,
+                         host_adam_rate=host_adam_rate)

@@ -12,6 +12,8 @@ Exit codes, one per class of error (documented in docs/guide.md):
     5  the model could not be captured (CaptureError)
     6  an output could not be written (OutputPathError)
     130 interrupted (Ctrl-C)
+    141 stdout was closed by its reader (``outcore --json ... | head -1``): ended quietly,
+        as a program stopped by SIGPIPE reports to the shell (128 + 13)
 
 ``--json`` (machine-readable output, no tables, no progress) and ``--no-cache`` (plan again
 even when the plan cache holds this plan) are accepted anywhere on the command line.
@@ -26,6 +28,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +45,7 @@ from outcore.errors import (
 )
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INFEASIBLE, EXIT_OOM = 0, 1, 2, 3, 4
-EXIT_CAPTURE, EXIT_OUTPUT, EXIT_INTERRUPTED = 5, 6, 130
+EXIT_CAPTURE, EXIT_OUTPUT, EXIT_INTERRUPTED, EXIT_PIPE = 5, 6, 130, 141
 
 #: Flags accepted anywhere on the command line (moved to the front before parsing).
 GLOBAL_FLAGS = ("--json", "--no-cache", "--debug")
@@ -282,7 +285,32 @@ def _hoist_global_flags(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``outcore`` command; returns the exit code."""
+    """Entry point of the ``outcore`` command; returns the exit code. A reader that closed
+    stdout early (``outcore --json plan ... | head -1``) ends it quietly with
+    ``EXIT_PIPE``: no traceback, nothing more written to stdout."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could not be caught
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away: point stdout at the null device (what Python flushes at
+    exit then goes nowhere, instead of failing again) and return ``EXIT_PIPE``."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured, in-process)
+        return EXIT_PIPE
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """``main`` less its closed-pipe handling."""
     parser = build_parser()
     try:
         args = parser.parse_args(_hoist_global_flags(sys.argv[1:] if argv is None else argv))
@@ -301,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             _fail(args, exc)
             return _exit_code(exc)
+        except BrokenPipeError:  # the reader went away: not an error of outcore's
+            raise
         except Exception as exc:
             if args.debug:
                 raise
@@ -346,12 +376,19 @@ def _fail(args: argparse.Namespace, exc: BaseException) -> None:
 
 def emit(args: argparse.Namespace, render: Any) -> None:
     """Call ``render(console)`` unless --json is set. No emoji codes: a label such as
-    ``mymodule:llama`` is the user's text, not ``:llama:``."""
+    ``mymodule:llama`` is the user's text, not ``:llama:``. A closed stdout raises
+    BrokenPipeError (``main`` ends quietly with ``EXIT_PIPE``)."""
     if args.json:
         return
     from rich.console import Console
 
-    render(Console(emoji=False))
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            """rich's own answer is ``SystemExit(1)``: leave it to ``main`` instead."""
+            self.quiet = True
+            raise BrokenPipeError("stdout was closed by its reader")
+
+    render(PipeConsole(emoji=False))
 
 
 if __name__ == "__main__":  # pragma: no cover

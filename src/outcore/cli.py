@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Train networks whose training memory exceeds the accelerator's: plan, simulate "
         "and run keep/offload/recompute schedules."),
         epilog="Exit codes: 0 ok, 1 unexpected error, 2 bad arguments, 3 budget cannot be "
-               "met, 4 device out of memory, 5 capture failed, 6 output not written.")
+               "met, 4 device out of memory, 5 capture failed, 6 output not written, 141 "
+               "stdout closed by its reader.")
     parser.add_argument("--version", action="version", version=f"outcore {__version__}")
     _global_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

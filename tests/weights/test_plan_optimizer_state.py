@@ -105,3 +105,11 @@ def test_lbfgs_is_refused_by_the_plan_with_why(captured):
         with pytest.raises(InvalidArgumentError, match="all the parameters together"):
             outcore.plan(graph, "100MB", optimizer=torch.optim.LBFGS(params),
                          gpu="a100-40gb", cache=False)
+
+
+def test_adam_state_bytes_is_the_same_account(captured):
+    """``choose.adam_state_bytes`` (for fake graphs) reads ``STATE`` too."""
+    from outcore.weights.choose import adam_state_bytes
+
+    model, graph = captured
+    assert adam_state_bytes(graph) == state_bytes(torch.optim.Adam(model.parameters()), model)

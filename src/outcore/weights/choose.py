@@ -514,5 +514,8 @@ def state_bytes_of(names: list[str], state_bytes: Mapping[str, int]) -> int:
 def adam_state_bytes(graph: Graph) -> dict[str, int]:
     """Adam/AdamW's state per parameter of ``graph`` (two moments of the parameter's size
     and dtype, and a 4-byte step), as ``outcore.weights.optimizer.state_bytes`` sizes it:
-    for a graph captured with fake tensors, where no optimizer is built."""
-    return {n: 2 * graph.tensors[t].nbytes + 4 for n, t in parameters(graph).items()}
+    for a graph captured with fake tensors, where no optimizer is built
+    (``outcore.weights.spec.STATE``'s account)."""
+    from outcore.weights.spec import graph_state_bytes, torch_spec
+
+    return graph_state_bytes(graph, torch_spec("Adam", master=False, own_dtype=True))

@@ -41,17 +41,34 @@ def _buffer_err(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> f
     return worst
 
 
-def sync_bn_vs_whole_batch(rank: int, world: int, name: str, batch: int,
-                           policies: list[str]) -> dict[str, Any]:
+def _workload(name: str, batch: int, dtype: torch.dtype,
+              options: dict[str, Any] | None) -> tuple[torch.nn.Module, Any, tuple[Any, ...]]:
+    """``dp_workers.workload(name, batch)`` (or, given ``options``, the small zoo network
+    built with them) with its parameters, buffers and floating-point inputs in ``dtype``."""
+    if options is None:
+        model, loss_fn, batch_ = workload(name, batch)
+    else:
+        from outcore.zoo import registry
+
+        w = registry.get(name, batch, small=True, seed=0, **options)
+        model, loss_fn, batch_ = w.model, w.loss_fn, tuple(w.batch)
+    inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch_)
+    return model.to(dtype), loss_fn, inputs
+
+
+def sync_bn_vs_whole_batch(rank: int, world: int, name: str, batch: int, policies: list[str],
+                           dtype: torch.dtype = torch.float32,
+                           options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per policy: this rank's gradients and running statistics after one SyncBatchNorm
     data-parallel step, against eager BatchNorm on the whole batch; the plan's collectives,
-    its peak prediction against the measurement, and what the plan moved."""
+    its peak prediction against the measurement, and what the plan moved. The network and
+    its batch (``_workload``) are in ``dtype``, the reference as well."""
     import outcore
     from outcore.distributed import rank_context
     from outcore.distributed.compile import capture_rank
     from outcore.plan.grad_buckets import DEFAULT_BUCKET_CAP
 
-    plain, loss_fn, full = workload(name, batch)
+    plain, loss_fn, full = _workload(name, batch, dtype, options)
     grads_ref, buffers_ref = _reference(plain, loss_fn, full)
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(plain))
     initial = copy.deepcopy(model.state_dict())
@@ -151,6 +168,7 @@ def _row(trainer: Any, model: torch.nn.Module, grads_ref: dict[str, torch.Tensor
                    and planned.graph.ops[i.op].target == ALL_REDUCE_TARGET]
     counts = planned.counts()
     return {"grads": _max_err(got, grads_ref),
+            "worst": max(grads_ref, key=lambda n: _max_err({n: got[n]}, {n: grads_ref[n]})),
             "buffers": _buffer_err(dict(model.named_buffers()), buffers_ref),
             "collectives": len(collectives),
             "recomputed_collectives": sum(i.recompute for i in collectives),

@@ -87,12 +87,15 @@ def _print_notes(console: Any, notes: list[str]) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpus > 1:
+        from outcore.cli import UsageError
         from outcore.distributed.cli import cmd_plan_gpus
 
         if args.scope != "step":
-            from outcore.cli import UsageError
-
             raise UsageError("--scope activations plans one GPU's step; leave out --gpus")
+        if getattr(args, "optimizer", None) is not None:  # was silently ignored
+            raise UsageError("--optimizer plans one GPU's parameters, gradients and optimizer "
+                             "state; data-parallel ranks keep their weights on the device. "
+                             "Leave out --gpus (or --optimizer)")
         work.check(args)
         return cmd_plan_gpus(args)
     planned, label = work.planned(args)

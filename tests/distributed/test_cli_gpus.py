@@ -52,6 +52,15 @@ def test_gpus_must_split_the_batch(capsys):
     assert code == EXIT_USAGE and "equal shares" in doc["message"]  # --json: errors as JSON
 
 
+def test_plan_gpus_refuses_optimizer_instead_of_ignoring_it(capsys):
+    """``--optimizer`` plans one GPU's weights; with ``--gpus`` it was silently dropped."""
+    code = main(["plan", "--model", "resnet20-cifar", "--batch", "128", "--budget", "60MB",
+                 "--gpus", "2", "--optimizer", "adamw"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert "--optimizer" in err and "--gpus" in err
+
+
 def test_run_nproc_two_ranks_under_torchrun(tmp_path: Path):
     """The real command line: torchrun starts 2 ranks, each trains its half (gloo)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",

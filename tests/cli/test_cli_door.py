@@ -10,16 +10,6 @@ from outcore import cli, cli_workload
 from outcore.cli import EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, main, parse_option
 
 
-@pytest.fixture
-def no_capture(monkeypatch):
-    """Fail the test if anything is captured: checks must come first."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("captured before checking the arguments")
-
-    monkeypatch.setattr(cli_workload, "load_workload", refuse)
-    monkeypatch.setattr(cli_workload, "capture", refuse)
-
-
 @pytest.mark.parametrize("args,error", [
     (["plan", "--model", "resnet152", "--batch", "256", "--gpu", "foo"], "UnknownGPUError"),
     (["plan", "--model", "resnet152", "--policy", "vdnnx"], "UnknownPolicyError"),

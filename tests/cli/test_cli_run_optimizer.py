@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from outcore import cli_workload, zoo
+from outcore import zoo
 from outcore.cli import EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, main
 
 MLP = ["--model", "mlp", "--small", "--batch", "8"]
@@ -118,15 +118,6 @@ def test_run_without_optimizer_is_sgd_with_the_new_flags(capsys):
                     "--momentum", "0.9", "--weight-decay", "0.01"], capsys)
     assert doc["optimizer"] == "SGD" and "held" not in doc
     assert doc["losses"] == eager_losses("SGD", 2, lr=0.1, momentum=0.9, weight_decay=0.01)
-
-
-@pytest.fixture
-def no_capture(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("loaded the model before checking the arguments")
-
-    monkeypatch.setattr(cli_workload, "load_workload", refuse)
-    monkeypatch.setattr(cli_workload, "capture", refuse)
 
 
 @pytest.mark.parametrize("args,words", [

@@ -7,17 +7,27 @@ optimizer's state from the parameters' shapes and dtypes.
 ``STATE`` is the one account of what each torch optimizer keeps per parameter (read off
 torch 2.13's ``_init_group``, checked against the real state after a step by
 tests/weights/test_optimizer_state.py). Every sizing goes through it: the named specs,
-``torch_spec`` (a torch optimizer by class name and options, as the CLI plans ``outcore
-run``'s), a built optimizer given to ``outcore.plan`` (``spec_of``, ``graph_state_bytes``)
-and ``outcore.weights.optimizer.state_bytes``, which sizes it for ``outcore.compile``. So
-the plan of an optimizer and the run with it count the same bytes.
+``torch_spec`` (a torch optimizer by class name and options), a built optimizer given to
+``outcore.plan`` (``spec_of``, ``graph_state_bytes``; ``outcore plan --optimizer`` sizes
+the very optimizer ``outcore run --optimizer`` builds this way) and
+``outcore.weights.optimizer.state_bytes``, which sizes it for ``outcore.compile``. So the
+plan of an optimizer and the run with it count the same bytes.
 
-The named specs follow the mixed-precision recipe fine-tuning runs (and ZeRO-Offload
-keeps on the host): the state in fp32, and an fp32 master copy of every parameter whose
-dtype is narrower than fp32 (bf16/fp16 weights on the device). So AdamW holds 8 bytes per
-element of an fp32 parameter and 12 of a bf16 one, plus a 4-byte step count; "sgd" (SGD
-with momentum) 4 (8 with a master). ``OptimizerSpec(name, bytes_per_element=...)`` states
-any other size.
+Two recipes, one per way of building the optimizer (tests/weights/test_state_recipes.py
+checks both against torch's state after a step, in fp32 and bf16):
+
+* built on the model's own parameters (``outcore run --optimizer``, or
+  ``outcore.compile(model, ..., optimizer=opt)`` without ``master=``): torch keeps the state
+  in each parameter's dtype and there are no masters; a built optimizer, or
+  ``torch_spec(kind, own_dtype=True, master=False)``, sizes it;
+* the named specs: the mixed-precision recipe fine-tuning runs (and ZeRO-Offload keeps on
+  the host), the optimizer built on ``outcore.weights.mixed.MasterWeights``: the state in
+  fp32, and an fp32 master copy of every parameter whose dtype is narrower than fp32
+  (bf16/fp16 weights on the device). So AdamW holds 8 bytes per element of an fp32
+  parameter and 12 of a bf16 one, plus a 4-byte step count; "sgd" (SGD with momentum) 4
+  (8 with a master). For an fp32 model both recipes are the same bytes.
+
+``OptimizerSpec(name, bytes_per_element=...)`` states any other size.
 
 ``optimizer_seconds`` is the one place the optimizer step's time enters the plan: the
 chooser adds it to the simulated step (``outcore.weights.choose``) and the lower bound

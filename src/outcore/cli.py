@@ -174,7 +174,9 @@ def _weights_arguments(p: argparse.ArgumentParser, *, run: bool = False) -> None
                    help="with --optimizer: where the parameters live (default auto: in host "
                         "memory when that makes the step fastest or the budget needs it)")
     p.add_argument("--host-adam-rate", type=float, default=None, metavar="PARAMS_PER_S",
-                   help="with --optimizer: this CPU's optimizer parameters per second")
+                   help="with --optimizer: this CPU's AdamW parameters per second (SGD and "
+                        "the others are priced from it by the bytes their step moves per "
+                        "parameter: SGD without momentum 12 to AdamW's 28)")
     if run:
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default 0.01 with SGD, 1e-3 with Adam and AdamW)")

@@ -169,8 +169,10 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
             result's ``weights`` says which are held in host memory, the host and
             pinned bytes and the step with the optimizer step (``outcore.weights.planned``).
         weights: with ``optimizer``: "auto" (default), "device" or "host".
-        host_adam_rate: with ``optimizer``: the host optimizer's parameters per second
-            (default: the profile's ``host_adam_rate``).
+        host_adam_rate: with ``optimizer``: the host's AdamW parameters per second
+            (default: the profile's ``host_adam_rate``). Another optimizer's step is priced
+            from AdamW's rates by the bytes it moves per parameter
+            (``outcore.weights.spec.update_rate``: SGD without momentum 12 to AdamW's 28).
         scope: what ``budget`` bounds (``outcore.plan.scope``): "step" (default), every
             device byte at every instruction; "activations", those bytes less the
             parameters, buffers, inputs and the parameters' gradients, as PyTorch's

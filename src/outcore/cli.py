@@ -166,14 +166,17 @@ def _weights_arguments(p: argparse.ArgumentParser, *, run: bool = False) -> None
         "(needs --budget; policy auto or outcore-checkpoint). Default: SGD, only the "
         "activations planned") if run else (
         "plan the parameters, gradients and this torch optimizer's state (with --momentum "
-        "and --weight-decay as `outcore run` builds it; fp32 state and masters) with the "
-        "activations (the budget then holds them all): which live in host memory, host and "
-        "pinned bytes, the step with the optimizer step"))
+        "and --weight-decay, as `outcore run` builds it: on the model's own parameters, so "
+        "its state is in their dtype and a bf16/fp16 model gets no fp32 master copies) with "
+        "the activations (the budget then holds them all): which live in host memory, host "
+        "and pinned bytes, the step with the optimizer step"))
     p.add_argument("--weights", default=None, choices=("auto", "device", "host"),
                    help="with --optimizer: where the parameters live (default auto: in host "
                         "memory when that makes the step fastest or the budget needs it)")
     p.add_argument("--host-adam-rate", type=float, default=None, metavar="PARAMS_PER_S",
-                   help="with --optimizer: this CPU's optimizer parameters per second")
+                   help="with --optimizer: this CPU's AdamW parameters per second (SGD and "
+                        "the others are priced from it by the bytes their step moves per "
+                        "parameter: SGD without momentum 12 to AdamW's 28)")
     if run:
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default 0.01 with SGD, 1e-3 with Adam and AdamW)")

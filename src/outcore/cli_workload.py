@@ -140,19 +140,25 @@ def optimizer_for(args: argparse.Namespace, params: Any) -> Any:
     import torch
 
     name, default_lr = RUN_OPTIMIZERS[args.optimizer or "sgd"]
-    kwargs: dict[str, Any] = {"lr": default_lr if args.lr is None else args.lr}
+    lr = getattr(args, "lr", None)  # plan and explain have no --lr (it keeps no state)
+    kwargs: dict[str, Any] = {"lr": default_lr if lr is None else lr}
     return getattr(torch.optim, name)(params, **kwargs, **optimizer_options(args))
 
 
 def optimizer_spec(args: argparse.Namespace) -> Any:
     """What ``outcore plan --optimizer`` sizes the state of: the torch optimizer ``outcore
-    run`` builds from the same flags (``outcore.weights.spec.torch_spec``, one account
-    of what it keeps: SGD without --momentum keeps nothing), in fp32 with fp32 masters of
-    narrower parameters (``outcore.weights.spec``'s named recipe)."""
-    from outcore.weights.spec import torch_spec
+    run`` builds from the same flags (``optimizer_for``, here on a one-element probe
+    parameter: its options, not its parameters, decide what it keeps per element), sized
+    as ``outcore run`` sizes it (``outcore.weights.spec.spec_of``: ``STATE``'s account, SGD
+    without --momentum keeping nothing). ``outcore run`` builds it on the model's own
+    parameters, so its state is in their dtype (bf16 moments for a bf16 model) and there
+    are no fp32 master copies; this plan counts the same bytes."""
+    import torch
 
-    return torch_spec(RUN_OPTIMIZERS[args.optimizer][0], optimizer_options(args),
-                      name=args.optimizer)
+    from outcore.weights.spec import spec_of
+
+    probe = torch.nn.Parameter(torch.zeros(1))
+    return spec_of(optimizer_for(args, [probe]))
 
 
 def budget(args: argparse.Namespace) -> int | None:

@@ -162,11 +162,17 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         optimizer: plan the parameters, gradients and optimizer state with the
             activations against ``budget`` (which then holds them all): "adamw", "adam",
             "sgd", an ``outcore.weights.spec.OptimizerSpec`` or a built torch optimizer.
-            The result's ``weights`` says which are held in host memory, the host and
+            A name is the mixed-precision recipe (fp32 state, and fp32 masters of bf16/fp16
+            parameters: what ``compile(..., master=MasterWeights(model))`` allocates); a
+            built optimizer is sized as built (on the model's own parameters: state in
+            their dtype, no masters, what ``outcore run --optimizer`` trains with). The
+            result's ``weights`` says which are held in host memory, the host and
             pinned bytes and the step with the optimizer step (``outcore.weights.planned``).
         weights: with ``optimizer``: "auto" (default), "device" or "host".
-        host_adam_rate: with ``optimizer``: the host optimizer's parameters per second
-            (default: the profile's ``host_adam_rate``).
+        host_adam_rate: with ``optimizer``: the host's AdamW parameters per second
+            (default: the profile's ``host_adam_rate``). Another optimizer's step is priced
+            from AdamW's rates by the bytes it moves per parameter
+            (``outcore.weights.spec.update_rate``: SGD without momentum 12 to AdamW's 28).
         scope: what ``budget`` bounds (``outcore.plan.scope``): "step" (default), every
             device byte at every instruction; "activations", those bytes less the
             parameters, buffers, inputs and the parameters' gradients, as PyTorch's

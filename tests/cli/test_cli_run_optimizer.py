@@ -158,3 +158,47 @@ def test_plan_optimizer_arguments_are_checked_first(command, args, words, no_cap
     err = capsys.readouterr().err.strip()
     assert words in err, err
     assert "Traceback" not in err
+
+
+BF16_MODULE = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                          nn.Linear(64, 10)).to(torch.bfloat16)
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    return model, F.cross_entropy, (x, torch.randint(0, 10, (8,)))
+'''
+
+
+@pytest.fixture
+def bf16_model(tmp_path, monkeypatch):
+    """``--model bf16mod:mlp``: a bf16 MLP (6922 parameters)."""
+    import sys
+
+    (tmp_path / "bf16mod.py").write_text(BF16_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "bf16mod:mlp"
+    sys.modules.pop("bf16mod", None)
+
+
+@pytest.mark.parametrize("name,extra", [("adamw", []), ("sgd", ["--momentum", "0.9"])])
+def test_plan_and_run_agree_on_a_bf16_model(name, extra, bf16_model, capsys):
+    """`run` builds the optimizer on the bf16 parameters (bf16 state, no fp32 masters), and
+    `plan` now counts that: the same held parameters and device-held state. Before, `plan`
+    counted fp32 state plus masters (3x AdamW's bytes here) and held other parameters."""
+    import importlib
+
+    budget = "30000"  # below the weights, gradients and bf16 AdamW state (55400 bytes)
+    doc, planned = plan_and_run(["--model", bf16_model, "--budget", budget, "--optimizer",
+                                 name, *extra], capsys)
+    assert_same_plan(doc, planned)
+    assert doc["held"] and len(doc["held"]) < doc["parameters"]
+    model = importlib.import_module("bf16mod").mlp()[0]
+    device = [p for n, p in model.named_parameters() if n not in doc["held"]]
+    moments, scalars = (2, 4) if name == "adamw" else (1, 0)  # AdamW: a 4-byte step
+    assert doc["device_state"] == sum(moments * p.nbytes + scalars for p in device)

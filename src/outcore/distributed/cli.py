@@ -42,6 +42,7 @@ def data_parallel_row(args: argparse.Namespace, policy: str, gpus: int,
     from outcore.api import cost_model_for, plan
     from outcore.cli_workload import budget as _budget
     from outcore.distributed.compile import plan_rank
+    from outcore.plan.grad_buckets import graph_tied_gradients
     from outcore.sim.multi_gpu import rank_cost_model, simulate_data_parallel
 
     host = _host(args)
@@ -50,7 +51,8 @@ def data_parallel_row(args: argparse.Namespace, policy: str, gpus: int,
     if gpus == 1:
         planned = plan(graph, _budget(args), policy=policy, cost=cost, simulate=False)
     else:
-        planned, _ = plan_rank(graph, _budget(args), policy, cost, None, 25 << 20, gpus, {})
+        planned, _ = plan_rank(graph, _budget(args), policy, cost, None, 25 << 20, gpus, {},
+                               tied=graph_tied_gradients(graph))
     result = simulate_data_parallel(planned.graph, planned.schedule, cost, host, gpus)
     return {"policy": policy, "gpus": gpus, "sub_batches": planned.plan.sub_batches,
             **result.to_dict()}

@@ -9,7 +9,9 @@ as it is; a data-parallel step adds, on top of it, one flat buffer per gradient 
   recomputed), and grouped, in that order, into buckets of one dtype of at most
   ``cap_bytes`` each (a gradient larger than the cap gets a bucket of its own);
 * a tied parameter (one parameter under two names, an LM head sharing the embedding's
-  weight) has one gradient output per name; given as a ``tied`` group it takes one slot,
+  weight) has one gradient output per name; given as a ``tied`` group (from the model,
+  ``outcore.distributed.layout.tied_gradients``, or from the graph alone,
+  ``graph_tied_gradients``) it takes one slot,
   under the member the schedule makes last (the parameter's gradient is final when all its
   contributions are: the runtime sums them into that slot, as autograd sums them before
   DDP copies ``.grad`` into its bucket);
@@ -86,6 +88,18 @@ def final_at(graph: Graph, schedule: Schedule) -> dict[int, int]:
         raise ValueError(f"gradients {names} are never made by the schedule; a data-parallel "
                          "step needs every parameter gradient as an output of the step")
     return out
+
+
+def graph_tied_gradients(graph: Graph) -> list[tuple[int, ...]]:
+    """The ``tied`` groups of ``graph`` as gradient ids, read off the graph itself
+    (``outcore.plan.weights.tied_parameters``): what
+    ``outcore.distributed.layout.tied_gradients(graph, tied_names(model))`` gives from the
+    model, for callers that have only the graph (the simulator, ``outcore plan --gpus``)."""
+    from outcore.plan.weights import gradients, tied_parameters
+
+    grads = gradients(graph)
+    groups = (tuple(grads[n] for n in names if n in grads) for names in tied_parameters(graph))
+    return [group for group in groups if len(group) > 1]
 
 
 def fold_tied(ready: dict[int, int], tied: Sequence[Sequence[int]]) -> dict[int, tuple[int, ...]]:

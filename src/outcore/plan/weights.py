@@ -95,6 +95,24 @@ def parameters(graph: Graph) -> dict[str, int]:
             if t.kind is TensorKind.PARAMETER and not t.is_view}
 
 
+def tied_parameters(graph: Graph) -> list[tuple[str, ...]]:
+    """Groups of parameter names (without ``model.``) bound to one parameter: tied weights,
+    such as an LM head sharing the embedding's weight. Capture gives each name its own
+    PARAMETER tensor, the later names views of the first name's storage; a group is the
+    parameter tensors sharing one storage with the base's shape and dtype (the first
+    name first), for storages with two names or more. The graph's own account of what
+    ``outcore.distributed.layout.tied_names`` reads off the model."""
+    groups: dict[int, list[str]] = {}
+    for t in graph.tensors:
+        if t.kind is not TensorKind.PARAMETER or not t.source:
+            continue
+        base = graph.tensors[t.storage]
+        if (base.kind is TensorKind.PARAMETER and base.shape == t.shape
+                and base.dtype == t.dtype):
+            groups.setdefault(base.id, []).append(t.source.removeprefix("model."))
+    return [tuple(names) for names in groups.values() if len(names) > 1]
+
+
 def gradients(graph: Graph) -> dict[str, int]:
     """Parameter name (without ``model.``) -> the id of its gradient output."""
     outputs = set(graph.outputs)

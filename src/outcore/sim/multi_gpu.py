@@ -9,7 +9,10 @@ Plain Python (no torch). Model (assumptions written out, see docs/repro/modnn.md
   sharing the busiest uplink). The rank's cost model must already carry that bandwidth
   (``rank_cost_model``): that is also what the planner plans with, so the plan knows the
   link is shared;
-* gradients: the Schedule's gradients grouped in buckets (``outcore.plan.grad_buckets``).
+* gradients: the Schedule's gradients grouped in buckets (``outcore.plan.grad_buckets``),
+  a tied parameter (an LM head sharing the embedding's weight) in one slot, as the
+  runtime's ``outcore.distributed.layout.BucketLayout`` gives it (its groups read off the
+  graph unless given: ``graph_tied_gradients``).
   With one pass, bucket b's all-reduce is issued when its last gradient's instruction ends
   on the compute stream, and all-reduces run one after another on a communication stream
   (``allreduce_time`` on the host's interconnect, plus the network between hosts), beside
@@ -30,7 +33,13 @@ from outcore.cost.interconnects import HostProfile, allreduce_time, shared_link_
 from outcore.cost.model import AnalyticCostModel, CostModel
 from outcore.cost.profiles import HardwareProfile
 from outcore.graph.ir import Graph
-from outcore.plan.grad_buckets import GradBucket, assign_buckets, peak_with_buckets
+from outcore.plan.grad_buckets import (
+    DEFAULT_BUCKET_CAP,
+    GradBucket,
+    assign_buckets,
+    graph_tied_gradients,
+    peak_with_buckets,
+)
 from outcore.plan.schedule import Schedule
 from outcore.sim.result import SimResult
 from outcore.sim.simulator import simulate
@@ -99,7 +108,8 @@ def allreduce_stream(buckets: Sequence[GradBucket], ready: Sequence[float], n_gp
 
 def simulate_data_parallel(graph: Graph, schedule: Schedule, cost_model: CostModel,
                            host: HostProfile, n_gpus: int, *,
-                           bucket_cap: int | None = None) -> DataParallelResult:
+                           bucket_cap: int | None = None,
+                           tied: Sequence[Sequence[int]] | None = None) -> DataParallelResult:
     """Simulate one data-parallel step (module doc).
 
     Args:
@@ -108,12 +118,15 @@ def simulate_data_parallel(graph: Graph, schedule: Schedule, cost_model: CostMod
         host: the machine(s); ranks fill hosts in order.
         n_gpus: ranks (1 = a single GPU: no all-reduce).
         bucket_cap: bytes per gradient bucket (default DDP's 25 MiB).
+        tied: groups of gradient ids of one parameter, each one bucket slot (default: read
+            off the graph, ``graph_tied_gradients``; ``()`` folds none).
     """
     if n_gpus < 1:
         raise ValueError(f"n_gpus must be >= 1, got {n_gpus}")
     sim = simulate(graph, schedule, cost_model)
-    buckets = (assign_buckets(graph, schedule) if bucket_cap is None
-               else assign_buckets(graph, schedule, bucket_cap))
+    groups = graph_tied_gradients(graph) if tied is None else tied
+    buckets = assign_buckets(graph, schedule, DEFAULT_BUCKET_CAP if bucket_cap is None
+                             else bucket_cap, groups)
     if n_gpus == 1:
         buckets = []
     k = schedule.sub_batches

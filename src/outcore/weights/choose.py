@@ -27,7 +27,8 @@ The rule (``choose_weights``):
   (``outcore.weights.spec.optimizer_seconds``). The rates are read by
   ``outcore.weights.step_cost`` from the hardware profile (the host's measured or
   catalogued AdamW rate, the device's memory bandwidth); ``host_adam_rate`` overrides the
-  host's;
+  host's. They are AdamW's: another optimizer's step is priced by the bytes it moves per
+  parameter (``update_bytes``, ``outcore.weights.spec.update_rate``: SGD's below AdamW's);
 * ``outcore.weights.bound.joint_lower_bound`` bounds every placement and plan from below;
   ``WeightChoice.gap`` is the chosen step's distance to it.
 
@@ -69,7 +70,13 @@ from outcore.weights.bound import (
     param_facts,
     placement_bound,
 )
-from outcore.weights.spec import DEVICE_ADAM_RATE, HOST_ADAM_RATE, optimizer_seconds
+from outcore.weights.spec import (
+    ADAM_UPDATE_BYTES,
+    DEVICE_ADAM_RATE,
+    HOST_ADAM_RATE,
+    optimizer_seconds,
+    update_rate,
+)
 
 __all__ = ["DEVICE_ADAM_RATE", "HOST_ADAM_RATE", "MODES", "Candidate", "WeightChoice",
            "adam_state_bytes", "choose_weights", "default_planners", "ranking",
@@ -185,10 +192,11 @@ def _rates(profile: Any, host: float | None, device: float | None) -> tuple[floa
             read(step_cost.device_adam_rate, DEVICE_ADAM_RATE) if device is None else device)
 
 
-def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float
-             ) -> tuple[Any, Overlap]:
-    """The profile the overlapped simulation prices the optimizer with (its host rate set
-    to the chooser's), and the bound's ``Overlap`` at the same rates."""
+def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float,
+             update_bytes: int) -> tuple[Any, Overlap]:
+    """The profile the overlapped simulation prices the optimizer with (its host AdamW rate
+    set to the chooser's ``host_rate``), and the bound's ``Overlap`` at the same rates for
+    an optimizer moving ``update_bytes`` per parameter."""
     from outcore.cost.profiles import HardwareProfile
     from outcore.weights import step_cost
 
@@ -199,7 +207,9 @@ def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float
     priced = dataclasses.replace(prof, host_adam_rate=host_rate)
     forward = sum(t for op, t in zip(graph.ops, times, strict=True)
                   if op.phase is Phase.FORWARD)
-    return priced, Overlap(host_rate, step_cost.device_adam_rate(priced), forward)
+    return priced, Overlap(update_rate(host_rate, update_bytes),
+                           update_rate(step_cost.device_adam_rate(priced), update_bytes),
+                           forward)
 
 
 def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
@@ -216,7 +226,8 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    host_adam_rate: float | None = None,
                    device_adam_rate: float | None = None, mode: str = "auto",
                    given: Iterable[str] | None = None, profile: Any = None,
-                   overlap: bool = False) -> WeightChoice:
+                   overlap: bool = False, update_bytes: int = ADAM_UPDATE_BYTES
+                   ) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
     exactly the placement holding these parameter names (``mode`` is then ignored).
@@ -225,20 +236,25 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     by the step with the optimizer overlapped with backward (``outcore.sim.simulate`` with
     ``outcore.weights.step_cost.host_steps``: each host step as soon as its gradient has
     landed) instead of the simulated pass plus the optimizer after it; needs ``cost``
-    with a hardware profile (``simulate`` is then not called)."""
+    with a hardware profile (``simulate`` is then not called). ``update_bytes``: the bytes
+    the optimizer's step moves per parameter (``outcore.weights.spec.update_bytes_of``;
+    default AdamW's): ``host_adam_rate``/``device_adam_rate`` (AdamW's) are scaled by it."""
     if mode not in MODES:
         raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
     host_adam_rate, device_adam_rate = _rates(cost if profile is None else profile,
                                               host_adam_rate, device_adam_rate)
 
+    host_rate = update_rate(host_adam_rate, update_bytes)
+    device_rate = update_rate(device_adam_rate, update_bytes)
+
     def step_cost(host: float, device: float) -> float:
-        return optimizer_seconds(int(host), int(device), host_rate=host_adam_rate,
-                                 device_rate=device_adam_rate)
+        return optimizer_seconds(int(host), int(device), host_rate=host_rate,
+                                 device_rate=device_rate)
 
     facts = param_facts(graph, state_bytes, cost)
     times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
-    timing = _overlap(graph, cost if profile is None else profile, times,
-                      host_adam_rate) if overlap and cost is not None else None
+    timing = _overlap(graph, cost if profile is None else profile, times, host_adam_rate,
+                      update_bytes) if overlap and cost is not None else None
     bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost,
                               overlap=timing[1] if timing else None) \
         if cost is not None else None
@@ -246,6 +262,7 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     exposed = search.exposure(graph, facts, times)
     run = _Runner(graph, budget, cost, facts, planners or default_planners(), simulate,
                   step_cost)
+    run.update_bytes = update_bytes
     if timing is not None:
         run.priced, run.overlap = timing
     if given is not None:
@@ -366,6 +383,7 @@ class _Runner:
         self.engines = 2
         self.priced: Any = None  # with ``overlap``: the profile pricing the host steps
         self.overlap: Overlap | None = None
+        self.update_bytes = ADAM_UPDATE_BYTES  # the optimizer's, for the host steps
 
     def bound(self, prop: search.Proposal) -> float:
         """``placement_bound`` of ``prop`` (0 when not pruning)."""
@@ -464,7 +482,8 @@ class _Runner:
             from outcore.weights.step_cost import host_steps
 
             result = simulate(self.graph, schedule, self.cost,
-                              optimizer=host_steps(self.graph, schedule, self.priced))
+                              optimizer=host_steps(self.graph, schedule, self.priced,
+                                                   update_bytes=self.update_bytes))
             return result.step_time - result.optimizer_time, result.optimizer_time
         seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
         return seconds, self.step_cost(cand.host_numel, cand.device_numel)

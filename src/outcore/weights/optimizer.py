@@ -20,7 +20,13 @@ from torch import nn
 
 from outcore.errors import InvalidArgumentError, OutcoreError
 from outcore.weights.mixed import MasterWeights
-from outcore.weights.spec import REFUSED, STATE, OptimizerSpec, torch_spec
+from outcore.weights.spec import (
+    ADAM_UPDATE_BYTES,
+    REFUSED,
+    STATE,
+    OptimizerSpec,
+    torch_spec,
+)
 from outcore.weights.step_cost import step_seconds
 
 __all__ = ["measure_host_adam", "state_bytes", "step_seconds"]
@@ -94,6 +100,16 @@ def built_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
                                    "each by its group), or compile with outcore.compile(model, "
                                    "..., optimizer=), which sees the model.")
     return specs.pop()
+
+
+def built_update_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes a step of ``optimizer`` moves per parameter (``OptimizerSpec.update_bytes``):
+    the most of any param group, as ``STATE`` sizes each; an optimizer ``STATE`` does not
+    know (or LBFGS, refused where its state is sized) is priced as AdamW."""
+    kind = type(optimizer).__name__
+    if kind not in STATE:
+        return ADAM_UPDATE_BYTES
+    return max(_group_spec(kind, group).update_bytes() for group in optimizer.param_groups)
 
 
 def named_state_bytes(optimizer: torch.optim.Optimizer, names: set[str]

@@ -34,15 +34,16 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
     """The PlannedStep of ``graph`` with its weights placed (module doc). Raises
     InvalidArgumentError (no budget, another policy, an unknown ``weights``) and
     InfeasibleBudgetError (no placement fits: the lowest need and the ways out).
-    ``host_adam_rate``: the host optimizer's parameters per second; None reads the cost
+    ``host_adam_rate``: the host's AdamW parameters per second; None reads the cost
     model's profile (its measured or catalogued ``host_adam_rate``, else its host
     bandwidth), and only a profile with neither falls back to ``outcore.weights.spec``'s
-    constant (``choose._rates``)."""
+    constant (``choose._rates``). Another optimizer's step is priced from AdamW's rates by
+    the bytes it moves per parameter (``outcore.weights.spec.update_bytes_of``)."""
     from outcore.planned import PlannedStep, _offload_sizes
     from outcore.sim import simulate as run_simulation
     from outcore.weights.choose import MODES, choose_weights, default_planners
     from outcore.weights.report import build_report
-    from outcore.weights.spec import graph_state_bytes, optimizer_name
+    from outcore.weights.spec import graph_state_bytes, optimizer_name, update_bytes_of
 
     mode = weights or "auto"
     if mode not in MODES:
@@ -60,7 +61,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
         planners = {policy: planners[policy]}
     choice = choose_weights(
         graph, limit, cost, state, planners=planners, mode=mode,
-        host_adam_rate=host_adam_rate,
+        host_adam_rate=host_adam_rate, update_bytes=update_bytes_of(optimizer),
         overlap=getattr(cost, "profile", None) is not None,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)

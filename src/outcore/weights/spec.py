@@ -7,17 +7,32 @@ optimizer's state from the parameters' shapes and dtypes.
 ``STATE`` is the one account of what each torch optimizer keeps per parameter (read off
 torch 2.13's ``_init_group``, checked against the real state after a step by
 tests/weights/test_optimizer_state.py). Every sizing goes through it: the named specs,
-``torch_spec`` (a torch optimizer by class name and options, as the CLI plans ``outcore
-run``'s), a built optimizer given to ``outcore.plan`` (``spec_of``, ``graph_state_bytes``)
-and ``outcore.weights.optimizer.state_bytes``, which sizes it for ``outcore.compile``. So
-the plan of an optimizer and the run with it count the same bytes.
+``torch_spec`` (a torch optimizer by class name and options), a built optimizer given to
+``outcore.plan`` (``spec_of``, ``graph_state_bytes``; ``outcore plan --optimizer`` sizes
+the very optimizer ``outcore run --optimizer`` builds this way) and
+``outcore.weights.optimizer.state_bytes``, which sizes it for ``outcore.compile``. So the
+plan of an optimizer and the run with it count the same bytes.
 
-The named specs follow the mixed-precision recipe fine-tuning runs (and ZeRO-Offload
-keeps on the host): the state in fp32, and an fp32 master copy of every parameter whose
-dtype is narrower than fp32 (bf16/fp16 weights on the device). So AdamW holds 8 bytes per
-element of an fp32 parameter and 12 of a bf16 one, plus a 4-byte step count; "sgd" (SGD
-with momentum) 4 (8 with a master). ``OptimizerSpec(name, bytes_per_element=...)`` states
-any other size.
+Two recipes, one per way of building the optimizer (tests/weights/test_state_recipes.py
+checks both against torch's state after a step, in fp32 and bf16):
+
+* built on the model's own parameters (``outcore run --optimizer``, or
+  ``outcore.compile(model, ..., optimizer=opt)`` without ``master=``): torch keeps the state
+  in each parameter's dtype and there are no masters; a built optimizer, or
+  ``torch_spec(kind, own_dtype=True, master=False)``, sizes it;
+* the named specs: the mixed-precision recipe fine-tuning runs (and ZeRO-Offload keeps on
+  the host), the optimizer built on ``outcore.weights.mixed.MasterWeights``: the state in
+  fp32, and an fp32 master copy of every parameter whose dtype is narrower than fp32
+  (bf16/fp16 weights on the device). So AdamW holds 8 bytes per element of an fp32
+  parameter and 12 of a bf16 one, plus a 4-byte step count; "sgd" (SGD with momentum) 4
+  (8 with a master). For an fp32 model both recipes are the same bytes.
+
+``OptimizerSpec(name, bytes_per_element=...)`` states any other size.
+
+The step is priced by the bytes it moves (``OptimizerSpec.update_bytes``, from ``STATE``):
+the rates are AdamW's and another optimizer's scale with ``ADAM_UPDATE_BYTES`` over its
+bytes (``update_rate``), so SGD without momentum (param and gradient read, param written)
+steps 28/12 as many parameters per second as AdamW.
 
 ``optimizer_seconds`` is the one place the optimizer step's time enters the plan: the
 chooser adds it to the simulated step (``outcore.weights.choose``) and the lower bound
@@ -40,6 +55,11 @@ from outcore.errors import InvalidArgumentError
 #: kernels, fp32). ``outcore.weights.optimizer.measure_host_adam`` measures this CPU.
 DEVICE_ADAM_RATE = 2.0e10
 HOST_ADAM_RATE = 5.0e8
+#: Bytes one fp32 AdamW update moves per parameter: the parameter, its gradient and the two
+#: moments read, the parameter and the moments written (7 streams of 4 bytes). The rates
+#: above are AdamW's; another optimizer's are scaled by ``ADAM_UPDATE_BYTES /
+#: OptimizerSpec.update_bytes()`` (the step is memory-bound, ``update_rate``).
+ADAM_UPDATE_BYTES = 28
 
 
 def _on(options: Mapping[str, Any], key: str) -> int:
@@ -135,6 +155,40 @@ class OptimizerSpec:
         if self.factored:
             tensors += factored_numel((numel,) if shape is None else shape)
         return tensors * size + (4 * numel if mastered else 0) + self.step_bytes
+
+    def update_bytes(self) -> int:
+        """Bytes one step of this optimizer reads and writes per parameter element, in fp32
+        streams of 4 bytes: the parameter and its gradient read, the parameter written, and
+        each full-size state tensor read and written (``moments``; Adafactor's factored
+        variance as one, for the full-size estimate its step builds from the factors). So
+        SGD without momentum 12, with momentum 20, Adam/AdamW 28 (``ADAM_UPDATE_BYTES``),
+        with amsgrad 36. A spec given as ``bytes_per_element`` has no account of its
+        tensors and is priced as AdamW. Independent of the parameters' dtype (the rates
+        are fp32 AdamW's; a master's cast is priced apart, ``master_cast_bytes``)."""
+        if self.bytes_per_element is not None:
+            return ADAM_UPDATE_BYTES
+        return 4 * (3 + 2 * (self.moments + (1 if self.factored else 0)))
+
+
+def update_rate(adam_rate: float, update_bytes: int = ADAM_UPDATE_BYTES) -> float:
+    """Parameters per second of an optimizer moving ``update_bytes`` per parameter, where
+    AdamW (``ADAM_UPDATE_BYTES``) steps ``adam_rate``: the step is memory-bound, so its rate
+    scales with the bytes it moves. Raises InvalidArgumentError for ``update_bytes <= 0``."""
+    if update_bytes <= 0:
+        raise InvalidArgumentError(update_bytes, "bytes moved per parameter above 0")
+    return adam_rate * ADAM_UPDATE_BYTES / update_bytes
+
+
+def update_bytes_of(optimizer: Any) -> int:
+    """``OptimizerSpec.update_bytes`` of what ``spec_of`` accepts (a name, a spec or a built
+    optimizer). A built one is read per param group, the most bytes of any group (groups
+    may keep different state: SGD with momentum for some parameters only); one ``STATE``
+    does not know is priced as AdamW (``ADAM_UPDATE_BYTES``)."""
+    if isinstance(optimizer, (str, OptimizerSpec)):
+        return spec_of(optimizer).update_bytes()
+    from outcore.weights.optimizer import built_update_bytes
+
+    return built_update_bytes(optimizer)
 
 
 def torch_spec(kind: str, options: Mapping[str, Any] | None = None, *,

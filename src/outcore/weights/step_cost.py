@@ -15,6 +15,12 @@ from the hardware profile (``outcore.cost.profiles``):
   a fused AdamW kernel is memory-bound (it reads the parameter, its gradient and the two
   moments and writes the parameter and the moments: 7 fp32 streams, 28 bytes).
 
+Both rates are AdamW's. Another optimizer is priced by the bytes its step moves per
+parameter (``update_bytes``: ``outcore.weights.spec.OptimizerSpec.update_bytes``, from
+``STATE``), at ``ADAM_BYTES / update_bytes`` times AdamW's rate: SGD without momentum moves
+12 bytes (param and gradient read, param written), so it steps 28/12 as many parameters per
+second; AdamW (the default, ``ADAM_BYTES``) is priced as before.
+
 Mixed precision (bf16 weights on the device, fp32 master and state on the host) adds the
 cast of the master to the device copy: ``master_cast_bytes`` more per parameter on the
 host, priced at the host's DRAM bandwidth.
@@ -31,9 +37,10 @@ from outcore.graph.ir import Graph
 from outcore.plan.schedule import Schedule
 from outcore.plan.weights import gradients, parameters
 from outcore.sim.host_steps import HostSteps
+from outcore.weights.spec import ADAM_UPDATE_BYTES, update_rate
 
 #: bytes an fp32 AdamW update moves per parameter: p, grad, m, v read; p, m, v written
-ADAM_BYTES = 28
+ADAM_BYTES = ADAM_UPDATE_BYTES
 #: fraction of the device's DRAM bandwidth a fused AdamW kernel reaches (assumption)
 DEVICE_EFFICIENCY = 0.8
 #: fraction of the host's DRAM bandwidth the CPU step reaches when only that is known
@@ -98,25 +105,28 @@ def _count(value: int | Iterable[int]) -> int:
 
 
 def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile: Any, *,
-                 master_cast_bytes: int = 0) -> tuple[float, float]:
+                 master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES
+                 ) -> tuple[float, float]:
     """(device seconds, host seconds) of one optimizer step.
 
     ``params_by_placement`` maps "device" and/or "host" to a number of parameters (or an
     iterable of per-tensor element counts) whose step runs there; ``profile`` is a
     ``HardwareProfile`` or a cost model carrying one. ``master_cast_bytes``: bytes written
     per host-stepped parameter to refresh its low-precision device copy (2 for bf16 weights
-    with fp32 masters; 0 when the weight is the master). Raises ProfileError for an
-    unknown placement or a profile that cannot price the host (``host_adam_rate``).
+    with fp32 masters; 0 when the weight is the master). ``update_bytes``: the bytes the
+    optimizer's step moves per parameter (default AdamW's; module doc). Raises
+    ProfileError for an unknown placement or a profile that cannot price the host
+    (``host_adam_rate``).
     """
     unknown = sorted(set(params_by_placement) - set(PLACEMENTS))
     if unknown:
         raise ProfileError(f"unknown optimizer placement {unknown[0]!r}; use {PLACEMENTS}")
     device = _count(params_by_placement.get("device", 0))
     host = _count(params_by_placement.get("host", 0))
-    device_s = device / device_adam_rate(profile) if device else 0.0
+    device_s = device / update_rate(device_adam_rate(profile), update_bytes) if device else 0.0
     host_s = 0.0
     if host:
-        host_s = host / host_adam_rate(profile)
+        host_s = host / update_rate(host_adam_rate(profile), update_bytes)
         if master_cast_bytes:
             host_s += host * (4 + master_cast_bytes) / host_bandwidth(profile)
     if not (math.isfinite(device_s) and math.isfinite(host_s)):
@@ -126,7 +136,7 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
 
 
 def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool = False,
-               master_cast_bytes: int = 0) -> HostSteps:
+               master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES) -> HostSteps:
     """The optimizer step of ``schedule``'s placement, for ``simulate(..., optimizer=)``.
 
     A parameter whose gradient the schedule sends to host memory (``host_outputs``) is
@@ -136,6 +146,7 @@ def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool 
     weight is copied back h2d (ZeRO-Offload). Every other parameter is stepped on the
     device after the pass. ``barrier``: clipping or a GradScaler, which need every gradient
     before any step (plus the global norm over the host gradients at host DRAM bandwidth).
+    ``update_bytes``: the bytes the optimizer's step moves per parameter (``step_seconds``).
     """
     sent = set(schedule.host_outputs)
     held = set(schedule.host_static)
@@ -151,8 +162,8 @@ def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool 
             continue
         numel = math.prod(graph.tensors[p].shape)
         if g in sent or p in held:
-            host[g] = step_seconds({"host": numel}, profile,
-                                   master_cast_bytes=master_cast_bytes)[1]
+            host[g] = step_seconds({"host": numel}, profile, master_cast_bytes=master_cast_bytes,
+                                   update_bytes=update_bytes)[1]
             norm_bytes += graph.tensors[graph.tensors[g].storage].nbytes
             if p in held:
                 wait_for[g] = p
@@ -162,5 +173,6 @@ def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool 
             device += numel
     barrier_s = norm_bytes / host_bandwidth(profile) if barrier and norm_bytes else 0.0
     return HostSteps(host=host, wait_for=wait_for, h2d=h2d,
-                     device_seconds=step_seconds({"device": device}, profile)[0],
+                     device_seconds=step_seconds({"device": device}, profile,
+                                                 update_bytes=update_bytes)[0],
                      barrier=barrier, barrier_seconds=barrier_s)

@@ -66,7 +66,7 @@ from outcore.units import parse_bytes
 from outcore.weights.choose import WeightChoice, choose_weights
 from outcore.weights.host_step import HostStepper
 from outcore.weights.mixed import MasterWeights
-from outcore.weights.optimizer import state_bytes
+from outcore.weights.optimizer import built_update_bytes, state_bytes
 
 
 class WeightTrainer:
@@ -142,6 +142,7 @@ class WeightTrainer:
         return choose_weights(graph, self.budget, cost, self.state, profile=self._planning[2],
                               given=given, mode=self._weights[0],
                               host_adam_rate=self._weights[1],
+                              update_bytes=built_update_bytes(self.optimizer),
                               simulate=lambda g, s: simulate(g, s, cost).step_time)
 
     def _shape(self, graph: Any, choice: WeightChoice) -> _Shape:

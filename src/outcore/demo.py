@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from rich.table import Table
 from outcore import progress, zoo
 from outcore.api import cost_model_for, plan
 from outcore.capture import capture
-from outcore.errors import InfeasibleBudgetError
+from outcore.errors import InfeasibleBudgetError, VariantWarning
 from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
 from outcore.planned import PlannedStep
@@ -36,6 +37,7 @@ from outcore.policies import names
 from outcore.runtime.devices import make_device
 from outcore.runtime.executor import Executor
 from outcore.units import format_bytes
+from outcore.variants.notice import variant_note
 
 
 def framework_kernels(planned: PlannedStep, budget: int, cost) -> PlannedStep | None:
@@ -49,9 +51,11 @@ def framework_kernels(planned: PlannedStep, budget: int, cost) -> PlannedStep | 
     peak = memory_curve(planned.graph, schedule).peak
     if peak > budget:
         return None
+    note = variant_note(planned.graph, planned.schedule.variants)
     return dataclasses.replace(planned, schedule=schedule, predicted_peak=peak,
                                plan=dataclasses.replace(planned.plan, variants={}),
-                               simulation=simulate(planned.graph, schedule, cost))
+                               simulation=simulate(planned.graph, schedule, cost),
+                               notes=[n for n in planned.notes if n != note])
 
 
 def _train(planned, batch, device, steps: int, model) -> tuple[int, float, float]:
@@ -104,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "keep-all":
             continue
         try:
-            planned = plan(graph, budget, policy=name, cost=cost, cache=False)
+            with warnings.catch_warnings():  # its variants are dropped just below
+                warnings.simplefilter("ignore", VariantWarning)
+                planned = plan(graph, budget, policy=name, cost=cost, cache=False)
         except (InfeasibleBudgetError, ValueError) as exc:
             needed = getattr(exc, "required", None)
             table.add_row(name, "[red]no[/red]", format_bytes(needed) if needed else "-", "-",

@@ -208,6 +208,12 @@ class SubBatchWarning(OutcoreWarning):
     statistics differ from eager PyTorch's."""
 
 
+class VariantWarning(OutcoreWarning):
+    """The plan runs operator variants (an FFT or im2col convolution, a chunked attention)
+    instead of PyTorch's kernels on some ops: they compute the same function with sums in
+    another order, so the loss and gradients differ from eager PyTorch's by rounding."""
+
+
 class ReplanWarning(OutcoreWarning):
     """outcore captured and planned again (a new input shape, a recompilation)."""
 

@@ -197,6 +197,7 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     from outcore import plan_cache, progress, sub_batching
     from outcore.plan.scope import ACTIVATIONS, check_scope, scoped_copy
     from outcore.validation import check_budget, check_gpu, check_policy
+    from outcore.variants.notice import announce_variants
 
     limit = check_budget(budget)
     name = check_policy(policy, options)
@@ -252,6 +253,9 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         _attach_bound(result, limit, model, graph)
     if result.plan.sub_batches > 1:
         result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
+    variants_text = announce_variants(result.graph, result.schedule.variants)
+    if variants_text is not None:
+        result.notes.append(variants_text)
     from outcore.log import info as log_info
 
     log_info(f"planned {graph.name} with {result.plan.policy}"

@@ -10,7 +10,10 @@ moDNN's sub-batches). ``variant_table`` resolves it for one graph, the same way 
 * a variant capture refused for the op (``Op.variant_options[name]["refused"]``: the op is
   outside what the variant declares it computes) is dropped: the search never offers it.
 
-Without a spec the table is what capture recorded as able to run each op.
+Without a spec (or with ``True``) the table is what capture recorded as able to run each op;
+``False`` is the empty table: PyTorch's kernels only (``--option variants=off``), the way to
+keep the results equal to eager PyTorch's bit for bit (a variant sums in another order:
+``outcore.variants.notice``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from outcore.errors import PolicyOptionError
 from outcore.graph.ir import Graph, Op
 from outcore.variants.names import parse
 
-#: op id -> variant names, or a callable graph -> that table.
-VariantSpec = Mapping[int, Sequence[str]] | Callable[[Any], Mapping[int, Sequence[str]]]
+#: op id -> variant names, or a callable graph -> that table; False: none (PyTorch's
+#: kernels only), True: the default (what capture recorded).
+VariantSpec = Mapping[int, Sequence[str]] | Callable[[Any], Mapping[int, Sequence[str]]] | bool
 
 
 def runnable(op: Op, names: Sequence[str]) -> list[str]:
@@ -39,8 +43,8 @@ def recorded(graph: Graph) -> dict[int, list[str]]:
 
 def variant_table(graph: Graph, spec: VariantSpec | None) -> dict[int, list[str]]:
     """The table the search may offer for ``graph`` (see the module docstring)."""
-    if spec is None:
-        return recorded(graph)
+    if spec is None or isinstance(spec, bool):
+        return recorded(graph) if spec is None or spec else {}
     listed = spec(graph) if callable(spec) else spec
     table: dict[int, list[str]] = {}
     for op_id, names in dict(listed).items():

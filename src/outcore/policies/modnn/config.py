@@ -17,7 +17,7 @@ class ModnnConfig(PolicyConfig):
     the inputs' shapes, ``outcore.graph.batch_dims``); ``sub_batch_statistics`` (split a
     model whose ops compute statistics over the batch, e.g. BatchNorm: default False);
     ``variants`` (op id -> variant names, or a callable graph -> that table; default: every
-    variant outcore has)."""
+    variant outcore has; False: PyTorch's kernels only, results bit-equal to eager's)."""
 
     doc = "outcore.policies.modnn"
     batch_size: int | None = None

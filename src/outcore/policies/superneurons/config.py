@@ -24,7 +24,8 @@ class SuperNeuronsConfig(PolicyConfig):
     ``tensor_cache`` (the LRU tensor cache; False offloads every checkpoint as soon as it is
     made; not ``cache``, which is ``outcore.plan``'s plan cache);
     ``variants``: op id -> variant names, or a callable graph -> that table
-    (``outcore.policies.common.variant_spec``)."""
+    (``outcore.policies.common.variant_spec``); False: PyTorch's kernels only, results
+    bit-equal to eager's."""
 
     doc = "outcore.policies.superneurons"
     recompute: Recompute = Recompute.COST_AWARE

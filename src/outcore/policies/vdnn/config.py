@@ -32,7 +32,8 @@ class VdnnConfig(PolicyConfig):
     """``vdnn-dyn`` and the ``vdnn-{mode}-{algo}`` policies.
 
     ``variants``: op id -> variant names, or a callable graph -> that table (default: what
-    capture recorded; ``outcore.policies.common.variant_spec``)."""
+    capture recorded; False: PyTorch's kernels only, results bit-equal to eager's;
+    ``outcore.policies.common.variant_spec``)."""
 
     doc = "outcore.policies.vdnn"
     variants: VariantSpec | None = None

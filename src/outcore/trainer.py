@@ -508,6 +508,10 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         if loss_fn is None:
             raise InvalidArgumentError(None, "a loss_fn with distributed=", "Data parallel "
                                        "takes (x, y) batches and loss_fn(model(x), y) for now.")
+        # allow_sub_batches reaches the rank's plans and re-plans (it was dropped here, so
+        # the refusal's advice "pass allow_sub_batches=False" changed nothing under modnn)
+        if allow_sub_batches is not None:
+            options["allow_sub_batches"] = allow_sub_batches
         return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
                                      **options)

@@ -3,8 +3,8 @@ as a matrix of models x plans (``uneven_workers``: what each cell computes and i
 reference). Models: a plain ConvNet, BatchNorm (running statistics updated in forward,
 compared after every step), SyncBatchNorm (float64, against eager BatchNorm on the global
 batch), a tied embedding/head LM, a dict batch. Plans: one pass (offload-all), sub-batches
-(moDNN at a budget it meets by splitting a share of 4 into passes), and for SyncBatchNorm
-moDNN with ``allow_sub_batches=False``.
+(moDNN at a budget it meets by splitting a share of 4 into passes), moDNN with
+``allow_sub_batches=False``, and one pass under ``autocast=torch.bfloat16``.
 
 Found and fixed here (each cell fails without its fix):
 
@@ -14,7 +14,9 @@ Found and fixed here (each cell fails without its fix):
   weights; rank 0 then waited for the group's timeout). Every sub-batch cell;
 * ``outcore.compile(..., distributed=True)`` dropped ``allow_sub_batches``, so the advice of
   SyncBatchNorm's refusal ("pass allow_sub_batches=False") changed nothing under moDNN
-  (``syncbn/no-split``);
+  (``syncbn/no-split``); and ``autocast`` (a bfloat16 step trained in float32),
+  ``cache_size``, ``cache`` and ``host_budget`` (``*/autocast``: bfloat16, bit for bit DDP
+  under ``torch.autocast``, with ``cache_size=0`` over two epochs);
 * with sub-batches, a gradient all-reduce that failed (another rank's share failed or was
   refused) left this rank's ``.grad`` holding its own gradient, the first parameter's
   already divided by the world size, and its running statistics updated. Now the step puts
@@ -34,14 +36,17 @@ from outcore.batch_check import check_batch
 from outcore.errors import BatchMismatchError
 
 #: passes per step of the epoch (4, 4, then 3 on rank 0 and 2 on rank 1)
-PASSES = {"one-pass": [1, 1, 1], "no-split": [1, 1, 1], "sub-batches": [2, 2, 1]}
+PASSES = {"one-pass": [1, 1, 1], "no-split": [1, 1, 1], "sub-batches": [2, 2, 1],
+          "autocast": [1] * 6}
 #: A fast representative of every model and every fix (one launch, ~15 s on 2 cores).
 DEFAULT = ["plain/sub-batches", "batchnorm/sub-batches", "syncbn/one-pass",
-           "syncbn/sub-batches", "syncbn/no-split", "tied/sub-batches", "dict/sub-batches"]
+           "syncbn/sub-batches", "syncbn/no-split", "tied/sub-batches", "dict/sub-batches",
+           "tied/autocast"]
 #: The rest of the matrix: one pass on the models whose one-pass case is near
 #: ``test_ddp_parity``'s, and moDNN without sub-batches.
 SLOW = ["plain/one-pass", "batchnorm/one-pass", "tied/one-pass", "dict/one-pass",
-        "plain/no-split", "batchnorm/no-split", "dict/no-split"]
+        "plain/no-split", "batchnorm/no-split", "dict/no-split", "plain/autocast",
+        "batchnorm/autocast", "dict/autocast"]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +72,14 @@ def check_cell(results: list[Any], key: str) -> None:
     if key == "syncbn/sub-batches":
         check_refusal(rows)
         return
+    mode = key.split("/")[1]
     for rank, row in enumerate(rows):
         assert row["refused"] == {}, (rank, row["refused"])
-        assert row["passes"] == PASSES[key.split("/")[1]], (rank, row["passes"])
-        assert row["replans"] == 1, rank  # the last share, planned on its first step
+        assert row["passes"] == PASSES[mode], (rank, row["passes"])
+        if mode == "autocast":  # cache_size=0: the last share is planned in each epoch
+            assert row["autocast"] == "torch.bfloat16" and row["replans"] == 2, (rank, row)
+        else:  # the last share, planned on its first step
+            assert row["autocast"] is None and row["replans"] == 1, (rank, row)
 
 
 def check_refusal(rows: list[dict[str, Any]]) -> None:

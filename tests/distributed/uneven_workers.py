@@ -37,8 +37,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 EPOCH = (8, 8, 5)
 #: The modes of a cell: one pass (offload-all, unbounded); sub-batches (moDNN at the
 #: model's ``budget``, which it meets by splitting a share of 4 into passes); no-split (moDNN
-#: at that budget with ``allow_sub_batches=False``: one pass, as the refusal advises).
-MODES = ("one-pass", "sub-batches", "no-split")
+#: at that budget with ``allow_sub_batches=False``: one pass, as the refusal advises);
+#: autocast (one pass, ``compile(autocast=torch.bfloat16, cache_size=0)`` over two epochs:
+#: the reference's forward under ``torch.autocast``, the last share planned in each epoch).
+MODES = ("one-pass", "sub-batches", "no-split", "autocast")
 #: float32 gradients re-associated over sub-batches (seen: 3e-7), relative to each tensor's
 #: largest magnitude; float64 SyncBatchNorm against eager BatchNorm (seen: 1e-15)
 RTOL = {torch.float32: 1e-5, torch.float64: 1e-9}
@@ -144,7 +146,11 @@ class Cell:
         g = torch.Generator().manual_seed(1)
         self.epoch = [self.make(g, n) for n in EPOCH]
         options: dict[str, Any] = {"budget": None, "policy": "offload-all"}
-        if mode != "one-pass":
+        self.autocast = mode == "autocast"
+        self.epochs = 2 if self.autocast else 1
+        if self.autocast:
+            options.update(autocast=torch.bfloat16, cache_size=0)
+        elif mode != "one-pass":
             options = {"budget": budget, "policy": "modnn"}
         if mode == "no-split":
             options["allow_sub_batches"] = False
@@ -159,10 +165,11 @@ class Cell:
             self.ddp = DistributedDataParallel(model, find_unused_parameters=unused)
         self.opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
                      for m in (self.ref, self.ours)]
-        # one pass (the framework's kernels): DDP's bits (2 ranks sum commutatively, see
+        # one pass with the framework's kernels: DDP's bits (2 ranks sum commutatively, see
         # test_ddp_parity); moDNN picks other convolution algorithms, and sub-batches
         # re-associate the sums
-        self.rtol = RTOL[self.dtype] if self.sync or mode != "one-pass" else 0.0
+        # (autocast too: the captured casts are eager autocast's)
+        self.rtol = RTOL[self.dtype] if self.sync or mode in ("sub-batches", "no-split") else 0.0
         self.bad: list[str] = []
         self.passes: list[int] = []
 
@@ -178,27 +185,31 @@ class Cell:
         from outcore.errors import OutcoreError
 
         refused: dict[str, Any] = {}
-        for i in range(len(self.epoch)):
+        steps = [i for _ in range(self.epochs) for i in range(len(self.epoch))]
+        for n, i in enumerate(steps):
             before = snapshot(self.ours)
             try:
                 got = self.trainer.step(*self.mine(i))
             except OutcoreError as exc:  # a refusal, or another rank's (DistributedError)
-                refused = {"step": i, "type": type(exc).__name__, "message": str(exc),
+                refused = {"step": n, "type": type(exc).__name__, "message": str(exc),
                            "changed": changed(self.ours, before)}
                 break
             k = self.trainer.planned.plan.sub_batches
             self.passes.append(k)
-            want = self.reference(i, k)
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast
+                  else contextlib.nullcontext()):
+                want = self.reference(i, k)
             if self.differ(want, got):
-                self.bad.append(f"step {i}: loss {float(want)} != {float(got)}")
-            self.compare(f"step {i}")
+                self.bad.append(f"step {n}: loss {float(want)} != {float(got)}")
+            self.compare(f"step {n}")
             for opt in self.opts:
                 opt.step()
                 opt.zero_grad()
-            self.compare(f"after step {i}")
+            self.compare(f"after step {n}")
         self.trainer.close()
-        return {"mismatches": self.bad, "passes": self.passes,
-                "replans": self.trainer.replans, "refused": refused}
+        cast = self.trainer.autocast
+        return {"mismatches": self.bad, "passes": self.passes, "replans": self.trainer.replans,
+                "refused": refused, "autocast": None if cast is None else str(cast[1])}
 
     def reference(self, i: int, k: int) -> torch.Tensor:
         """The reference's step ``i`` with ``k`` passes; returns this rank's loss."""

@@ -68,6 +68,7 @@ from outcore.distributed.reducer import BucketReducer
 from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, SyncBatchNormCollectiveError
 from outcore.errors import OutcoreError
+from outcore.fixed_step import SHAPES
 from outcore.plan.grad_buckets import GradBucket
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
@@ -91,19 +92,20 @@ class DataParallelTrainer(PlannedTrainer):
     """A Trainer on one rank of a data-parallel group (module doc); built by
     ``outcore.compile(..., distributed=True)``. ``buckets``: the first plan's, assigned
     with ``tied`` (the model's tied parameter names, ``layout.tied_names``);
-    ``replan``: captures and plans a share of another signature (``PlannedTrainer``)."""
+    ``replan``: captures and plans a share of another signature (``PlannedTrainer``), kept
+    for ``shapes`` signatures besides the first."""
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, ctx: RankContext, buckets: list[GradBucket], *,
                  replan: Callable[[Any], PlannedStep] | None = None,
-                 tied: Sequence[Sequence[str]] | None = None) -> None:
+                 tied: Sequence[Sequence[str]] | None = None, shapes: int = SHAPES) -> None:
         self.ctx = ctx
         self.tied = [tuple(g) for g in (tied_names(model) if tied is None else tied)]
         self.layout = BucketLayout.of(planned.graph, buckets, self.tied)
         self._split = planned.plan.sub_batches  # the first plan's passes
         self._plans_compared = False
         self._sync_next = True  # DDP's require_forward_param_sync
-        super().__init__(model, planned, device, budget, replan=replan)
+        super().__init__(model, planned, device, budget, replan=replan, shapes=shapes)
 
     @property
     def rank(self) -> int:

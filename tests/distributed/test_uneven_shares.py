@@ -3,8 +3,10 @@ as a matrix of models x plans (``uneven_workers``: what each cell computes and i
 reference). Models: a plain ConvNet, BatchNorm (running statistics updated in forward,
 compared after every step), SyncBatchNorm (float64, against eager BatchNorm on the global
 batch), a tied embedding/head LM, a dict batch. Plans: one pass (offload-all), sub-batches
-(moDNN at a budget it meets by splitting a share of 4 into passes), moDNN with
-``allow_sub_batches=False``, and one pass under ``autocast=torch.bfloat16``.
+(moDNN at a budget it meets by splitting a share of 4 into passes; also with ``.grad``
+accumulated over two steps, ``/accumulate``: the sub-batch path all-reduces
+``gradient + prior`` as DDP), moDNN with ``allow_sub_batches=False``, and one pass under
+``autocast=torch.bfloat16``.
 
 Found and fixed here (each cell fails without its fix):
 
@@ -38,15 +40,17 @@ from outcore.errors import BatchMismatchError
 #: passes per step of the epoch (4, 4, then 3 on rank 0 and 2 on rank 1)
 PASSES = {"one-pass": [1, 1, 1], "no-split": [1, 1, 1], "sub-batches": [2, 2, 1],
           "autocast": [1] * 6}
-#: A fast representative of every model and every fix (one launch, ~15 s on 2 cores).
-DEFAULT = ["plain/sub-batches", "batchnorm/sub-batches", "syncbn/one-pass",
-           "syncbn/sub-batches", "syncbn/no-split", "tied/sub-batches", "dict/sub-batches",
-           "tied/autocast"]
-#: The rest of the matrix: one pass on the models whose one-pass case is near
-#: ``test_ddp_parity``'s, and moDNN without sub-batches.
-SLOW = ["plain/one-pass", "batchnorm/one-pass", "tied/one-pass", "dict/one-pass",
-        "plain/no-split", "batchnorm/no-split", "dict/no-split", "plain/autocast",
-        "batchnorm/autocast", "dict/autocast"]
+#: A fast representative of every model and every fix (one launch: 13 s on 2 idle cores,
+#: 25 s when they are shared).
+DEFAULT = ["batchnorm/sub-batches", "syncbn/sub-batches", "syncbn/no-split",
+           "tied/sub-batches", "dict/sub-batches", "tied/autocast",
+           "tied/sub-batches/accumulate"]
+#: The rest of the matrix: the models without a fix of their own, one pass (near
+#: ``test_ddp_parity``'s), moDNN without sub-batches, the other autocast and accumulation.
+SLOW = ["plain/sub-batches", "syncbn/one-pass", "plain/one-pass", "batchnorm/one-pass",
+        "tied/one-pass", "dict/one-pass", "plain/no-split", "batchnorm/no-split",
+        "dict/no-split", "plain/autocast", "batchnorm/autocast", "dict/autocast",
+        "batchnorm/sub-batches/accumulate", "dict/sub-batches/accumulate"]
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,7 @@ class Cell:
 
     def __init__(self, rank: int, world: int, name: str, mode: str,
                  budget: int | None = None, timeout: float = 30.0,
-                 broken: int | None = None) -> None:
+                 broken: int | None = None, accumulate: bool = False) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         import outcore
@@ -140,6 +140,8 @@ class Cell:
         self.rank, self.world, self.name = rank, world, name
         #: the rank whose last share is malformed (its capture fails: another rank fails)
         self.broken = broken
+        #: an optimizer step every two steps: the second accumulates onto ``.grad``
+        self.accumulate = accumulate
         torch.manual_seed(0)
         model = build()
         self.ours = copy.deepcopy(model)
@@ -202,6 +204,8 @@ class Cell:
             if self.differ(want, got):
                 self.bad.append(f"step {n}: loss {float(want)} != {float(got)}")
             self.compare(f"step {n}")
+            if self.accumulate and n % 2 == 0:
+                continue
             for opt in self.opts:
                 opt.step()
                 opt.zero_grad()
@@ -275,15 +279,18 @@ def _plain_batchnorm(model: nn.Module) -> nn.Module:
 
 
 def cells(rank: int, world: int, matrix: list[str]) -> dict[str, Any]:
-    """Every cell of ``matrix`` (``"model/mode"``) on this rank, in one process group; a
-    cell that raises is reported under its key."""
+    """Every cell of ``matrix`` (``"model/mode"``, or ``"model/mode/accumulate"``: an
+    optimizer step every two steps, or ``"model/mode/rank-1-fails"``: rank 1's last share
+    cannot be captured) on this rank, in one process group; a cell that raises is reported
+    under its key."""
     out: dict[str, Any] = {}
     for key in matrix:
         name, mode, *how = key.split("/")
         broken = 1 if how == ["rank-1-fails"] else None
         try:
             out[key] = Cell(rank, world, name, mode, broken=broken,
-                            timeout=10.0 if broken is not None else 30.0).run()
+                            timeout=10.0 if broken is not None else 30.0,
+                            accumulate=how == ["accumulate"]).run()
         except Exception as exc:  # noqa: BLE001 - reported to the test, which asserts none
             out[key] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

@@ -4,9 +4,9 @@ reference). Models: a plain ConvNet, BatchNorm (running statistics updated in fo
 compared after every step), SyncBatchNorm (float64, against eager BatchNorm on the global
 batch), a tied embedding/head LM, a dict batch. Plans: one pass (offload-all), sub-batches
 (moDNN at a budget it meets by splitting a share of 4 into passes; also with ``.grad``
-accumulated over two steps, ``/accumulate``: the sub-batch path all-reduces
-``gradient + prior`` as DDP), moDNN with ``allow_sub_batches=False``, and one pass under
-``autocast=torch.bfloat16``.
+accumulated, ``/accumulate``: the last share's step adds to the step before's ``.grad``,
+and the sub-batch path all-reduces ``gradient + prior`` as DDP), moDNN with
+``allow_sub_batches=False``, and one pass under ``autocast=torch.bfloat16``.
 
 Found and fixed here (each cell fails without its fix):
 
@@ -114,9 +114,9 @@ def test_uneven_last_batch_trains_as_ddp_rest(slow_cells: list[Any], key: str) -
 
 def test_a_failed_rank_leaves_a_sub_batch_step_unapplied() -> None:
     """Rank 1's last share cannot be captured (a malformed batch); rank 0 ran its 2 passes
-    and fails in the gradient all-reduce, naming rank 1, with its ``.grad`` and BatchNorm
-    running statistics as they were before the step (its own launch: the group is broken
-    afterwards)."""
+    and fails in the gradient all-reduce, naming rank 1, with its ``.grad`` (accumulated by
+    the step before) and BatchNorm running statistics as they were before the step (its own
+    launch: the group is broken afterwards)."""
     key = "batchnorm/sub-batches/rank-1-fails"
     rank0, rank1 = (r[key] for r in dp_workers.launch(uneven_workers.cells, 2, [key],
                                                        deadline=300.0))

@@ -59,9 +59,12 @@ def check_batch(graph: Graph, batch: Any, parts: int = 1) -> None:
 
 def _same_shape(got: tuple[int, ...], captured: tuple[int, ...], parts: int) -> bool:
     """``got`` is the captured shape, or with sub-batches the captured shape with exactly one
-    dimension ``parts`` times as large."""
+    dimension ``parts`` times as large. With sub-batches the captured shape itself does not
+    match: it is one sub-batch, and every input has a batch dimension that the split divides
+    (a share of a data-parallel step as large as the first share's sub-batch, the last
+    batch's 2 samples where 4 ran as 2 sub-batches of 2, is a new signature, not the first)."""
     if parts <= 1 or got == captured:
-        return got == captured
+        return parts <= 1 and got == captured
     if len(got) != len(captured):
         return False
     grown = [i for i, (g, c) in enumerate(zip(got, captured, strict=True)) if g != c]

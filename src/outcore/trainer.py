@@ -508,9 +508,15 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         if loss_fn is None:
             raise InvalidArgumentError(None, "a loss_fn with distributed=", "Data parallel "
                                        "takes (x, y) batches and loss_fn(model(x), y) for now.")
+        # every argument reaches the rank: allow_sub_batches, cache and host_budget its plans
+        # and re-plans, autocast its capture, cache_size the shapes it keeps (they were
+        # dropped here: the refusal's advice "pass allow_sub_batches=False" changed nothing
+        # under modnn, autocast=torch.bfloat16 trained in float32)
         return compile_data_parallel(model, loss_fn, example_batch, distributed=distributed,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
-                                     **options)
+                                     autocast=autocast, cache_size=cache_size,
+                                     allow_sub_batches=allow_sub_batches, cache=cache,
+                                     host_budget=host_budget, **options)
     if autocast is None:
         autocast_now = autocast_state(None, example_batch, model)
         autocast = autocast_now[1] if autocast_now is not None else None

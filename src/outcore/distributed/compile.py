@@ -32,6 +32,7 @@ from outcore.distributed.layout import tied_gradients, tied_names
 from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
 from outcore.errors import InfeasibleBudgetError
+from outcore.fixed_step import SHAPES
 from outcore.graph.ir import Graph
 from outcore.plan.grad_buckets import (
     DEFAULT_BUCKET_CAP,
@@ -49,17 +50,19 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
                           gpu: str | None = None, policy: str = "auto",
                           bucket_cap: int = DEFAULT_BUCKET_CAP,
                           timeout: datetime.timedelta | None = None,
-                          host: str | None = None, **options: Any) -> DataParallelTrainer:
+                          host: str | None = None, autocast: torch.dtype | None = None,
+                          cache_size: int = SHAPES, **options: Any) -> DataParallelTrainer:
     """Capture, plan and prepare this rank's share (module doc); see ``outcore.compile``.
 
     ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
-    link the plan assumes; default the host of ``gpu``.
+    link the plan assumes; default the host of ``gpu``. ``autocast``: captured (default:
+    the one in effect); ``cache_size``: share signatures kept; ``options`` go to ``plan``.
     """
     ctx = rank_context(distributed, device, timeout)
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:
-        graph = capture_rank(model, loss_fn, example_batch, ctx)
+        graph = capture_rank(model, loss_fn, example_batch, ctx, autocast=autocast)
     except BaseException as exc:
         ctx.report_failure(exc)
         raise
@@ -67,11 +70,12 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
 
-        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx)
+        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
+                            autocast=autocast)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
-                                 recapture=recapture, **options)
+                                 recapture=recapture, shapes=cache_size, **options)
 
 
 def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
@@ -79,9 +83,10 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
                           gpu: str | None = None, policy: str = "auto",
                           bucket_cap: int = DEFAULT_BUCKET_CAP, host: str | None = None,
                           recapture: Callable[[int], Graph] | None = None,
-                          **options: Any) -> DataParallelTrainer:
+                          shapes: int = SHAPES, **options: Any) -> DataParallelTrainer:
     """Plan ``graph`` (this rank's captured share of ``model``'s step) and build the
-    rank's trainer; the parameters must already equal rank 0's (``broadcast_state``)."""
+    rank's trainer, which keeps ``shapes`` other share signatures; the parameters must
+    already equal rank 0's (``broadcast_state``)."""
     limit = None if budget is None else parse_bytes(budget)
     tied = tied_names(model)
     try:
@@ -116,7 +121,7 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
                          buckets_for=lambda p: layout.buckets(p.graph, p.schedule))[0]
 
     trainer = DataParallelTrainer(model, planned, dev, limit, ctx, buckets, replan=replan,
-                                  tied=tied)
+                                  tied=tied, shapes=shapes)
     built.append(trainer)
     return trainer
 

@@ -34,7 +34,15 @@ As with PyTorch's DistributedDataParallel:
 * with one pass (``plan.sub_batches == 1``) the executor's ``BucketReducer`` all-reduces
   each bucket as backward makes it final (overlapped with the rest of backward); with
   sub-batches the gradients are final only after the last pass, so ``.grad`` is
-  all-reduced then (moDNN's "gradient accumulation" at the end of the iteration);
+  all-reduced then (moDNN's "gradient accumulation" at the end of the iteration). Each
+  share's plan has its own passes (4 samples in 2, the last batch's 3 in 1): the gradient
+  is DDP's with the rank's passes under ``no_sync`` but the last, each pass its own
+  BatchNorm statistics (``outcore.runtime.subbatch``). A step whose all-reduce fails
+  leaves ``.grad`` and the buffers as it found them, as a failed bucketed step does;
+* a share refused on one rank (``_check_collectives``; a re-plan the budget cannot hold)
+  raises there before the step changes anything; a rank whose own share was planned
+  goes on into its first collective and raises ``DistributedError`` naming the refused
+  rank (at the latest after the group's timeout), its step unapplied;
 * under ``torch.no_grad()`` (validation) ``step`` runs the forward eagerly and returns this
   rank's loss: no gradient, no all-reduce (only DDP's buffer broadcast above), the model
   in the train/eval mode the user left it;
@@ -60,6 +68,7 @@ from outcore.distributed.reducer import BucketReducer
 from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, SyncBatchNormCollectiveError
 from outcore.errors import OutcoreError
+from outcore.fixed_step import SHAPES
 from outcore.plan.grad_buckets import GradBucket
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
@@ -83,19 +92,20 @@ class DataParallelTrainer(PlannedTrainer):
     """A Trainer on one rank of a data-parallel group (module doc); built by
     ``outcore.compile(..., distributed=True)``. ``buckets``: the first plan's, assigned
     with ``tied`` (the model's tied parameter names, ``layout.tied_names``);
-    ``replan``: captures and plans a share of another signature (``PlannedTrainer``)."""
+    ``replan``: captures and plans a share of another signature (``PlannedTrainer``), kept
+    for ``shapes`` signatures besides the first."""
 
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, ctx: RankContext, buckets: list[GradBucket], *,
                  replan: Callable[[Any], PlannedStep] | None = None,
-                 tied: Sequence[Sequence[str]] | None = None) -> None:
+                 tied: Sequence[Sequence[str]] | None = None, shapes: int = SHAPES) -> None:
         self.ctx = ctx
         self.tied = [tuple(g) for g in (tied_names(model) if tied is None else tied)]
         self.layout = BucketLayout.of(planned.graph, buckets, self.tied)
         self._split = planned.plan.sub_batches  # the first plan's passes
         self._plans_compared = False
         self._sync_next = True  # DDP's require_forward_param_sync
-        super().__init__(model, planned, device, budget, replan=replan)
+        super().__init__(model, planned, device, budget, replan=replan, shapes=shapes)
 
     @property
     def rank(self) -> int:
@@ -171,9 +181,6 @@ class DataParallelTrainer(PlannedTrainer):
                 self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
             loss = super().step(x, y)
             self._sync_next = training
-            if training and self.reducer is None and self.ctx.world_size > 1:
-                self._collective("the all-reduce of the accumulated gradients",
-                                 self._allreduce_grads)
         except SyncBatchNormCollectiveError as exc:
             raise self.ctx.error("the all-reduce of a SyncBatchNorm's statistics",
                                  exc) from exc
@@ -191,7 +198,9 @@ class DataParallelTrainer(PlannedTrainer):
         failed step leaves every ``.grad`` as it was."""
         entry.replay.reset()
         if entry.reducer is None:
-            return super()._run(entry, batch)
+            if self.ctx.world_size == 1:
+                return super()._run(entry, batch)
+            return self._run_then_reduce(entry, batch)
         params = dict(self.model.named_parameters(remove_duplicate=False))
         taken = {n: params[n].grad for n in entry.slots if params[n].grad is not None}
         for name in taken:
@@ -210,6 +219,34 @@ class DataParallelTrainer(PlannedTrainer):
         finally:
             entry.reducer.prior = {}
 
+    def _run_then_reduce(self, entry: RankEntry, batch: Any) -> Any:
+        """A plan without buckets (sub-batches): run it with ``.grad`` taken out, then
+        all-reduce ``(gradient + prior .grad) / N`` per parameter as DDP does. A failed step
+        or all-reduce (another rank refused its share, or failed) puts every ``.grad`` back
+        and the buffers (BatchNorm running statistics) as the step found them: nothing of a
+        step that did not average is left applied."""
+        from outcore.runtime.devices.base import untracked
+
+        params = list(self.model.parameters())  # a tied parameter once
+        taken = [p.grad for p in params]
+        buffers = list(self.model.buffers())
+        with untracked():  # a host copy outside the plan's device memory (a few floats)
+            saved = [b.detach().to("cpu", copy=True) for b in buffers]
+        for p in params:
+            p.grad = None
+        try:
+            result = super()._run(entry, batch)
+            self._collective("the all-reduce of the accumulated gradients",
+                             lambda: self._allreduce_grads(params, taken))
+            return result
+        except BaseException:
+            with torch.no_grad():
+                for p, prior in zip(params, taken, strict=True):
+                    p.grad = prior
+                for b, value in zip(buffers, saved, strict=True):
+                    b.copy_(value)
+            raise
+
     def _collective(self, what: str, fn: Any) -> None:
         try:
             fn()
@@ -219,12 +256,20 @@ class DataParallelTrainer(PlannedTrainer):
     def _sync_buffers(self) -> None:
         broadcast_state(self.model, self.ctx, parameters=False)
 
-    def _allreduce_grads(self) -> None:
+    def _allreduce_grads(self, params: list[nn.Parameter],
+                         priors: list[torch.Tensor | None]) -> None:
+        """Each ``.grad`` (this step's gradient, a new tensor) plus its ``prior`` (left
+        untouched) divided by the world size and all-reduced, in parameter order."""
         with torch.no_grad():
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.div_(self.ctx.world_size)
-                    dist.all_reduce(p.grad, group=self.ctx.group)
+            for p, prior in zip(params, priors, strict=True):
+                if p.grad is None:
+                    if prior is None:
+                        continue
+                    p.grad = prior.clone()  # not made this step, accumulated before
+                elif prior is not None:
+                    p.grad.add_(prior)  # as autograd accumulates: the same sum's bits
+                p.grad.div_(self.ctx.world_size)
+                dist.all_reduce(p.grad, group=self.ctx.group)
 
 
 def broadcast_state(model: nn.Module, ctx: RankContext, *, parameters: bool = True) -> None:

@@ -363,12 +363,12 @@ def _weights_run_result(args: argparse.Namespace, trainer: Any, label: str, kind
               "losses": losses, "budget": work.budget(args),
               "measured_peak": trainer.measured_peak,
               "predicted_peak": trainer.predicted_peak, "device_state": choice.device_state,
-              "held": held, "parameters": len(trainer.state), "host_bytes": choice.host_bytes}
+              "held": held, "parameters": len(trainer.state), "host_bytes": choice.host_resident}
     emit(args, lambda console: console.print(
         f"{label}: {args.steps} steps with {kind}, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
         f"peak {format_bytes(trainer.measured_peak)} (predicted "
         f"{format_bytes(trainer.predicted_peak)}) + {kind} state "
         f"{format_bytes(choice.device_state)} on the device; {len(held)} of "
         f"{len(trainer.state)} parameters held in host memory "
-        f"({format_bytes(choice.host_bytes)} with their state)", markup=False))
+        f"({format_bytes(choice.host_resident)} with their state)", markup=False))
     return result

@@ -108,7 +108,7 @@ def main() -> None:
         if result is not None:
             result = (result[0], result[1] + choice.device_state)
         rows.append((f"outcore-auto ({len(choice.placement.params)}/{len(params)} held)",
-                     result, choice.host_bytes))
+                     result, choice.host_resident))
     except InfeasibleBudgetError as exc:
         rows.append(("outcore-auto", None, 0))
         print(f"outcore-auto: {exc}")

@@ -163,13 +163,15 @@ def _weights_arguments(p: argparse.ArgumentParser, *, run: bool = False) -> None
         "train with this torch optimizer under the plan `outcore plan --optimizer` makes: "
         "the budget holds the parameters, gradients and optimizer state with the "
         "activations, and parameters it cannot hold live in host memory, stepped there "
-        "(needs --budget; policy auto or outcore-checkpoint). Default: SGD, only the "
-        "activations planned") if run else (
+        "(needs --budget; policy auto or outcore-checkpoint); --json reports the plan's "
+        "memory under plan --json's keys: device_state, host_bytes = host_copies + "
+        "host_state, pinned. Default: SGD, only the activations planned") if run else (
         "plan the parameters, gradients and this torch optimizer's state (with --momentum "
         "and --weight-decay, as `outcore run` builds it: on the model's own parameters, so "
         "its state is in their dtype and a bf16/fp16 model gets no fp32 master copies) with "
         "the activations (the budget then holds them all): which live in host memory, host "
-        "and pinned bytes, the step with the optimizer step"))
+        "and pinned bytes (--json: weights.host_bytes = host_copies, the step's host copies, "
+        "+ host_state, the host-held optimizer state), the step with the optimizer step"))
     p.add_argument("--weights", default=None, choices=("auto", "device", "host"),
                    help="with --optimizer: where the parameters live (default auto: in host "
                         "memory when that makes the step fastest or the budget needs it)")

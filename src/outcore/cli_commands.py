@@ -355,20 +355,28 @@ def _train(trainer: Any, optimizer: Any, step_args: tuple[Any, ...], steps: int,
 
 def _weights_run_result(args: argparse.Namespace, trainer: Any, label: str, kind: str,
                         losses: list[float]) -> dict[str, Any]:
-    """``outcore run --optimizer``'s JSON and line: the losses, the peaks, the optimizer
-    state left on the device and the parameters held in host memory."""
+    """``outcore run --optimizer``'s JSON and line: the losses, the peaks, the parameters
+    held in host memory, and the plan's memory under ``outcore plan --json``'s names and
+    meanings (``outcore.weights.report.HOST_KEYS``: ``host_bytes`` is the step's host
+    copies plus the host-held optimizer state)."""
+    from outcore.plan.memory import memory_curve
+    from outcore.weights.report import build_report
+
     choice = trainer.choice
     held = trainer.held()
+    report = build_report(trainer.graph, choice, kind.lower(), args.weights or "auto",
+                          memory_curve(trainer.graph, choice.schedule).host)
     result = {"model": label, "optimizer": kind, "policy": choice.plan.policy,
               "losses": losses, "budget": work.budget(args),
               "measured_peak": trainer.measured_peak,
-              "predicted_peak": trainer.predicted_peak, "device_state": choice.device_state,
-              "held": held, "parameters": len(trainer.state), "host_bytes": choice.host_bytes}
+              "predicted_peak": trainer.predicted_peak, "held": held,
+              "parameters": len(trainer.state), **report.host_memory()}
     emit(args, lambda console: console.print(
         f"{label}: {args.steps} steps with {kind}, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
         f"peak {format_bytes(trainer.measured_peak)} (predicted "
         f"{format_bytes(trainer.predicted_peak)}) + {kind} state "
         f"{format_bytes(choice.device_state)} on the device; {len(held)} of "
-        f"{len(trainer.state)} parameters held in host memory "
-        f"({format_bytes(choice.host_bytes)} with their state)", markup=False))
+        f"{len(trainer.state)} parameters held in host memory; host memory "
+        f"{format_bytes(report.host_bytes)} (pinned {format_bytes(report.pinned)})",
+        markup=False))
     return result

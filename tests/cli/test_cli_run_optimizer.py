@@ -10,6 +10,7 @@ import torch
 
 from outcore import zoo
 from outcore.cli import EXIT_INFEASIBLE, EXIT_OK, EXIT_USAGE, main
+from outcore.weights.report import HOST_KEYS
 
 MLP = ["--model", "mlp", "--small", "--batch", "8"]
 BUDGET = 60_000  # below the MLP's weights, gradients and Adam state (about 0.2 MB)
@@ -56,6 +57,7 @@ def test_run_optimizer_trains_under_the_weights_plan_as_eager(name, kind, extra,
     planned = run_json(["plan", *args, *sizing, "--real"], capsys)  # what `run` trained under
     assert sorted(planned["weights"]["held"]) == doc["held"]
     assert planned["predicted_peak"] == doc["predicted_peak"]
+    assert_same_memory(doc, planned)
 
 
 def plan_and_run(args, capsys, steps=2):
@@ -67,7 +69,15 @@ def plan_and_run(args, capsys, steps=2):
 def assert_same_plan(doc, planned):
     assert sorted(planned["weights"]["held"]) == doc["held"]
     assert planned["predicted_peak"] == doc["predicted_peak"] == doc["measured_peak"]
-    assert planned["weights"]["device_state"] == doc["device_state"]
+    assert_same_memory(doc, planned)
+
+
+def assert_same_memory(doc, planned):
+    """`run --json` reports the plan's memory under `plan --json`'s names and meanings
+    (``HOST_KEYS``): host_bytes is the step's host copies plus the host-held state."""
+    for key in HOST_KEYS:
+        assert doc[key] == planned["weights"][key], key
+    assert doc["host_bytes"] == doc["host_copies"] + doc["host_state"]
 
 
 @pytest.mark.parametrize("extra,options", [([], {}), (["--momentum", "0.9"], {"momentum": 0.9})],
@@ -202,3 +212,8 @@ def test_plan_and_run_agree_on_a_bf16_model(name, extra, bf16_model, capsys):
     device = [p for n, p in model.named_parameters() if n not in doc["held"]]
     moments, scalars = (2, 4) if name == "adamw" else (1, 0)  # AdamW: a 4-byte step
     assert doc["device_state"] == sum(moments * p.nbytes + scalars for p in device)
+    held = [p for n, p in model.named_parameters() if n in doc["held"]]
+    assert doc["host_state"] == sum(moments * p.nbytes + scalars for p in held)
+    # the held weights and their gradients' host copies (before, run's host_bytes was the
+    # held weights and state only: 28876 for AdamW where plan said 38496)
+    assert doc["host_copies"] >= 2 * sum(p.nbytes for p in held)

@@ -37,12 +37,21 @@ The rule (``choose_weights``):
 cannot hold it yet).
 A gradient is sent to host memory exactly when its parameter is held; the optimizer state
 lives with its parameter. ``WeightChoice.tried`` records every candidate for the report.
+
+Mixed precision (``masters``: the parameters with an fp32 master, ``MasterWeights``): the
+master and its optimizer state (a mastered parameter's ``state_bytes``) live in host
+memory whatever the placement, so they are host bytes (``WeightChoice.host_state``), never
+device bytes: holding such a parameter frees its weight and gradient only. Its step runs
+on the host, where its master is, with the two casts of ``step_cost.master_cast_seconds``;
+one the device keeps is stepped after the pass and its updated weight copied back h2d.
+The lower bound and the ``cost`` ranking keep pricing a device-kept parameter's step on
+the device without the casts: below what any placement costs, so still a bound.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -106,6 +115,9 @@ class Candidate:
     pruned: bool = False
     host_numel: int = 0
     device_numel: int = 0
+    #: the mastered parameters' casts, and the copies back of the device-kept ones'
+    #: updated weights (without ``overlap``; ``choose`` module doc)
+    master_seconds: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -120,17 +132,22 @@ class Candidate:
 class WeightChoice:
     """The chosen placement, the activation plan and Schedule that go with it, and why.
 
-    ``host_bytes``: the held parameters' weights and optimizer state (the gradients' and
-    activations' host copies are in the schedule's host peak); ``bound``: the joint lower
-    bound (None without a cost model); ``facts``/``exposed``: every parameter's bytes and
-    copy seconds, and the seconds of its copies the compute would not hide if held."""
+    ``device_state``: the optimizer state on the device (the device-held parameters' that
+    have no host master), beside ``peak`` in the budget; ``host_state``: the optimizer
+    state in host memory (the held parameters', and every master with its state);
+    ``host_resident``: what stays in host memory across steps, the held parameters'
+    weights and ``host_state`` (the step's host copies, sent gradients and offloaded
+    activations, are in the schedule's host peak: ``WeightReport.host_bytes`` counts
+    both); ``bound``: the joint lower bound (None without a cost model);
+    ``facts``/``exposed``: every parameter's bytes (``state``: on the device unless held)
+    and copy seconds, and the seconds of its copies the compute would not hide if held."""
 
     placement: WeightPlacement
     plan: Plan
     schedule: Schedule
     peak: int
     device_state: int
-    host_bytes: int
+    host_resident: int
     step_seconds: float
     optimizer_seconds: float
     tried: list[Candidate] = field(default_factory=list)
@@ -212,6 +229,21 @@ def _overlap(graph: Graph, profile: Any, times: list[float], host_rate: float,
                            forward)
 
 
+def _casts(facts: list[ParamFacts], masters: frozenset[str], profile: Any,
+           host_adam_rate: float) -> float:
+    """Seconds of the casts of every mastered parameter's step
+    (``outcore.weights.step_cost.master_cast_seconds`` at its element size), at the
+    profile's host DRAM bandwidth, else the one derived from the host AdamW rate
+    (``step_cost.host_bandwidth``'s rule)."""
+    from outcore.weights.step_cost import ADAM_BYTES, HOST_EFFICIENCY, master_cast_seconds
+
+    prof = getattr(profile, "profile", None) or profile
+    bandwidth = float(getattr(prof, "host_memory_bandwidth", None)
+                      or host_adam_rate * ADAM_BYTES / HOST_EFFICIENCY)
+    return sum(master_cast_seconds(f.numel, f.weight // max(f.numel, 1), bandwidth)
+               for f in facts if f.name in masters)
+
+
 def ranking(graph: Graph, state_bytes: Mapping[str, int]) -> list[str]:
     """Parameter names, largest device bytes freed by holding them first (ties: later
     parameters first, whose backward use comes first)."""
@@ -226,8 +258,8 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
                    host_adam_rate: float | None = None,
                    device_adam_rate: float | None = None, mode: str = "auto",
                    given: Iterable[str] | None = None, profile: Any = None,
-                   overlap: bool = False, update_bytes: int = ADAM_UPDATE_BYTES
-                   ) -> WeightChoice:
+                   overlap: bool = False, update_bytes: int = ADAM_UPDATE_BYTES,
+                   masters: Collection[str] = ()) -> WeightChoice:
     """The fastest candidate placement that fits ``budget`` (module doc); raises
     ``InfeasibleBudgetError`` with the lowest need seen when none does. ``given``: plan
     exactly the placement holding these parameter names (``mode`` is then ignored).
@@ -238,7 +270,10 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     landed) instead of the simulated pass plus the optimizer after it; needs ``cost``
     with a hardware profile (``simulate`` is then not called). ``update_bytes``: the bytes
     the optimizer's step moves per parameter (``outcore.weights.spec.update_bytes_of``;
-    default AdamW's): ``host_adam_rate``/``device_adam_rate`` (AdamW's) are scaled by it."""
+    default AdamW's): ``host_adam_rate``/``device_adam_rate`` (AdamW's) are scaled by it.
+    ``masters``: the parameters with an fp32 master in host memory (``MasterWeights``;
+    ``outcore.weights.spec.graph_masters``), whose ``state_bytes`` (master and state) are
+    host bytes whatever the placement (module doc)."""
     if mode not in MODES:
         raise InvalidArgumentError(mode, f"a weights placement among {MODES}")
     host_adam_rate, device_adam_rate = _rates(cost if profile is None else profile,
@@ -251,11 +286,13 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
         return optimizer_seconds(int(host), int(device), host_rate=host_rate,
                                  device_rate=device_rate)
 
-    facts = param_facts(graph, state_bytes, cost)
+    mastered = frozenset(masters)
+    on_device = {n: 0 if n in mastered else b for n, b in state_bytes.items()}
+    facts = param_facts(graph, on_device, cost)
     times = op_times(graph, cost) if cost is not None else [0.0] * len(graph.ops)
     timing = _overlap(graph, cost if profile is None else profile, times, host_adam_rate,
                       update_bytes) if overlap and cost is not None else None
-    bound = joint_lower_bound(graph, budget, cost, state_bytes, step_cost=step_cost,
+    bound = joint_lower_bound(graph, budget, cost, on_device, step_cost=step_cost,
                               overlap=timing[1] if timing else None) \
         if cost is not None else None
     need = sum(f.freed for f in facts) - budget
@@ -263,6 +300,8 @@ def choose_weights(graph: Graph, budget: int, cost: Any, state_bytes: Mapping[st
     run = _Runner(graph, budget, cost, facts, planners or default_planners(), simulate,
                   step_cost)
     run.update_bytes = update_bytes
+    run.masters, run.master_host = mastered, sum(state_bytes.get(n, 0) for n in mastered)
+    run.casts = _casts(facts, mastered, cost if profile is None else profile, host_adam_rate)
     if timing is not None:
         run.priced, run.overlap = timing
     if given is not None:
@@ -384,6 +423,9 @@ class _Runner:
         self.priced: Any = None  # with ``overlap``: the profile pricing the host steps
         self.overlap: Overlap | None = None
         self.update_bytes = ADAM_UPDATE_BYTES  # the optimizer's, for the host steps
+        self.masters: frozenset[str] = frozenset()  # parameters with a host master
+        self.master_host = 0  # bytes of the masters and their state (host, any placement)
+        self.casts = 0.0  # seconds of the masters' casts (the same for every placement)
 
     def bound(self, prop: search.Proposal) -> float:
         """``placement_bound`` of ``prop`` (0 when not pruning)."""
@@ -409,9 +451,13 @@ class _Runner:
         device_state = sum(f.state for f in device)
         cand = Candidate(held_bytes=sum(f.freed for f in held), params=len(held),
                          device_state=device_state, ranking=prop.ranking)
-        cand.host_numel = sum(f.numel for f in held)
-        cand.device_numel = sum(f.numel for f in device)
-        cand.optimizer_seconds = self.step_cost(cand.host_numel, cand.device_numel)
+        kept = [f for f in device if f.name in self.masters]  # stepped on the host
+        cand.host_numel = sum(f.numel for f in held) + sum(f.numel for f in kept)
+        cand.device_numel = sum(f.numel for f in device) - sum(f.numel for f in kept)
+        back = getattr(self.cost, "transfer_time", None)
+        cand.master_seconds = self.casts + (sum(back(f.weight, "h2d") for f in kept)
+                                            if back is not None else 0.0)
+        cand.optimizer_seconds = self._optimizer(cand)
         self.tried.append(cand)
         self._seen[key] = cand
         floor = self.bound(prop)
@@ -432,10 +478,11 @@ class _Runner:
             return cand
         plan, schedule = found
         if self.best is None or _better(cand, self.best):
+            host_state = sum(f.state for f in held) + self.master_host
             self.best = WeightChoice(placement, plan, schedule, cand.peak, device_state,
-                                     sum(f.weight + f.state for f in held),
+                                     sum(f.weight for f in held) + host_state,
                                      cand.step_seconds, cand.optimizer_seconds,
-                                     host_state=sum(f.state for f in held), chosen=cand)
+                                     host_state=host_state, chosen=cand)
             self.best_proposal = prop
         return cand
 
@@ -483,10 +530,16 @@ class _Runner:
 
             result = simulate(self.graph, schedule, self.cost,
                               optimizer=host_steps(self.graph, schedule, self.priced,
-                                                   update_bytes=self.update_bytes))
+                                                   update_bytes=self.update_bytes,
+                                                   masters=self.masters))
             return result.step_time - result.optimizer_time, result.optimizer_time
         seconds = self.simulate(self.graph, schedule) if self.simulate is not None else 0.0
-        return seconds, self.step_cost(cand.host_numel, cand.device_numel)
+        return seconds, self._optimizer(cand)
+
+    def _optimizer(self, cand: Candidate) -> float:
+        """The optimizer step after the pass (not overlapped): ``step_cost`` at the
+        candidate's host/device split plus its ``master_seconds``."""
+        return self.step_cost(cand.host_numel, cand.device_numel) + cand.master_seconds
 
 
 def _better(cand: Candidate, best: WeightChoice) -> bool:

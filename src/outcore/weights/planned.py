@@ -38,12 +38,20 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
     model's profile (its measured or catalogued ``host_adam_rate``, else its host
     bandwidth), and only a profile with neither falls back to ``outcore.weights.spec``'s
     constant (``choose._rates``). Another optimizer's step is priced from AdamW's rates by
-    the bytes it moves per parameter (``outcore.weights.spec.update_bytes_of``)."""
+    the bytes it moves per parameter (``outcore.weights.spec.update_bytes_of``). A named
+    spec's fp32 masters of bf16/fp16 parameters, and their state, are host bytes stepped on
+    the host with their casts, as ``MasterWeights`` keeps them
+    (``outcore.weights.spec.graph_masters``)."""
     from outcore.planned import PlannedStep, _offload_sizes
     from outcore.sim import simulate as run_simulation
     from outcore.weights.choose import MODES, choose_weights, default_planners
     from outcore.weights.report import build_report
-    from outcore.weights.spec import graph_state_bytes, optimizer_name, update_bytes_of
+    from outcore.weights.spec import (
+        graph_masters,
+        graph_state_bytes,
+        optimizer_name,
+        update_bytes_of,
+    )
 
     mode = weights or "auto"
     if mode not in MODES:
@@ -62,6 +70,7 @@ def plan_weights(graph: Graph, limit: int | None, policy: str, cost: Any, optimi
     choice = choose_weights(
         graph, limit, cost, state, planners=planners, mode=mode,
         host_adam_rate=host_adam_rate, update_bytes=update_bytes_of(optimizer),
+        masters=graph_masters(graph, optimizer),
         overlap=getattr(cost, "profile", None) is not None,
         simulate=(lambda g, s: run_simulation(g, s, cost).step_time) if cost else None)
     trace = memory_curve(graph, choice.schedule)

@@ -4,12 +4,20 @@ Plain Python (no torch). Built from a ``WeightChoice`` and the memory rule's hos
 its Schedule; ``PlannedStep.weights`` holds it, ``explain()`` and ``outcore explain`` print
 its rows, ``outcore plan`` its summary.
 
-Host memory: the step's host copies (held weights, sent gradients, offloaded activations:
-the schedule's host peak, ``host_copies``) plus the held parameters' optimizer state
-(``host_state``: moments and fp32 masters, stepped by the CPU, pageable). Only the copies
-are DMA sources or targets, so only they are pinned: ``pinned`` is what a pinned pool
-reserving each copy at ``PINNED_ALIGNMENT`` holds (``CudaDevice.reserve_host``'s rule), and
-``pinned_ratio = pinned / host_copies`` (at most 1.05 for the zoo's Llamas: tested).
+Host memory (``HOST_KEYS``; ``outcore plan --json``'s ``weights`` and ``outcore run
+--json`` report these keys with these meanings, ``host_memory``): ``host_bytes``, all the
+host memory outcore holds for the step, is ``host_copies + host_state``:
+
+* ``host_copies``: the step's host copies at their peak (the held weights, the sent
+  gradients, the offloaded activations: the schedule's host peak by the memory rule);
+* ``host_state``: the optimizer state in host memory, stepped by the CPU, pageable: the
+  held parameters' state, and every fp32 master with its state (``MasterWeights``, or a
+  named spec on bf16/fp16 parameters), which lives there whatever the placement.
+
+Only the copies are DMA sources or targets, so only they are pinned: ``pinned`` is what a
+pinned pool reserving each copy at ``PINNED_ALIGNMENT`` holds (``CudaDevice.reserve_host``'s
+rule), and ``pinned_ratio = pinned / host_copies`` (at most 1.05 for the zoo's Llamas:
+tested). ``device_state`` is the optimizer state on the device, beside the step's peak.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from outcore.graph.ir import Graph
 from outcore.plan.schedule import Offload, Schedule
 from outcore.units import format_bytes
 
+#: the memory keys of a weights plan, named and meant alike in plan and run JSON (module doc)
+HOST_KEYS = ("device_state", "host_bytes", "host_copies", "host_state", "pinned")
 #: bytes each pinned host copy is aligned to (``outcore.runtime.devices.cuda.HOST_ALIGNMENT``)
 PINNED_ALIGNMENT = 64
 
@@ -35,9 +45,9 @@ class WeightReport:
 
     Seconds: ``step_seconds`` the simulated forward+backward, ``optimizer_seconds`` the
     optimizer step, ``total_seconds`` both; ``lower_bound`` (seconds, joint) and ``gap``
-    when a cost model was given. Bytes: ``device_state`` (optimizer state of the
-    device-held parameters, counted in the budget), ``host_copies``, ``host_state``,
-    ``host_bytes`` (their sum: the host memory the step needs), ``pinned``."""
+    when a cost model was given. Bytes (module doc): ``device_state`` (optimizer state on
+    the device, counted in the budget), ``host_copies``, ``host_state``, ``host_bytes``
+    (their sum: the host memory the step needs), ``pinned``."""
 
     optimizer: str
     mode: str
@@ -86,6 +96,11 @@ class WeightReport:
         return (f"{moved}; host memory {format_bytes(self.host_bytes)} (pinned "
                 f"{format_bytes(self.pinned)}), step {self.step_seconds * 1e3:.1f} ms + "
                 f"optimizer {self.optimizer_seconds * 1e3:.1f} ms")
+
+    def host_memory(self) -> dict[str, int]:
+        """``HOST_KEYS`` -> bytes (module doc): what ``outcore run --json`` reports of the
+        plan it trained under, as ``to_dict`` does for ``outcore plan --json``."""
+        return {key: int(getattr(self, key)) for key in HOST_KEYS}
 
     def to_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "mode": self.mode, "held": list(self.held),

@@ -25,7 +25,9 @@ checks both against torch's state after a step, in fp32 and bf16):
   fp32, and an fp32 master copy of every parameter whose dtype is narrower than fp32
   (bf16/fp16 weights on the device). So AdamW holds 8 bytes per element of an fp32
   parameter and 12 of a bf16 one, plus a 4-byte step count; "sgd" (SGD with momentum) 4
-  (8 with a master). For an fp32 model both recipes are the same bytes.
+  (8 with a master). For an fp32 model both recipes are the same bytes. A master and its
+  state live in host memory whatever the placement, as ``MasterWeights`` keeps them
+  (``graph_masters`` names those parameters for the chooser), and their step runs there.
 
 ``OptimizerSpec(name, bytes_per_element=...)`` states any other size.
 
@@ -149,12 +151,18 @@ class OptimizerSpec:
         ``shape``, default one dimension, matters with ``factored``)."""
         if self.bytes_per_element is not None:
             return round(self.bytes_per_element * numel) + self.step_bytes
-        mastered = self.master and itemsize < 4
+        mastered = self.mastered(itemsize)
         size = itemsize if self.own_dtype and not mastered else 4
         tensors = self.moments * numel
         if self.factored:
             tensors += factored_numel((numel,) if shape is None else shape)
         return tensors * size + (4 * numel if mastered else 0) + self.step_bytes
+
+    def mastered(self, itemsize: int) -> bool:
+        """Whether a parameter of ``itemsize`` bytes per element gets an fp32 master (and
+        its state with it: on the host, ``MasterWeights``); never for a
+        ``bytes_per_element`` spec, which has no account of its tensors."""
+        return self.master and self.bytes_per_element is None and itemsize < 4
 
     def update_bytes(self) -> int:
         """Bytes one step of this optimizer reads and writes per parameter element, in fp32
@@ -274,6 +282,27 @@ def graph_state_bytes(graph: Any, optimizer: Any) -> dict[str, int]:
         numel = math.prod(t.shape)
         out[name] = spec.state_bytes(numel, t.nbytes // numel if numel else 4, t.shape)
     return out
+
+
+def graph_masters(graph: Any, optimizer: Any) -> frozenset[str]:
+    """Names of ``graph``'s parameters that the mixed-precision recipe of ``optimizer``
+    gives an fp32 master (``OptimizerSpec.mastered``: a named spec or a spec with
+    ``master``, on bf16/fp16 parameters). Their ``graph_state_bytes`` (the master and its
+    state) live in host memory whatever the placement and their step runs there, as
+    ``MasterWeights`` keeps them. A built optimizer has none (it is built on the
+    parameters themselves)."""
+    from outcore.plan.weights import parameters
+
+    if not isinstance(optimizer, (str, OptimizerSpec)):
+        return frozenset()
+    spec = spec_of(optimizer)
+    out = set()
+    for name, tid in parameters(graph).items():
+        t = graph.tensors[tid]
+        numel = math.prod(t.shape)
+        if spec.mastered(t.nbytes // numel if numel else 4):
+            out.add(name)
+    return frozenset(out)
 
 
 def optimizer_seconds(host_numel: int, device_numel: int, *,

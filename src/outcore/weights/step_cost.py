@@ -21,15 +21,21 @@ parameter (``update_bytes``: ``outcore.weights.spec.OptimizerSpec.update_bytes``
 12 bytes (param and gradient read, param written), so it steps 28/12 as many parameters per
 second; AdamW (the default, ``ADAM_BYTES``) is priced as before.
 
-Mixed precision (bf16 weights on the device, fp32 master and state on the host) adds the
-cast of the master to the device copy: ``master_cast_bytes`` more per parameter on the
-host, priced at the host's DRAM bandwidth.
+Mixed precision (``outcore.weights.mixed.MasterWeights``: bf16/fp16 weights, fp32 masters
+and their state on the host) adds two casts per element on the host, priced at its DRAM
+bandwidth (``master_cast_seconds``): the low-precision gradient widened into the master's
+``.grad`` (``set_grad``: ``c`` bytes read, 4 written) and the updated master cast into the
+parameter (``publish``: 4 read, ``c`` written), ``c = master_cast_bytes`` (the parameter's
+element size: 2 for bf16). Every mastered parameter is stepped on the host, where its
+master is (``host_steps(masters=)``): one the device keeps is stepped once the pass has
+ended and its updated weight copied back h2d. Not modelled: the d2h copy of such a
+parameter's gradient (``set_grad`` of a device tensor; ``c`` bytes per element).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from outcore.errors import ProfileError
@@ -104,6 +110,16 @@ def _count(value: int | Iterable[int]) -> int:
     return total
 
 
+def master_cast_seconds(numel: int, master_cast_bytes: int, bandwidth: float) -> float:
+    """Seconds of the two host casts of a mixed-precision step of ``numel`` elements whose
+    low-precision copy has ``master_cast_bytes`` per element (module doc): the gradient
+    widened into the master and the master cast into the parameter, ``2 * (4 +
+    master_cast_bytes)`` bytes per element at ``bandwidth`` bytes/s; 0 without a cast."""
+    if not master_cast_bytes or not numel:
+        return 0.0
+    return numel * 2 * (4 + master_cast_bytes) / bandwidth
+
+
 def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile: Any, *,
                  master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES
                  ) -> tuple[float, float]:
@@ -111,9 +127,10 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
 
     ``params_by_placement`` maps "device" and/or "host" to a number of parameters (or an
     iterable of per-tensor element counts) whose step runs there; ``profile`` is a
-    ``HardwareProfile`` or a cost model carrying one. ``master_cast_bytes``: bytes written
-    per host-stepped parameter to refresh its low-precision device copy (2 for bf16 weights
-    with fp32 masters; 0 when the weight is the master). ``update_bytes``: the bytes the
+    ``HardwareProfile`` or a cost model carrying one. ``master_cast_bytes``: the element
+    size of the low-precision copy of a host-stepped parameter's fp32 master (2 for bf16
+    weights with ``MasterWeights``; 0 when the weight is the master): its two casts are
+    added (``master_cast_seconds``). ``update_bytes``: the bytes the
     optimizer's step moves per parameter (default AdamW's; module doc). Raises
     ProfileError for an unknown placement or a profile that cannot price the host
     (``host_adam_rate``).
@@ -128,7 +145,7 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
     if host:
         host_s = host / update_rate(host_adam_rate(profile), update_bytes)
         if master_cast_bytes:
-            host_s += host * (4 + master_cast_bytes) / host_bandwidth(profile)
+            host_s += master_cast_seconds(host, master_cast_bytes, host_bandwidth(profile))
     if not (math.isfinite(device_s) and math.isfinite(host_s)):
         raise ProfileError("the optimizer step's time is not finite; check the profile's "
                            "bandwidths and host_adam_mparams")
@@ -136,7 +153,8 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
 
 
 def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool = False,
-               master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES) -> HostSteps:
+               master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES,
+               masters: Collection[str] = ()) -> HostSteps:
     """The optimizer step of ``schedule``'s placement, for ``simulate(..., optimizer=)``.
 
     A parameter whose gradient the schedule sends to host memory (``host_outputs``) is
@@ -147,9 +165,15 @@ def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool 
     device after the pass. ``barrier``: clipping or a GradScaler, which need every gradient
     before any step (plus the global norm over the host gradients at host DRAM bandwidth).
     ``update_bytes``: the bytes the optimizer's step moves per parameter (``step_seconds``).
+    ``master_cast_bytes``: the casts of every host-stepped parameter (``step_seconds``).
+    ``masters``: names of the parameters with an fp32 master on the host
+    (``MasterWeights``): each is stepped on the host with its two casts at its own element
+    size; one whose gradient is not sent is stepped once the pass has ended and its updated
+    weight copied back h2d (module doc).
     """
     sent = set(schedule.host_outputs)
     held = set(schedule.host_static)
+    mastered = set(masters)
     params = parameters(graph)
     host: dict[int, float] = {}
     wait_for: dict[int, int] = {}
@@ -161,8 +185,10 @@ def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool 
         if p is None:
             continue
         numel = math.prod(graph.tensors[p].shape)
-        if g in sent or p in held:
-            host[g] = step_seconds({"host": numel}, profile, master_cast_bytes=master_cast_bytes,
+        if g in sent or p in held or name in mastered:
+            cast = graph.tensors[p].nbytes // max(numel, 1) if name in mastered \
+                else master_cast_bytes
+            host[g] = step_seconds({"host": numel}, profile, master_cast_bytes=cast,
                                    update_bytes=update_bytes)[1]
             norm_bytes += graph.tensors[graph.tensors[g].storage].nbytes
             if p in held:

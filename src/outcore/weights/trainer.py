@@ -35,7 +35,10 @@ step equals eager's as the first shape's does.
 
 Budget rule: ``predicted_peak`` of the step (what the emulated device measures, to the
 byte) plus the optimizer state of the device-held parameters is at most ``budget``; the
-device's capacity is ``budget`` less that state.
+device's capacity is ``budget`` less that state. With ``master=`` that state is 0: the
+masters and their state are CPU tensors whatever the placement (``MasterWeights``), so
+the plan counts them in host memory (``choice.host_state``), and every parameter's step
+runs on the host.
 
 On ``device="cuda"`` (model on the GPU when compiled) the held parameters move into one
 pinned host segment (``host_weights.pin_parameters``; ``param.data`` is replaced, so they
@@ -91,6 +94,9 @@ class WeightTrainer:
         self._weights = (weights, host_adam_rate)  # choose_weights' mode= and host_adam_rate=
         graph = capture(model, loss_fn, example_batch)
         self.state = state_bytes(optimizer, model, master)
+        if master is not None:  # a master the optimizer does not step is allocated too
+            for name, m in master.masters.items():
+                self.state.setdefault(name, m.nbytes)
         choice = self._choose(graph, cost_model_for(gpu, graph, device), None)
         self.device = _make_device(device, budget - choice.device_state, gpu=gpu,
                                    slowdown=slowdown, bandwidth=bandwidth,
@@ -143,6 +149,7 @@ class WeightTrainer:
                               given=given, mode=self._weights[0],
                               host_adam_rate=self._weights[1],
                               update_bytes=built_update_bytes(self.optimizer),
+                              masters=self.master.masters if self.master else (),
                               simulate=lambda g, s: simulate(g, s, cost).step_time)
 
     def _shape(self, graph: Any, choice: WeightChoice) -> _Shape:

@@ -47,6 +47,20 @@ CASES = [
 ]
 
 
+def squared_error(out, y):
+    return (out - y).square().mean()
+
+
+def captured_shapes(dtype):
+    """A ``Shapes`` model in ``dtype`` and its captured step (squared error on a batch of 2):
+    the model the plan-side state tests size."""
+    torch.manual_seed(0)
+    model = Shapes().to(dtype)
+    x = torch.randn(2, 3, 8, 8, dtype=dtype)
+    y = torch.zeros(2, 5, dtype=dtype)
+    return model, outcore.capture(model, squared_error, (x, y))
+
+
 def real_state_bytes(optimizer, model):
     by_id = {id(p): n for n, p in model.named_parameters()}
     return {by_id[id(p)]: sum(v.nbytes for v in s.values() if isinstance(v, torch.Tensor))

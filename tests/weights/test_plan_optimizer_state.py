@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_optimizer_state import CASES, Shapes, one_step, real_state_bytes
+from test_optimizer_state import CASES, captured_shapes, one_step, real_state_bytes
 
 import outcore
 from outcore.errors import InvalidArgumentError
@@ -21,17 +21,9 @@ from outcore.weights.optimizer import state_bytes
 from outcore.weights.spec import graph_state_bytes
 
 
-def loss_fn(out, y):
-    return (out - y).square().mean()
-
-
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def captured(request):
-    torch.manual_seed(0)
-    model = Shapes().to(request.param)
-    x = torch.randn(2, 3, 8, 8, dtype=request.param)
-    y = torch.zeros(2, 5, dtype=request.param)
-    return model, outcore.capture(model, loss_fn, (x, y))
+    return captured_shapes(request.param)
 
 
 def planned_state(graph, optimizer, weights):

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_optimizer_state import CASES, Shapes, one_step
+from test_optimizer_state import CASES, Shapes, captured_shapes, one_step, squared_error
 
 import outcore
 from outcore import cli_workload
@@ -33,17 +33,11 @@ from outcore.weights.spec import SPECS, graph_state_bytes, torch_spec
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def loss_fn(out, y):
-    return (out - y).square().mean()
 
 
 @pytest.fixture(scope="module", params=DTYPES, ids=["fp32", "bf16"])
 def captured(request):
-    torch.manual_seed(0)
-    model = Shapes().to(request.param)
-    x = torch.randn(2, 3, 8, 8, dtype=request.param)
-    y = torch.zeros(2, 5, dtype=request.param)
-    return model, outcore.capture(model, loss_fn, (x, y))
+    return captured_shapes(request.param)
 
 
 def measured(optimizer, masters=None):
@@ -120,7 +114,7 @@ def test_every_optimizer_on_fp32_masters(kind, options):
     torch.manual_seed(0)
     model = Shapes().to(torch.bfloat16)
     x = torch.randn(2, 3, 8, 8, dtype=torch.bfloat16)
-    graph = outcore.capture(model, loss_fn, (x, torch.zeros(2, 5, dtype=torch.bfloat16)))
+    graph = outcore.capture(model, squared_error, (x, torch.zeros(2, 5, dtype=torch.bfloat16)))
     masters = MasterWeights(model)
     optimizer = getattr(torch.optim, kind)(masters.parameters(), **options)
     predicted = graph_state_bytes(graph, torch_spec(kind, optimizer.param_groups[0]))

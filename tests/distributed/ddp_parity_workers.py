@@ -28,6 +28,29 @@ from torch import nn
 BUCKET_CAP = 2048
 
 
+def tensors_differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> bool:
+    """``a`` and ``b`` differ: not bit-equal at ``rtol`` 0, else by more than ``rtol`` of
+    ``a``'s largest magnitude, floored at 1e-2 for values that are rounding noise (a
+    convolution's bias before a BatchNorm: its gradient is zero in exact arithmetic, 1e-8
+    seen, off by as much on 4 ranks)."""
+    if rtol == 0.0:
+        return not torch.equal(a, b)
+    scale = max(a.abs().max().item(), 1e-2) if a.numel() else 1.0
+    return bool((a.double() - b.double()).abs().max().item() > rtol * scale)
+
+
+def grad_mismatches(ref: nn.Module, ours: nn.Module,
+                    differ: Any) -> list[str]:
+    """Names of ``ref``'s parameters whose ``.grad`` ``ours`` lacks, has extra, or has
+    otherwise (``differ(a, b)``), in parameter order."""
+    out = []
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters(), strict=True):
+        if (p.grad is None) != (q.grad is None) or (
+                p.grad is not None and differ(p.grad, q.grad)):
+            out.append(name)
+    return out
+
+
 class TiedLM(nn.Module):
     """Embedding -> MLP -> a head whose weight is the embedding's."""
 
@@ -80,12 +103,7 @@ class Pair:
         self.rtol = rtol
 
     def differ(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        if self.rtol == 0.0:
-            return not torch.equal(a, b)
-        # a floor for gradients that are rounding noise (a convolution's bias before a
-        # BatchNorm: zero in exact arithmetic, 1e-8 seen, off by as much on 4 ranks)
-        scale = max(a.abs().max().item(), 1e-2) if a.numel() else 1.0
-        return bool((a.double() - b.double()).abs().max().item() > self.rtol * scale)
+        return tensors_differ(a, b, self.rtol)
 
     def step(self, what: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """One step of each (a training step, or an eval under no_grad when grad is
@@ -104,11 +122,8 @@ class Pair:
             opt.zero_grad()
 
     def compare(self, what: str) -> None:
-        for (name, p), q in zip(self.ref.named_parameters(), self.ours.parameters(),
-                                strict=True):
-            if (p.grad is None) != (q.grad is None) or (
-                    p.grad is not None and self.differ(p.grad, q.grad)):
-                self.bad.append(f"{what}: .grad of {name}")
+        self.bad += [f"{what}: .grad of {name}"
+                     for name in grad_mismatches(self.ref, self.ours, self.differ)]
         for (name, a), b in zip(self.ref.state_dict().items(),
                                 self.ours.state_dict().values(), strict=True):
             if (self.differ(a, b) if a.is_floating_point() else not torch.equal(a, b)):

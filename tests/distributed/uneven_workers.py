@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ddp_parity_workers import TiedLM, lm_loss
+from ddp_parity_workers import TiedLM, grad_mismatches, lm_loss, tensors_differ
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -247,19 +247,13 @@ class Cell:
         return mine
 
     def differ(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        if self.rtol == 0.0:
-            return not torch.equal(a, b)
-        # a floor for values that are rounding noise (a convolution's bias before a
-        # BatchNorm: its gradient is 0 in exact arithmetic, 1e-9 seen)
-        scale = max(a.abs().max().item(), 1e-2) if a.numel() else 1.0
-        return bool((a.double() - b.double()).abs().max().item() > self.rtol * scale)
+        return tensors_differ(a, b, self.rtol)
 
     def compare(self, what: str) -> None:
+        self.bad += [f"{what}: .grad of {name}"
+                     for name in grad_mismatches(self.ref, self.ours, self.differ)]
         for (name, p), q in zip(self.ref.named_parameters(), self.ours.parameters(),
                                 strict=True):
-            if (p.grad is None) != (q.grad is None) or (
-                    p.grad is not None and self.differ(p.grad, q.grad)):
-                self.bad.append(f"{what}: .grad of {name}")
             if self.differ(p.detach(), q.detach()):
                 self.bad.append(f"{what}: {name}")
         for (name, a), b in zip(self.ref.named_buffers(), self.ours.buffers(), strict=True):

@@ -186,14 +186,9 @@ def mlp():
 
 
 @pytest.fixture
-def bf16_model(tmp_path, monkeypatch):
+def bf16_model(user_module):
     """``--model bf16mod:mlp``: a bf16 MLP (6922 parameters)."""
-    import sys
-
-    (tmp_path / "bf16mod.py").write_text(BF16_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "bf16mod:mlp"
-    sys.modules.pop("bf16mod", None)
+    return user_module("bf16mod", BF16_MODULE) + ":mlp"
 
 
 @pytest.mark.parametrize("name,extra", [("adamw", []), ("sgd", ["--momentum", "0.9"])])

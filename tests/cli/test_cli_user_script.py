@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import pytest
@@ -67,11 +66,8 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.fixture
-def usermod(tmp_path, monkeypatch):
-    (tmp_path / "usermod.py").write_text(SCRIPT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "usermod"
-    sys.modules.pop("usermod", None)
+def usermod(user_module):
+    return user_module("usermod", SCRIPT)
 
 
 def test_run_trains_a_model_that_returns_its_own_loss_from_a_dict(usermod, capsys):

@@ -181,3 +181,21 @@ def test_a_module_that_runs_elsewhere_is_refused_with_what_to_pass(wrap: str) ->
               "dataparallel": ".module"}[wrap]
     assert advice in message
     assert ("submodule '0'" in message) == (wrap != "dataparallel")
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_an_uninitialised_lazy_module_is_refused_with_the_dry_run_to_do(fake: bool) -> None:
+    """A LazyLinear before its first forward failed inside tracing with PyTorch's message
+    about ``_is_view``; it is refused at the door, naming the module, and the dry run
+    PyTorch asks for makes the same model capturable."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 3))
+    batch = (torch.randn(4, 6), torch.randint(0, 3, (4,)))
+    with pytest.raises(CaptureError) as err:
+        capture(model, nn.functional.cross_entropy, batch, fake=fake)
+    message = str(err.value)
+    assert "'0' (LazyLinear)" in message and "model(x)" in message
+    with torch.no_grad():
+        model(batch[0])
+    graph = capture(model, nn.functional.cross_entropy, batch, fake=fake)
+    assert sum(1 for t in graph.tensors if t.kind == "parameter") == 4

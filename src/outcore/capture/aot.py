@@ -26,7 +26,7 @@ from outcore.capture.convert import build_graph
 from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
-from outcore.capture.wrappers import check_wrappers
+from outcore.capture.wrappers import check_initialized, check_wrappers
 from outcore.errors import CaptureError
 from outcore.graph.ir import Graph
 
@@ -125,6 +125,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_wrappers(model)
+    check_initialized(model)
     if isinstance(loss_fn, nn.Module):
         check_wrappers(loss_fn)
     if loss_fn is not None and not isinstance(example_batch, Mapping) and not (

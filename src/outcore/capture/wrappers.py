@@ -12,7 +12,11 @@ without ``clear``, a profiler node, ``FunctionalTensor``):
   module: ``outcore.compile(..., distributed=...)`` is outcore's data parallel).
 
 ``check_wrappers`` raises ``CaptureError`` naming each such module with what to pass
-instead. Invariant: it reads the module tree only.
+instead. ``check_initialized`` likewise refuses a lazy module (``nn.LazyLinear``,
+``nn.LazyConv2d``, ...) whose parameters are not yet materialised: PyTorch asks for one dry
+run before an optimizer is built on them, and outcore does not run one itself (its forward
+would draw random numbers and update BatchNorm statistics the user did not ask for).
+Invariant: both read the module tree only.
 """
 
 from __future__ import annotations
@@ -47,3 +51,19 @@ def check_wrappers(model: nn.Module) -> None:
     if found:
         raise CaptureError("outcore traces the model's Python forward and cannot trace into "
                            "a module that runs elsewhere: " + "; ".join(found) + ".")
+
+
+def check_initialized(model: nn.Module) -> None:
+    """Raise CaptureError naming the lazy modules of ``model`` whose parameters or buffers
+    are still uninitialised (``torch.nn.parameter.is_lazy``), with what to run first."""
+    from torch.nn.parameter import is_lazy
+
+    found = [f"{repr(name) if name else 'the model'} ({type(module).__name__})"
+             for name, module in model.named_modules()
+             if any(is_lazy(t) for t in (*module.parameters(recurse=False),
+                                         *module.buffers(recurse=False)))]
+    if found:
+        raise CaptureError(
+            "these lazy modules have uninitialised parameters: " + ", ".join(found) + ". Run "
+            "the model once on an example input first (with torch.no_grad(): model(x)), as "
+            "PyTorch asks before building an optimizer on them, then compile or capture it.")

@@ -188,19 +188,24 @@ def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> R
     model are not known here: a trainer built from them passes its own ``replan``."""
     from outcore.capture import capture
     from outcore.planned import plan
+    from outcore.runtime.loss_split import checked_sub_batch
     from outcore.runtime.subbatch import split_batch
 
     step = planned.graph.source.step_module
     cast = step.autocast[1] if step.autocast is not None else None
     split = planned.plan.sub_batches > 1
+    # the plan's label names the portfolio's pick ("outcore-auto (modnn)"): re-plan with the
+    # policy that made it, outcore-auto, whose pick may differ for the new batch
+    policy = planned.plan.policy.split(" (", 1)[0]
 
     def replan(batch: Any) -> PlannedStep:
         graph = capture(model, step.loss_fn, batch, autocast=cast)
 
         def recapture(parts: int) -> Any:
-            return capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
+            sub = capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
+            return checked_sub_batch(sub, graph)
 
-        return plan(graph, budget, policy=planned.plan.policy, simulate=False,
+        return plan(graph, budget, policy=policy, simulate=False,
                     recapture=recapture if split else None, allow_sub_batches=split)
 
     return replan

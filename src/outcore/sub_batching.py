@@ -6,8 +6,9 @@ batch are coupled: BatchNorm normalises each sub-batch with its own statistics a
 its running statistics ``k`` times (``num_batches_tracked`` grows by ``k``). Without
 batch-coupled layers the accumulated gradients equal the full batch's only up to the order
 of the floating-point sums, for a loss whose reduction over samples is read from the trace
-(``outcore.runtime.loss_split``: mean, sum, NLL/cross entropy with ``ignore_index``, class
-weights or label smoothing; another loss is refused), and random ops draw eager's numbers
+(``outcore.runtime.loss_split``: mean, sum, a sum divided by the batch size, NLL/cross
+entropy with ``ignore_index``, class weights or label smoothing; another loss is refused),
+and random ops draw eager's numbers
 only where the full batch's draw fits (``outcore.runtime.sub_batch_rng``); so outcore
 never splits unless asked:
 

@@ -37,6 +37,11 @@ def labels(ignored: bool) -> torch.Tensor:
 
 X = torch.randn(64, 16, generator=torch.Generator().manual_seed(2))
 
+def _soft(t: torch.Tensor) -> torch.Tensor:
+    """Class-probability targets (label smoothing by hand, as mixup / cutmix give them)."""
+    return F.one_hot(t, CLASSES).float() * 0.8 + 0.2 / CLASSES
+
+
 CASES = {
     "mean": (nn.CrossEntropyLoss(), False),
     "sum": (nn.CrossEntropyLoss(reduction="sum"), False),
@@ -50,6 +55,13 @@ CASES = {
     "nll_sum_ignore_index": (lambda o, t: F.nll_loss(o.log_softmax(1), t, reduction="sum"), True),
     "mse_mean_scaled": (lambda o, t: 0.5 * F.mse_loss(o, o.detach() * 0 + t[:, None].float()),
                         False),
+    # a sum divided by the batch size traced as a number: a mean (each sub-batch's graph
+    # divides by its own size); these were refused as "scaled by numbers that change"
+    "sum_over_batch_size": (lambda o, t: F.cross_entropy(o, t, reduction="sum") / o.shape[0],
+                            False),
+    "class_probability_targets": (lambda o, t: F.cross_entropy(o, _soft(t)), False),
+    "kl_div_batchmean": (lambda o, t: F.kl_div(o.log_softmax(1), _soft(t),
+                                               reduction="batchmean"), False),
 }
 
 
@@ -80,13 +92,18 @@ def _mixed(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(o, t) + 1e-3 * o.pow(2).sum()
 
 
-def _per_batch_size(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(o, t, reduction="sum") / o.shape[0]  # the size is traced as a number
+def _per_batch_size_squared(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    # the size is traced as a number, but this is no mean: each sub-batch would weigh 1/k**2
+    return F.cross_entropy(o, t, reduction="sum") / o.shape[0] ** 2
+
+
+def _sum_times_batch_size(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(o, t, reduction="sum") * o.shape[0]
 
 
 @pytest.mark.parametrize("loss_fn", [_mixed, lambda o, t: F.cross_entropy(o, t, reduction="none")
                                      .max(), lambda o, t: F.cross_entropy(o, t) / t.float().sum(),
-                                     _per_batch_size])
+                                     _per_batch_size_squared, _sum_times_batch_size])
 def test_a_loss_that_cannot_be_split_is_refused_when_compiling(loss_fn):
     batch = (X, labels(False))
     model = mlp()
@@ -118,3 +135,33 @@ def test_terms_that_disagree_on_this_batch_are_refused_before_anything_is_writte
         trainer.step(X, labels(True))
     for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p.grad, b)
+
+
+def test_every_recapture_weighs_a_sum_over_batch_size_as_a_mean():
+    """The class of the bug: a sub-batch graph read alone takes ``sum / batch size`` for a
+    plain sum (weight 1 per sub-batch: k times the gradient), so every recapture for
+    sub-batches must compare with its full batch (``checked_sub_batch``). PlannedTrainer's
+    re-plan of a batch of another size recaptured without it."""
+    from outcore.planned_trainer import PlannedTrainer
+
+    loss_fn = CASES["sum_over_batch_size"][0]
+    model = mlp()
+    reference = copy.deepcopy(model)
+    batch = (X, labels(False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SubBatchWarning)
+        trainer = outcore.compile(model, loss_fn, batch, budget=budget_for(model, loss_fn, batch),
+                                  device="cpu", allow_sub_batches=True)
+        planned = trainer._cache[trainer.signature(batch)].planned
+        assert planned.plan.sub_batches > 1
+        smaller = (X[:32].clone(), labels(False)[:32].clone())
+        # the whole 32 do not fit either (their layer-wise bound is above this budget)
+        fixed = PlannedTrainer(model, planned, trainer.device,
+                               int(budget_for(model, loss_fn, smaller) / 0.9 * 0.97))
+        loss = fixed.step(*smaller)
+    assert fixed.stats.sub_batches > 1  # the re-planned batch is split too
+    expected = loss_fn(reference(smaller[0]), smaller[1])
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)

@@ -68,10 +68,12 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
         raise
 
     def recapture(parts: int) -> Graph:
+        from outcore.runtime.loss_split import checked_sub_batch
         from outcore.runtime.subbatch import split_batch
 
-        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
-                            autocast=autocast)
+        sub = capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
+                           autocast=autocast)
+        return checked_sub_batch(sub, graph)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
@@ -106,14 +108,16 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
 
     def replan(batch: Any) -> PlannedStep:
         """Capture and plan a share of another signature (module doc)."""
+        from outcore.runtime.loss_split import checked_sub_batch
         from outcore.runtime.subbatch import split_batch
 
         layout = built[0].layout
         share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast)
 
         def again(parts: int) -> Graph:
-            return capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
-                                autocast=cast)
+            sub = capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
+                               autocast=cast)
+            return checked_sub_batch(sub, share)
 
         return plan_rank(share, limit, policy, cost, again if split else None, bucket_cap,
                          ctx.world_size, options if split else

@@ -13,6 +13,14 @@ the right weights ``w_i``, and they depend on how the loss reduces over samples:
   cross entropy adds (divided by the same count or weight): ``w_i = D_i / sum_j D_j``, with
   ``D_i`` evaluated on sub-batch ``i``'s labels before anything runs.
 
+* a **sum divided by the batch size**, traced as a number (``loss.sum() / x.shape[0]``, cross
+  entropy with class-probability targets, ``kl_div(..., reduction="batchmean")``): the
+  sub-batch's graph has its own size baked in, so it is a mean, ``w_i = 1 / k``. Told apart
+  from a sum scaled by some other number by the full batch's capture: the loss is one
+  reduction whose scale at the full batch is ``1 / q`` of the sub-batch's, where ``q`` is how
+  many times more elements the full batch's reduction sums (``loss_form(sub, full)`` marks
+  the sub-batch graph, ``SUM_AS_MEAN``).
+
 ``loss_form(step, graph)`` walks back from the traced loss through ``add``/``sub``, products
 with constants and ``neg`` down to those reductions and returns their *terms*; anything else
 (a loss divided by a number the trace cannot tie to the batch, a ``max`` over samples, ...)
@@ -28,6 +36,7 @@ Invariant: ``sum_i w_i * L_i`` is the full batch's loss, and a sub-batch with ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +63,10 @@ _SCALED = ("aten.mul.Scalar", "aten.div.Scalar", "aten.neg.default", "aten.mul.T
            "aten.view.default", "aten._to_copy.default")
 _MEAN = ("aten.mean.default", "aten.mean.dim")
 _SUM = ("aten.sum.default", "aten.sum.dim_IntList")
+#: ``Graph.meta`` key of a sub-batch graph whose loss, a sum over its samples divided by its
+#: own batch size, ``loss_form(sub, full)`` proved to be a mean (the reduction's node name);
+#: transient (a leading "_": not serialised).
+SUM_AS_MEAN = "_loss_sum_as_mean"
 
 
 class LossSplitError(CaptureError):
@@ -91,6 +104,8 @@ class _Walk:
         leaves = {tid for tid, desc in step.nodes.placeholders.items()
                   if type(desc).__name__ == "PlainAOTInput"}
         self.constants: list[int | float] = []  # numbers the loss is scaled by, walk order
+        self.scale = 1.0  # their product (a division divides): the loss's factor, one term
+        self.reductions: list[fx.Node] = []  # the reductions reached, walk order
         self.batch: set[fx.Node] = set()
         for node in step.gm.graph.nodes:
             if (node.op == "placeholder" and step.nodes.node_tensors.get(node) in leaves) \
@@ -107,7 +122,13 @@ class _Walk:
                 and target_name(args[0].target) in _NLL and args[1] == 0:
             return [self._nll(args[0])]
         if target in _SCALED:
-            self.constants += [a for a in args if isinstance(a, (int, float))]
+            numbers = [a for a in args if isinstance(a, (int, float))]
+            self.constants += numbers
+            for number in numbers:
+                divides = target.startswith("aten.div") and number is args[1]
+                self.scale = self.scale / number if divides else self.scale * number
+            if target == "aten.neg.default":
+                self.scale = -self.scale
             batch_args = [a for a in args if isinstance(a, fx.Node) and a in self.batch]
             if len(batch_args) == 1 and (target != "aten.div.Tensor" or batch_args[0] is args[0]):
                 return self.terms(batch_args[0])
@@ -118,11 +139,13 @@ class _Walk:
             if _numel(node) != 1:
                 raise _refuse(f"{node.name!r} reduces to a {tuple(_val(node).shape)} tensor, "
                               "not a scalar over samples")
+            self.reductions.append(node)
             return [Term("mean" if target in _MEAN else "sum", node.name)]
         position = REDUCTION_ARG.get(target)
         if position is not None:
             reduction = args[position] if len(args) > position else 1
             if reduction in (1, 2):
+                self.reductions.append(node)
                 return [Term("mean" if reduction == 1 else "sum", node.name)]
         raise _refuse(f"it is computed by {target} ({node.name!r}), which is not a mean, a sum "
                       "or a ratio of sums over samples")
@@ -130,6 +153,7 @@ class _Walk:
     def _nll(self, nll: fx.Node) -> Term:
         reduction = nll.args[3] if len(nll.args) > 3 else 1
         if reduction == 2:
+            self.reductions.append(nll)
             return Term("sum", nll.name)
         if reduction != 1:
             raise _refuse(f"{nll.name!r} has reduction {reduction!r}")
@@ -175,14 +199,19 @@ def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
         raise CaptureError("this graph has no captured step to read the loss from")
     walk = _Walk(step)
     terms = walk.terms(loss_node(step, graph))
+    if len(terms) == 1 and terms[0].kind == "sum" and graph.meta.get(SUM_AS_MEAN) == terms[0].name:
+        terms = [Term("mean", terms[0].name)]
     if full is not None and isinstance(full.source, CapturedStep):
         at_full = _Walk(full.source)
         at_full.terms(loss_node(full.source, full))
         if at_full.constants != walk.constants:
-            raise _refuse(f"it is scaled by numbers that change with the batch size "
-                          f"({at_full.constants} at the full batch, {walk.constants} at a "
-                          "sub-batch; e.g. loss.sum() / x.shape[0] or reduction='batchmean'); "
-                          "use a mean over samples")
+            if not _sum_over_batch_size(walk, at_full, terms):
+                raise _refuse(f"it is scaled by numbers that change with the batch size "
+                              f"({at_full.constants} at the full batch, {walk.constants} at a "
+                              "sub-batch) other than by dividing one sum over samples by the "
+                              "batch size; use a mean over samples")
+            graph.meta[SUM_AS_MEAN] = terms[0].name
+            terms = [Term("mean", terms[0].name)]
     kinds = {t.kind for t in terms}
     if "sum" in kinds and len(kinds) > 1:
         summed = next(t for t in terms if t.kind == "sum")
@@ -193,6 +222,36 @@ def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
 
 
 # -- per-sub-batch weights -------------------------------------------------------------------
+def checked_sub_batch(sub: Graph, full: Graph) -> Graph:
+    """``sub`` (the step captured at one sub-batch of ``full``'s batch) once its loss is
+    proven to split exactly (``loss_form(sub, full)``: LossSplitError otherwise, which
+    planning reports as a size it cannot use), marked where its loss is a sum divided by its
+    own batch size. Every recapture for sub-batches goes through it: without the full batch's
+    capture such a loss reads as a plain sum, weighed 1 per sub-batch (k times too much)."""
+    loss_form(sub, full)
+    return sub
+
+
+def _sum_over_batch_size(sub: _Walk, full: _Walk, terms: Sequence[Term]) -> bool:
+    """The loss is one sum over samples (``terms``, read at the sub-batch) scaled by numbers
+    that make it a mean: the full batch's scale is ``1 / q`` of the sub-batch's, where the
+    full batch's reduction sums ``q > 1`` times as many elements (module docstring)."""
+    if len(terms) != 1 or terms[0].kind != "sum" or len(sub.reductions) != 1 \
+            or len(full.reductions) != 1 or sub.scale == 0.0:
+        return False
+    summed = [_numel_of_input(r) for r in (full.reductions[0], sub.reductions[0])]
+    if summed[1] == 0 or summed[0] % summed[1]:
+        return False
+    q = summed[0] // summed[1]
+    return q > 1 and math.isclose(full.scale / sub.scale * q, 1.0, rel_tol=1e-9)
+
+
+def _numel_of_input(reduction: fx.Node) -> int:
+    """Elements of the tensor ``reduction`` reduces (its first argument)."""
+    first = reduction.args[0]
+    return _numel(first) if isinstance(first, fx.Node) else 1
+
+
 def _evaluate(step: CapturedStep, graph: Graph, node: fx.Node, batch: Any) -> torch.Tensor:
     """The value of ``node`` on ``batch``, computing only the nodes it depends on."""
     statics = step.static_values(graph, batch)

@@ -44,7 +44,7 @@ PASSES = {"one-pass": [1, 1, 1], "no-split": [1, 1, 1], "sub-batches": [2, 2, 1]
 #: 25 s when they are shared).
 DEFAULT = ["batchnorm/sub-batches", "syncbn/sub-batches", "syncbn/no-split",
            "tied/sub-batches", "dict/sub-batches", "tied/autocast",
-           "tied/sub-batches/accumulate"]
+           "tied/sub-batches/accumulate", "sum-over-batch/sub-batches"]
 #: The rest of the matrix: the models without a fix of their own, one pass (near
 #: ``test_ddp_parity``'s), moDNN without sub-batches, the other autocast and accumulation.
 SLOW = ["plain/sub-batches", "syncbn/one-pass", "plain/one-pass", "batchnorm/one-pass",

@@ -91,6 +91,13 @@ def _dicts(g: torch.Generator, n: int) -> Any:
     return {"image": x, "features": torch.randn(n, 4, generator=g)}, y
 
 
+def sum_over_batch(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross entropy summed, divided by the batch size traced as a number: a mean, which a
+    sub-batch's graph alone reads as a sum (``outcore.runtime.loss_split.checked_sub_batch``:
+    the re-plan of the last share weighed it 1 per pass, twice the gradient)."""
+    return F.cross_entropy(out, y, reduction="sum") / out.shape[0]
+
+
 #: name -> (model builder, loss, global batch maker, dtype, DDP's find_unused_parameters,
 #: the budget at which moDNN splits a share of 4: into 2 passes (3 and 2 samples in one),
 #: SyncBatchNorm's float64 into 4, as measured on the rank's cost model; the test asserts
@@ -104,6 +111,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Any, Callable[..., Any], torch.
                lambda g, n: _images(g, n, torch.float64), torch.float64, True, 275_000),
     "tied": (TiedLM, lm_loss, _tokens, torch.float32, False, 35_000),
     "dict": (DictNet, F.cross_entropy, _dicts, torch.float32, True, 275_000),
+    "sum-over-batch": (ConvNet, sum_over_batch, _images, torch.float32, True, 275_000),
 }
 
 

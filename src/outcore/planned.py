@@ -232,7 +232,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
                              simulation if simulate else None, notes=list(notes))
         trace = memory_curve(graph, schedule)
     else:
-        ctx = PolicyContext(budget=limit, cost=model, recapture=recapture if split_ok else None,
+        ctx = PolicyContext(budget=limit, cost=model,
+                            recapture=_checked(recapture, graph) if split_ok else None,
                             options=options, config=config_for(name, options),
                             host_budget=host_limit, split_changes_ok=split_ok)
         with _refused(graph, model, can_split and not split_ok, scope,
@@ -287,6 +288,18 @@ def _plan_with_weights(graph: Graph, limit: int | None, name: str, model: Any,
     log_info(f"planned {graph.name} with {result.plan.policy} and its weights: "
              f"{result.weights.summary()}")
     return result
+
+
+def _checked(recapture: Callable[[int], Graph] | None, full: Graph
+             ) -> Callable[[int], Graph] | None:
+    """``recapture`` with every sub-batch graph checked against ``full``
+    (``outcore.runtime.loss_split.checked_sub_batch``: a loss that cannot split exactly is
+    refused for that size, and one that divides a sum by the batch size weighs as a mean)."""
+    if recapture is None:
+        return None
+    from outcore.runtime.loss_split import checked_sub_batch
+
+    return lambda parts: checked_sub_batch(recapture(parts), full)
 
 
 def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool,

@@ -188,7 +188,7 @@ def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> R
     model are not known here: a trainer built from them passes its own ``replan``."""
     from outcore.capture import capture
     from outcore.planned import plan
-    from outcore.runtime.loss_split import checked_sub_batch
+    from outcore.policies.auto.portfolio import policy_of_label
     from outcore.runtime.subbatch import split_batch
 
     step = planned.graph.source.step_module
@@ -196,14 +196,13 @@ def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> R
     split = planned.plan.sub_batches > 1
     # the plan's label names the portfolio's pick ("outcore-auto (modnn)"): re-plan with the
     # policy that made it, outcore-auto, whose pick may differ for the new batch
-    policy = planned.plan.policy.split(" (", 1)[0]
+    policy = policy_of_label(planned.plan.policy)
 
     def replan(batch: Any) -> PlannedStep:
         graph = capture(model, step.loss_fn, batch, autocast=cast)
 
         def recapture(parts: int) -> Any:
-            sub = capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
-            return checked_sub_batch(sub, graph)
+            return capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
 
         return plan(graph, budget, policy=policy, simulate=False,
                     recapture=recapture if split else None, allow_sub_batches=split)

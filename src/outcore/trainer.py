@@ -334,7 +334,6 @@ class Trainer:
         from outcore import progress
         from outcore.hardware import default_gpu
         from outcore.runtime.executor import Executor
-        from outcore.runtime.loss_split import checked_sub_batch
         from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch
 
@@ -349,7 +348,7 @@ class Trainer:
             start = torch.get_rng_state()
             sub = capture(self.model, self.loss_fn, part, autocast=self.autocast)
             self._measure_temporaries(sub, part, start)
-            return checked_sub_batch(sub, graph)  # a loss that cannot split: size unavailable
+            return sub
 
         def plan_for(budget: int | None) -> PlannedStep:
             return plan(graph, budget, policy=self.policy,

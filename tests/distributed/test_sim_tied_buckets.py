@@ -14,8 +14,8 @@ import outcore
 from outcore import zoo
 from outcore.api import cost_model_for
 from outcore.cost.interconnects import get_host
-from outcore.distributed.layout import BucketLayout, tied_gradients, tied_names
-from outcore.plan.grad_buckets import assign_buckets, graph_tied_gradients
+from outcore.distributed.layout import BucketLayout, tied_names
+from outcore.plan.grad_buckets import assign_buckets, graph_tied_gradients, tied_gradients
 from outcore.plan.weights import gradients, tied_parameters
 from outcore.sim.multi_gpu import rank_cost_model, simulate_data_parallel
 

@@ -15,7 +15,8 @@ from outcore.planned import cost_model_for
 from outcore.policies import baseline
 from outcore.sim.host_steps import HostSteps, timeline
 from outcore.sim.simulator import simulate
-from outcore.weights.step_cost import ADAM_BYTES, HOST_EFFICIENCY, host_steps, step_seconds
+from outcore.weights.spec import ADAM_UPDATE_BYTES as ADAM_BYTES
+from outcore.weights.step_cost import HOST_EFFICIENCY, host_steps, step_seconds
 
 
 def test_every_catalogue_profile_gives_the_host_side_with_its_source():

@@ -28,7 +28,7 @@ from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.capture.batching import own_storage
 from outcore.distributed.group import RankContext, rank_context
-from outcore.distributed.layout import tied_gradients, tied_names
+from outcore.distributed.layout import tied_names
 from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
 from outcore.errors import InfeasibleBudgetError
@@ -39,6 +39,7 @@ from outcore.plan.grad_buckets import (
     GradBucket,
     assign_buckets,
     peak_with_buckets,
+    tied_gradients,
     total_bucket_bytes,
 )
 from outcore.units import parse_bytes
@@ -68,12 +69,10 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
         raise
 
     def recapture(parts: int) -> Graph:
-        from outcore.runtime.loss_split import checked_sub_batch
         from outcore.runtime.subbatch import split_batch
 
-        sub = capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
-                           autocast=autocast)
-        return checked_sub_batch(sub, graph)
+        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
+                            autocast=autocast)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
@@ -108,16 +107,14 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
 
     def replan(batch: Any) -> PlannedStep:
         """Capture and plan a share of another signature (module doc)."""
-        from outcore.runtime.loss_split import checked_sub_batch
         from outcore.runtime.subbatch import split_batch
 
         layout = built[0].layout
         share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast)
 
         def again(parts: int) -> Graph:
-            sub = capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
-                               autocast=cast)
-            return checked_sub_batch(sub, share)
+            return capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
+                                autocast=cast)
 
         return plan_rank(share, limit, policy, cost, again if split else None, bucket_cap,
                          ctx.world_size, options if split else

@@ -15,7 +15,8 @@ share (the smaller last batch, or an uneven split such as 10 samples over 4 rank
   then (what ``peak_with_buckets`` counts).
 
 ``tied_names(model)``: the names that share one ``nn.Parameter`` (groups of two or more),
-the groups ``assign_buckets`` and the reducer fold into one slot (``tied_gradients``).
+the groups ``assign_buckets`` and the reducer fold into one slot
+(``outcore.plan.grad_buckets.tied_gradients``).
 """
 
 from __future__ import annotations
@@ -38,12 +39,6 @@ def tied_names(model: nn.Module) -> list[tuple[str, ...]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     return [tuple(group) for group in names.values() if len(group) > 1]
-
-
-def tied_gradients(graph: Graph, tied: Sequence[Sequence[str]]) -> list[tuple[int, ...]]:
-    """``tied`` (groups of parameter names) as groups of ``graph``'s gradient ids."""
-    grads = gradients(graph)
-    return [tuple(grads[n] for n in group if n in grads) for group in tied]
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,13 @@ import torch.distributed as dist
 from torch import nn
 
 from outcore.distributed.group import DistributedError, RankContext
-from outcore.distributed.layout import BucketLayout, tied_gradients, tied_names
+from outcore.distributed.layout import BucketLayout, tied_names
 from outcore.distributed.reducer import BucketReducer
 from outcore.distributed.replay import CollectiveReplay
 from outcore.distributed.sync_bn import ALL_REDUCE_TARGET, SyncBatchNormCollectiveError
 from outcore.errors import OutcoreError
 from outcore.fixed_step import SHAPES
-from outcore.plan.grad_buckets import GradBucket
+from outcore.plan.grad_buckets import GradBucket, tied_gradients
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
 from outcore.planned_trainer import FixedEntry, PlannedTrainer

@@ -10,7 +10,7 @@ as it is; a data-parallel step adds, on top of it, one flat buffer per gradient 
   ``cap_bytes`` each (a gradient larger than the cap gets a bucket of its own);
 * a tied parameter (one parameter under two names, an LM head sharing the embedding's
   weight) has one gradient output per name; given as a ``tied`` group (from the model,
-  ``outcore.distributed.layout.tied_gradients``, or from the graph alone,
+  ``tied_gradients`` of ``outcore.distributed.layout.tied_names``, or from the graph alone,
   ``graph_tied_gradients``) it takes one slot,
   under the member the schedule makes last (the parameter's gradient is final when all its
   contributions are: the runtime sums them into that slot, as autograd sums them before
@@ -90,16 +90,22 @@ def final_at(graph: Graph, schedule: Schedule) -> dict[int, int]:
     return out
 
 
-def graph_tied_gradients(graph: Graph) -> list[tuple[int, ...]]:
-    """The ``tied`` groups of ``graph`` as gradient ids, read off the graph itself
-    (``outcore.plan.weights.tied_parameters``): what
-    ``outcore.distributed.layout.tied_gradients(graph, tied_names(model))`` gives from the
-    model, for callers that have only the graph (the simulator, ``outcore plan --gpus``)."""
-    from outcore.plan.weights import gradients, tied_parameters
+def tied_gradients(graph: Graph, tied: Sequence[Sequence[str]]) -> list[tuple[int, ...]]:
+    """``tied`` (groups of parameter names) as groups of ``graph``'s gradient ids."""
+    from outcore.plan.weights import gradients
 
     grads = gradients(graph)
-    groups = (tuple(grads[n] for n in names if n in grads) for names in tied_parameters(graph))
-    return [group for group in groups if len(group) > 1]
+    return [tuple(grads[n] for n in group if n in grads) for group in tied]
+
+
+def graph_tied_gradients(graph: Graph) -> list[tuple[int, ...]]:
+    """The ``tied`` groups of ``graph`` as gradient ids, read off the graph itself
+    (``outcore.plan.weights.tied_parameters``): what ``tied_gradients(graph,
+    outcore.distributed.layout.tied_names(model))`` gives from the model, for callers that
+    have only the graph (the simulator, ``outcore plan --gpus``)."""
+    from outcore.plan.weights import tied_parameters
+
+    return [g for g in tied_gradients(graph, tied_parameters(graph)) if len(g) > 1]
 
 
 def fold_tied(ready: dict[int, int], tied: Sequence[Sequence[int]]) -> dict[int, tuple[int, ...]]:

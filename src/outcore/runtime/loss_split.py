@@ -18,8 +18,8 @@ the right weights ``w_i``, and they depend on how the loss reduces over samples:
   sub-batch's graph has its own size baked in, so it is a mean, ``w_i = 1 / k``. Told apart
   from a sum scaled by some other number by the full batch's capture: the loss is one
   reduction whose scale at the full batch is ``1 / q`` of the sub-batch's, where ``q`` is how
-  many times more elements the full batch's reduction sums (``loss_form(sub, full)`` marks
-  the sub-batch graph, ``SUM_AS_MEAN``).
+  many times more elements the full batch's reduction sums (``checked_sub_batch`` marks the
+  sub-batch graph, ``SUM_AS_MEAN``, for the weights read from it alone).
 
 ``loss_form(step, graph)`` walks back from the traced loss through ``add``/``sub``, products
 with constants and ``neg`` down to those reductions and returns their *terms*; anything else
@@ -64,7 +64,7 @@ _SCALED = ("aten.mul.Scalar", "aten.div.Scalar", "aten.neg.default", "aten.mul.T
 _MEAN = ("aten.mean.default", "aten.mean.dim")
 _SUM = ("aten.sum.default", "aten.sum.dim_IntList")
 #: ``Graph.meta`` key of a sub-batch graph whose loss, a sum over its samples divided by its
-#: own batch size, ``loss_form(sub, full)`` proved to be a mean (the reduction's node name);
+#: own batch size, ``checked_sub_batch`` proved to be a mean (the reduction's node name);
 #: transient (a leading "_": not serialised).
 SUM_AS_MEAN = "_loss_sum_as_mean"
 
@@ -86,6 +86,8 @@ class Term:
     kind: str
     name: str
     denominator: fx.Node | None = None
+    #: a "mean" proven from a sum divided by the batch size (``SUM_AS_MEAN``)
+    sum_as_mean: bool = False
 
 
 def _refuse(why: str) -> LossSplitError:
@@ -122,11 +124,11 @@ class _Walk:
                 and target_name(args[0].target) in _NLL and args[1] == 0:
             return [self._nll(args[0])]
         if target in _SCALED:
-            numbers = [a for a in args if isinstance(a, (int, float))]
-            self.constants += numbers
-            for number in numbers:
-                divides = target.startswith("aten.div") and number is args[1]
-                self.scale = self.scale / number if divides else self.scale * number
+            for i, a in enumerate(args):
+                if isinstance(a, (int, float)):
+                    self.constants.append(a)
+                    divides = target.startswith("aten.div") and i == 1
+                    self.scale = self.scale / a if divides else self.scale * a
             if target == "aten.neg.default":
                 self.scale = -self.scale
             batch_args = [a for a in args if isinstance(a, fx.Node) and a in self.batch]
@@ -200,7 +202,7 @@ def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
     walk = _Walk(step)
     terms = walk.terms(loss_node(step, graph))
     if len(terms) == 1 and terms[0].kind == "sum" and graph.meta.get(SUM_AS_MEAN) == terms[0].name:
-        terms = [Term("mean", terms[0].name)]
+        terms = [Term("mean", terms[0].name, sum_as_mean=True)]
     if full is not None and isinstance(full.source, CapturedStep):
         at_full = _Walk(full.source)
         at_full.terms(loss_node(full.source, full))
@@ -210,8 +212,7 @@ def loss_form(graph: Graph, full: Graph | None = None) -> list[Term]:
                               f"({at_full.constants} at the full batch, {walk.constants} at a "
                               "sub-batch) other than by dividing one sum over samples by the "
                               "batch size; use a mean over samples")
-            graph.meta[SUM_AS_MEAN] = terms[0].name
-            terms = [Term("mean", terms[0].name)]
+            terms = [Term("mean", terms[0].name, sum_as_mean=True)]
     kinds = {t.kind for t in terms}
     if "sum" in kinds and len(kinds) > 1:
         summed = next(t for t in terms if t.kind == "sum")
@@ -226,9 +227,12 @@ def checked_sub_batch(sub: Graph, full: Graph) -> Graph:
     """``sub`` (the step captured at one sub-batch of ``full``'s batch) once its loss is
     proven to split exactly (``loss_form(sub, full)``: LossSplitError otherwise, which
     planning reports as a size it cannot use), marked where its loss is a sum divided by its
-    own batch size. Every recapture for sub-batches goes through it: without the full batch's
-    capture such a loss reads as a plain sum, weighed 1 per sub-batch (k times too much)."""
-    loss_form(sub, full)
+    own batch size. ``outcore.plan`` passes every recapture through it: without the full
+    batch's capture such a loss reads as a plain sum, weighed 1 per sub-batch (k times too
+    much)."""
+    for term in loss_form(sub, full):
+        if term.sum_as_mean:
+            sub.meta[SUM_AS_MEAN] = term.name
     return sub
 
 

@@ -233,13 +233,11 @@ def _casts(facts: list[ParamFacts], masters: frozenset[str], profile: Any,
            host_adam_rate: float) -> float:
     """Seconds of the casts of every mastered parameter's step
     (``outcore.weights.step_cost.master_cast_seconds`` at its element size), at the
-    profile's host DRAM bandwidth, else the one derived from the host AdamW rate
-    (``step_cost.host_bandwidth``'s rule)."""
-    from outcore.weights.step_cost import ADAM_BYTES, HOST_EFFICIENCY, master_cast_seconds
+    profile's host DRAM bandwidth, else the one derived from the chooser's host AdamW rate
+    (``step_cost.host_bandwidth``)."""
+    from outcore.weights.step_cost import host_bandwidth, master_cast_seconds
 
-    prof = getattr(profile, "profile", None) or profile
-    bandwidth = float(getattr(prof, "host_memory_bandwidth", None)
-                      or host_adam_rate * ADAM_BYTES / HOST_EFFICIENCY)
+    bandwidth = host_bandwidth(profile, host_adam_rate)
     return sum(master_cast_seconds(f.numel, f.weight // max(f.numel, 1), bandwidth)
                for f in facts if f.name in masters)
 

@@ -276,12 +276,8 @@ def graph_state_bytes(graph: Any, optimizer: Any) -> dict[str, int]:
         if named is not None:
             return named
     spec = spec_of(optimizer)
-    out = {}
-    for name, tid in parameters(graph).items():
-        t = graph.tensors[tid]
-        numel = math.prod(t.shape)
-        out[name] = spec.state_bytes(numel, t.nbytes // numel if numel else 4, t.shape)
-    return out
+    return {name: spec.state_bytes(numel, itemsize, shape)
+            for name, shape, numel, itemsize in _parameter_sizes(graph)}
 
 
 def graph_masters(graph: Any, optimizer: Any) -> frozenset[str]:
@@ -291,18 +287,24 @@ def graph_masters(graph: Any, optimizer: Any) -> frozenset[str]:
     state) live in host memory whatever the placement and their step runs there, as
     ``MasterWeights`` keeps them. A built optimizer has none (it is built on the
     parameters themselves)."""
-    from outcore.plan.weights import parameters
-
     if not isinstance(optimizer, (str, OptimizerSpec)):
         return frozenset()
     spec = spec_of(optimizer)
-    out = set()
+    return frozenset(name for name, _, _, itemsize in _parameter_sizes(graph)
+                     if spec.mastered(itemsize))
+
+
+def _parameter_sizes(graph: Any) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """Per parameter of ``graph``: (name, shape, elements, bytes per element: 4 for an
+    empty one)."""
+    from outcore.plan.weights import parameters
+
+    out = []
     for name, tid in parameters(graph).items():
         t = graph.tensors[tid]
         numel = math.prod(t.shape)
-        if spec.mastered(t.nbytes // numel if numel else 4):
-            out.add(name)
-    return frozenset(out)
+        out.append((name, tuple(t.shape), numel, t.nbytes // numel if numel else 4))
+    return out
 
 
 def optimizer_seconds(host_numel: int, device_numel: int, *,

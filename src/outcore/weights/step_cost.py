@@ -9,17 +9,18 @@ from the hardware profile (``outcore.cost.profiles``):
   foreach: measured for "this-cpu" by ``outcore.cost.measure_host``; for the catalogue GPUs
   derived from their host's DRAM bandwidth, with the source in ``gpus.json``). A profile
   that gives only ``host_memory_bandwidth`` is priced at ``HOST_EFFICIENCY`` of it over
-  ``ADAM_BYTES`` per parameter; one that gives neither is refused (ProfileError naming the
-  fields), never priced by a silent constant;
-* on the device, ``DEVICE_EFFICIENCY`` of the device's DRAM bandwidth over ``ADAM_BYTES``:
-  a fused AdamW kernel is memory-bound (it reads the parameter, its gradient and the two
-  moments and writes the parameter and the moments: 7 fp32 streams, 28 bytes).
+  ``ADAM_UPDATE_BYTES`` per parameter; one that gives neither is refused (ProfileError
+  naming the fields), never priced by a silent constant;
+* on the device, ``DEVICE_EFFICIENCY`` of the device's DRAM bandwidth over
+  ``ADAM_UPDATE_BYTES``: a fused AdamW kernel is memory-bound (it reads the parameter, its
+  gradient and the two moments and writes the parameter and the moments: 7 fp32 streams,
+  28 bytes).
 
 Both rates are AdamW's. Another optimizer is priced by the bytes its step moves per
 parameter (``update_bytes``: ``outcore.weights.spec.OptimizerSpec.update_bytes``, from
-``STATE``), at ``ADAM_BYTES / update_bytes`` times AdamW's rate: SGD without momentum moves
-12 bytes (param and gradient read, param written), so it steps 28/12 as many parameters per
-second; AdamW (the default, ``ADAM_BYTES``) is priced as before.
+``STATE``), at ``ADAM_UPDATE_BYTES / update_bytes`` times AdamW's rate: SGD without
+momentum moves 12 bytes (param and gradient read, param written), so it steps 28/12 as many
+parameters per second; AdamW (the default, ``ADAM_UPDATE_BYTES``) is priced as before.
 
 Mixed precision (``outcore.weights.mixed.MasterWeights``: bf16/fp16 weights, fp32 masters
 and their state on the host) adds two casts per element on the host, priced at its DRAM
@@ -45,8 +46,6 @@ from outcore.plan.weights import gradients, parameters
 from outcore.sim.host_steps import HostSteps
 from outcore.weights.spec import ADAM_UPDATE_BYTES, update_rate
 
-#: bytes an fp32 AdamW update moves per parameter: p, grad, m, v read; p, m, v written
-ADAM_BYTES = ADAM_UPDATE_BYTES
 #: fraction of the device's DRAM bandwidth a fused AdamW kernel reaches (assumption)
 DEVICE_EFFICIENCY = 0.8
 #: fraction of the host's DRAM bandwidth the CPU step reaches when only that is known
@@ -74,7 +73,7 @@ def host_adam_rate(profile: Any) -> float:
         return float(rate)
     bandwidth = getattr(p, "host_memory_bandwidth", None)
     if bandwidth:
-        return HOST_EFFICIENCY * float(bandwidth) / ADAM_BYTES
+        return HOST_EFFICIENCY * float(bandwidth) / ADAM_UPDATE_BYTES
     raise ProfileError(
         f"hardware profile {getattr(p, 'name', p)!r} gives neither host_adam_mparams nor "
         "host_memory_bandwidth_gbs, so the optimizer step on the host cannot be priced; add "
@@ -88,17 +87,19 @@ def device_adam_rate(profile: Any) -> float:
     if not bandwidth:
         raise ProfileError(f"hardware profile {getattr(p, 'name', p)!r} has no "
                            "memory_bandwidth to price the optimizer step on the device")
-    return DEVICE_EFFICIENCY * float(bandwidth) / ADAM_BYTES
+    return DEVICE_EFFICIENCY * float(bandwidth) / ADAM_UPDATE_BYTES
 
 
-def host_bandwidth(profile: Any) -> float:
-    """The host's DRAM bytes/s (``host_adam_rate * ADAM_BYTES / HOST_EFFICIENCY`` when
-    the profile gives only the rate)."""
-    p = _profile(profile)
+def host_bandwidth(profile: Any, adam_rate: float | None = None) -> float:
+    """The host's DRAM bytes/s (``host_adam_rate * ADAM_UPDATE_BYTES / HOST_EFFICIENCY``
+    when the profile gives only the rate). ``adam_rate``: the host AdamW rate to derive it
+    from instead of the profile's (a chooser's override); ``profile`` may then be None."""
+    p = _profile(profile) if profile is not None or adam_rate is None else None
     bandwidth = getattr(p, "host_memory_bandwidth", None)
     if bandwidth:
         return float(bandwidth)
-    return host_adam_rate(p) * ADAM_BYTES / HOST_EFFICIENCY
+    rate = host_adam_rate(p) if adam_rate is None else adam_rate
+    return rate * ADAM_UPDATE_BYTES / HOST_EFFICIENCY
 
 
 def _count(value: int | Iterable[int]) -> int:
@@ -121,7 +122,7 @@ def master_cast_seconds(numel: int, master_cast_bytes: int, bandwidth: float) ->
 
 
 def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile: Any, *,
-                 master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES
+                 master_cast_bytes: int = 0, update_bytes: int = ADAM_UPDATE_BYTES
                  ) -> tuple[float, float]:
     """(device seconds, host seconds) of one optimizer step.
 
@@ -153,7 +154,7 @@ def step_seconds(params_by_placement: Mapping[str, int | Iterable[int]], profile
 
 
 def host_steps(graph: Graph, schedule: Schedule, profile: Any, *, barrier: bool = False,
-               master_cast_bytes: int = 0, update_bytes: int = ADAM_BYTES,
+               master_cast_bytes: int = 0, update_bytes: int = ADAM_UPDATE_BYTES,
                masters: Collection[str] = ()) -> HostSteps:
     """The optimizer step of ``schedule``'s placement, for ``simulate(..., optimizer=)``.
 

@@ -459,8 +459,19 @@ def crowned(result: PortfolioResult, budget: int) -> PolicyOutput:
     verdict = f"[outcore-auto took {best.name}'s plan: fastest that fits ({others})]"
     reasons = {tid: f"{out.plan.reasons.get(tid, 'decided')} {verdict}"
                for tid in (list(out.plan.reasons) or list(out.plan.decisions))}
-    plan = dataclasses.replace(out.plan, policy=f"outcore-auto ({best.name})", reasons=reasons)
+    plan = dataclasses.replace(out.plan, policy=picked_label(best.name), reasons=reasons)
     return dataclasses.replace(out, plan=plan, notes=notes)
+
+
+def picked_label(pick: str) -> str:
+    """The policy label of outcore-auto's plan when it took ``pick``'s."""
+    return f"outcore-auto ({pick})"
+
+
+def policy_of_label(label: str) -> str:
+    """The registered policy that made a plan labelled ``label`` (``picked_label``'s
+    ``outcore-auto (modnn)`` -> ``outcore-auto``; any other label is the name itself)."""
+    return label.split(" (", 1)[0]
 
 
 def _none_fits(result: PortfolioResult, budget: int) -> InfeasibleBudgetError:

@@ -43,8 +43,10 @@ def recorded(graph: Graph) -> dict[int, list[str]]:
 
 def variant_table(graph: Graph, spec: VariantSpec | None) -> dict[int, list[str]]:
     """The table the search may offer for ``graph`` (see the module docstring)."""
-    if spec is None or isinstance(spec, bool):
-        return recorded(graph) if spec is None or spec else {}
+    if spec is False:
+        return {}
+    if spec is None or spec is True:
+        return recorded(graph)
     listed = spec(graph) if callable(spec) else spec
     table: dict[int, list[str]] = {}
     for op_id, names in dict(listed).items():

@@ -59,10 +59,8 @@ def variant_table(graph: Graph, config: ModnnConfig) -> dict[int, list[str]]:
     # a variant capture refused for an op (outside what it declares it computes) is never
     # offered: priced at 0 workspace and then run, it broke the step (bmm size error on
     # depthwise convolutions, OOM from unpriced workspace)
-    if config.variants is False:
-        return {}  # PyTorch's kernels only
     if config.variants is not None and config.variants is not True:
-        return resolve_variants(graph, config.variants)
+        return resolve_variants(graph, config.variants)  # False: {}, PyTorch's kernels only
     table = {}
     for op in graph.ops:
         names = runnable(op, registry.variants_for(op.target))

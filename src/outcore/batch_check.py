@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch.utils._pytree import tree_flatten
-
+from outcore.capture.batching import split_batch_leaves
 from outcore.errors import BatchMismatchError
 from outcore.graph.ir import Graph
 
 
 def captured_inputs(graph: Graph) -> dict[int, tuple[tuple[int, ...], str]]:
-    """Flat batch index -> (shape, dtype) of what the graph was captured with."""
+    """Index among the batch's tensors (``split_batch_leaves``' order) -> (shape, dtype) of
+    what the graph was captured with."""
     nodes = getattr(graph.source, "nodes", None)
     if nodes is None:
         return {}
@@ -37,13 +36,14 @@ def check_batch(graph: Graph, batch: Any, parts: int = 1) -> None:
     expected = captured_inputs(graph)
     if not expected:
         return
-    leaves = tree_flatten(batch)[0]
+    # the graph's inputs index the batch's tensors (non-tensor leaves are constants of it)
+    leaves = split_batch_leaves(batch)[0]
     if len(leaves) != len(expected):
-        raise BatchMismatchError(f"{len(leaves)} tensors", f"(x, y) with {len(expected)} "
-                                 "tensors, as the example batch", "Pass the batch as the "
-                                 "data loader yields it, shaped like the example.")
+        raise BatchMismatchError(f"{len(leaves)} tensors", f"{len(expected)} tensors, as "
+                                 "the example batch", "Pass the batch as the data loader "
+                                 "yields it, shaped like the example.")
     for k, leaf in enumerate(leaves):
-        if k not in expected or not isinstance(leaf, torch.Tensor):
+        if k not in expected:
             continue
         shape, dtype = expected[k]
         got_dtype = str(leaf.dtype).removeprefix("torch.")

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from outcore.capture.aot import autocast_state
-from outcore.capture.batching import split_batch_leaves
+from outcore.capture.batching import announce_constant_replan, split_batch_leaves
 from outcore.capture.hooks import forward_hooks
 from outcore.capture.python_state import changed, python_state
 from outcore.errors import UnsupportedModelError
@@ -170,6 +170,7 @@ class ShapeCache(Generic[Entry]):
             return self.first
         from outcore import progress
 
+        announce_constant_replan([*self._first_keys, *self._others], key, batch, stacklevel=6)
         info(f"{self._what}: a batch {key.describe()} unlike the planned ones (a smaller "
              "last batch?): capturing and planning it; later batches of this signature "
              "reuse that plan")

@@ -12,9 +12,9 @@ Under ``torch.no_grad()`` (a validation loop) ``step`` runs the forward eagerly 
 captured autocast and returns the loss, detached: no plan, no gradient, the model in the
 train/eval mode the user left it, as ``outcore.compile``'s Trainer does.
 
-Invariant: after ``step(x, y)`` with grad enabled, each parameter's ``.grad`` is what
-``loss_fn(model(x), y).backward()`` accumulates into it (bit for bit for plans with the
-framework's kernels), for every batch signature.
+Invariant: after ``step(x, y)`` (or ``step(batch)``) with grad enabled, each parameter's
+``.grad`` is what ``loss_fn(model(x), y).backward()`` accumulates into it (bit for bit for
+plans with the framework's kernels), for every batch signature.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from outcore.capture.batching import own_storage, step_loss
+from outcore.capture.batching import batch_of, own_storage, step_loss
 from outcore.errors import BatchMismatchError
 from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, without_autocast
 from outcore.plan.plan import Plan
@@ -116,14 +116,17 @@ class PlannedTrainer:
         return self.planned.explain()
 
     # -- stepping ----------------------------------------------------------------------------
-    def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One training step on ``(x, y)``; returns the loss (a detached scalar). Under
+    def step(self, *args: Any) -> torch.Tensor:
+        """One training step; returns the loss (a detached scalar). ``step(x, y)`` or
+        ``step(batch)``, as ``outcore.compile``'s Trainer takes them (a dict batch, or the
+        model's input when the loss function is None: ``batch_of``). Under
         ``torch.no_grad()``: the eager forward's loss (``eval_step``)."""
         from outcore.batch_check import check_batch
 
         if not torch.is_grad_enabled():
-            return self.eval_step(x, y)
-        batch = own_storage((x, y))  # as captured: a slice is counted at its own size
+            return self.eval_step(*args)
+        # as captured: a slice is counted at its own size
+        batch = own_storage(batch_of(args, self.loss_fn))
         self._fixed.check(batch)
         entry = self._shapes.entry(batch)
         parts = entry.planned.plan.sub_batches
@@ -151,11 +154,12 @@ class PlannedTrainer:
             return run_sub_batches(entry.executor, batch, parts)
         return entry.executor.run(batch)
 
-    def eval_step(self, x: Any, y: Any) -> torch.Tensor:
-        """The loss of the eager forward on ``(x, y)`` without gradient, under the
-        captured autocast, in the mode the model is in; nothing planned or accumulated."""
+    def eval_step(self, *args: Any) -> torch.Tensor:
+        """The loss of the eager forward on the batch (``step``'s arguments) without
+        gradient, under the captured autocast, in the mode the model is in; nothing planned
+        or accumulated."""
         with torch.no_grad(), under_autocast(self.autocast):
-            loss = step_loss(self.model, self.loss_fn, (x, y))
+            loss = step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn))
         self.stats.eval_steps += 1
         return loss.detach()
 
@@ -171,9 +175,17 @@ class PlannedTrainer:
 
 
 def _matches(planned: PlannedStep, batch: Any) -> bool:
-    """Whether ``batch`` is of the signature ``planned`` was captured for."""
+    """Whether ``batch`` is of the signature ``planned`` was captured for: the same structure
+    and non-tensor values (baked into the step), and its tensors' shapes and dtypes (with
+    sub-batches, ``parts`` times the captured batch: ``check_batch``)."""
     from outcore.batch_check import check_batch
+    from outcore.capture.batching import split_batch_leaves
 
+    captured = getattr(planned.graph.source, "signature", None)
+    if captured is not None:
+        sig = split_batch_leaves(batch)[1]
+        if (sig.spec, sig.constants) != (captured.spec, captured.constants):
+            return False
     try:
         check_batch(planned.graph, batch, planned.plan.sub_batches)
     except BatchMismatchError:

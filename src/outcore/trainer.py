@@ -55,6 +55,7 @@ from torch import nn
 from outcore.capture.aot import autocast_state, capture
 from outcore.capture.batching import (
     LossFn,
+    announce_constant_replan,
     batch_of,
     own_storage,
     plain_batch,
@@ -312,6 +313,8 @@ class Trainer:
             self.stats.cache_hits += 1
         else:
             announce_replan((self.model, self.loss_fn), next(reversed(self._cache), None), key)
+            announce_constant_replan((k[0] for k in self._cache if isinstance(k, tuple)),
+                                     split_batch_leaves(batch)[1], batch)
             entry = self._prepare(batch)
             # keyed by the state the capture left: a forward may set a value on its first
             # call (Hugging Face's config.problem_type), as the traced forward did

@@ -10,6 +10,10 @@ Two conventions, chosen by ``loss_fn``:
   ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, ``model(batch)``
   otherwise; the loss is read from the output (``loss_of``).
 
+A dict or a tuple goes to the model whole instead (``model(batch)``) when its forward takes
+one argument and cannot take it spread out (``forward(self, batch)`` reading
+``batch["image"]``; ``spread``).
+
 Outputs may be tensors, ``ModelOutput``s, dicts, tuples or dataclasses; a ``loss_fn`` gets
 them as the model returned them.
 
@@ -24,27 +28,69 @@ structure, the constants, and each tensor's shape, dtype and device.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import (
+    SUPPORTED_NODES,
+    TreeSpec,
+    keystr,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_map,
+    tree_unflatten,
+)
 
-from outcore.errors import CaptureError
+from outcore.errors import CaptureError, ReplanWarning
+from outcore.log import announce
 
 LossFn = Callable[..., Any] | None
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
     """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else
-    ``model(inputs)``."""
+    ``model(inputs)``; but a mapping or sequence the forward cannot take spread out goes in
+    whole, ``model(inputs)``, when the forward takes exactly one argument (``forward(self,
+    batch)`` reading ``batch["image"]``: ``spread`` decides, from the forward's signature).
+    The same call is made eagerly and when tracing, so the captured step is what eager runs.
+    """
     if isinstance(inputs, Mapping):
-        return model(**inputs)
+        return model(**inputs) if spread(model, inputs) else model(inputs)
     if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
+        return model(*inputs) if spread(model, inputs) else model(inputs)
     return model(inputs)
+
+
+def spread(model: nn.Module, inputs: Mapping[str, Any] | tuple[Any, ...] | list[Any]) -> bool:
+    """Whether ``call_model`` spreads ``inputs`` over the forward's parameters (``**`` for a
+    mapping, ``*`` for a sequence), the ecosystem's convention, or passes them as its one
+    argument. Spread unless the forward's signature rejects the spread call (a key that is no
+    parameter name, or another count of arguments) and binds ``inputs`` as its one argument
+    (``forward(self, batch)``, or ``forward(self, batch, train=True)``). A signature
+    ``inspect`` cannot read keeps the convention, and so does one that binds neither (its
+    TypeError then names the key that does not fit)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return True
+    try:
+        if isinstance(inputs, Mapping):
+            signature.bind(**{str(key): None for key in inputs})
+        else:
+            signature.bind(*inputs)
+        return True
+    except TypeError:
+        pass
+    try:
+        signature.bind(inputs)
+    except TypeError:
+        return True  # neither binds: keep the convention, whose TypeError names the key
+    return False
 
 
 def plain_batch(batch: Any) -> Any:
@@ -150,6 +196,38 @@ def split_batch_leaves(batch: Any) -> tuple[list[torch.Tensor], BatchSignature]:
                                        for t in tensors),
                          requires_grad=tuple(bool(t.requires_grad) for t in tensors))
     return tensors, sig
+
+
+def announce_constant_replan(planned: Iterable[object], new: BatchSignature,
+                             batch: Any, *, stacklevel: int = 5) -> None:
+    """A ``ReplanWarning`` when ``new`` (a batch about to be captured and planned) differs
+    from a planned signature only in non-tensor leaves (the same structure and tensors):
+    those values are baked into the captured step, so a leaf that changes every batch (a
+    list of sample ids or file names a collate function kept) re-plans every step. The
+    message names the leaves (``batch['ids'][0]``) and how to stop it; it carries no values,
+    so Python shows it once per call site."""
+    for old in planned:
+        if not isinstance(old, BatchSignature):
+            continue
+        if (old.spec, old.tensors, old.requires_grad) != (new.spec, new.tensors,
+                                                          new.requires_grad):
+            continue
+        differ = {i for (i, a), (_, b) in zip(old.constants, new.constants, strict=True)
+                  if a != b}
+        if not differ:
+            continue
+        paths = [keystr(path) for i, (path, _) in
+                 enumerate(tree_flatten_with_path(plain_batch(batch))[0]) if i in differ]
+        shown = ", ".join(f"batch{path}" for path in paths[:3])
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        announce(f"the batch's non-tensor leaves {shown}{more} differ from those of a batch "
+                 "already planned, with the same tensors: outcore bakes non-tensor values into "
+                 "the captured step, so it captures and plans the step again for each new "
+                 "value (a list of sample ids or file names that changes every batch re-plans "
+                 "every step). If the model and loss do not read them, drop them from the "
+                 "batch before the step (in the collate function); if they do, pass them as "
+                 "tensors.", ReplanWarning, stacklevel=stacklevel)
+        return
 
 
 def _hashable(value: Any) -> Any:

@@ -80,10 +80,13 @@ class CapturedStep:
                                     "like the example")
             return tensors
         if sig != self.signature:
+            what = ("structure" if sig.spec != self.signature.spec else
+                    "non-tensor values" if sig.constants != self.signature.constants else
+                    "shapes, dtypes or requires_grad")
             raise BatchMismatch(f"this batch {sig.describe()} does not match the captured "
-                                f"signature {self.signature.describe()} (structure, constants, "
-                                "shapes or dtypes); Trainer.step captures and plans each new "
-                                "signature, an Executor runs only the one it was built for")
+                                f"signature {self.signature.describe()}: its {what} differ; "
+                                "Trainer.step captures and plans each new signature, an "
+                                "Executor runs only the one it was built for")
         return tensors
 
     def check_guards(self, outputs: dict[int, torch.Tensor]) -> None:

@@ -119,16 +119,28 @@ class PlannedTrainer:
     def step(self, x: Any, y: Any) -> torch.Tensor:
         """One training step on ``(x, y)``; returns the loss (a detached scalar). Under
         ``torch.no_grad()``: the eager forward's loss (``eval_step``)."""
-        from outcore.batch_check import check_batch
-
         if not torch.is_grad_enabled():
             return self.eval_step(x, y)
+        entry, batch = self._prepare(x, y)
+        return self._execute(entry, batch)
+
+    def _prepare(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A training step's checks and the plan of its batch's signature (planned now
+        when new): ``(entry, batch)``. Raises when the step is refused; changes no model
+        state (parameters, ``.grad``, buffers), whether it raises or not."""
+        from outcore.batch_check import check_batch
+
         batch = own_storage((x, y))  # as captured: a slice is counted at its own size
         self._fixed.check(batch)
         entry = self._shapes.entry(batch)
         parts = entry.planned.plan.sub_batches
         check_batch(entry.planned.graph, batch, parts)
         _refuse_split_input_grads(parts, batch)
+        return entry, batch
+
+    def _execute(self, entry: Any, batch: Any) -> torch.Tensor:
+        """Run the prepared ``entry`` on ``batch`` (``_prepare``) and record its stats."""
+        parts = entry.planned.plan.sub_batches
         self._current = entry
         self.stats.predicted_peak = entry.planned.predicted_peak
         self.stats.sub_batches = parts

@@ -74,6 +74,9 @@ from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
 from outcore.planned_trainer import FixedEntry, PlannedTrainer
 
+#: The step's agreement point (``DataParallelTrainer._prepare_everywhere``), as errors name it.
+STEP_CHECKS = "the step's checks and the plan of its share"
+
 
 @dataclass
 class RankEntry(FixedEntry):
@@ -169,8 +172,10 @@ class DataParallelTrainer(PlannedTrainer):
 
     def step(self, x: Any, y: Any) -> torch.Tensor:
         """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss.
-        Under ``torch.no_grad()``: the eager forward's loss (module doc)."""
+        Under ``torch.no_grad()``: the eager forward's loss (module doc). A step refused on
+        any rank raises on every rank, before any collective of the step (module doc)."""
         training = torch.is_grad_enabled()
+        prepared = self._prepare_everywhere(x, y) if training else None
         try:
             if training and not self._plans_compared:
                 first = self.entries()[0]
@@ -179,7 +184,7 @@ class DataParallelTrainer(PlannedTrainer):
                 self._plans_compared = True
             if self._sync_next:
                 self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(x, y)
+            loss = self.eval_step(x, y) if prepared is None else self._execute(*prepared)
             self._sync_next = training
         except SyncBatchNormCollectiveError as exc:
             raise self.ctx.error("the all-reduce of a SyncBatchNorm's statistics",
@@ -190,6 +195,23 @@ class DataParallelTrainer(PlannedTrainer):
             self.ctx.report_failure(exc)
             raise
         return loss
+
+    def _prepare_everywhere(self, x: Any, y: Any) -> tuple[RankEntry, Any]:
+        """``_prepare`` (the step's checks and the plan of a new share signature: what can
+        refuse on one rank alone), then the step's agreement (``RankContext.agree``),
+        which every rank enters whether its own preparation succeeded or raised. A rank
+        that refused raises its error, every other rank ``DistributedError`` naming it;
+        nothing has run, no collective of the step has been issued, nothing is applied."""
+        try:
+            prepared = self._prepare(x, y)
+        except Exception as exc:
+            self.ctx.agree(STEP_CHECKS, exc)
+            raise
+        except BaseException as exc:  # an interrupt: no agreement, the others time out
+            self.ctx.report_failure(exc)
+            raise
+        self.ctx.agree(STEP_CHECKS)
+        return prepared
 
     def _run(self, entry: RankEntry, batch: Any) -> Any:
         """``PlannedTrainer._run`` with the bucketed parameters' ``.grad`` handed to the

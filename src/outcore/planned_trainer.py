@@ -121,10 +121,17 @@ class PlannedTrainer:
         ``step(batch)``, as ``outcore.compile``'s Trainer takes them (a dict batch, or the
         model's input when the loss function is None: ``batch_of``). Under
         ``torch.no_grad()``: the eager forward's loss (``eval_step``)."""
-        from outcore.batch_check import check_batch
-
         if not torch.is_grad_enabled():
             return self.eval_step(*args)
+        entry, batch = self._prepare(*args)
+        return self._execute(entry, batch)
+
+    def _prepare(self, *args: Any) -> tuple[Any, Any]:
+        """A training step's checks and the plan of its batch's signature (planned now
+        when new): ``(entry, batch)``. Raises when the step is refused; changes no model
+        state (parameters, ``.grad``, buffers), whether it raises or not."""
+        from outcore.batch_check import check_batch
+
         # as captured: a slice is counted at its own size
         batch = own_storage(batch_of(args, self.loss_fn))
         self._fixed.check(batch)
@@ -132,6 +139,11 @@ class PlannedTrainer:
         parts = entry.planned.plan.sub_batches
         check_batch(entry.planned.graph, batch, parts)
         _refuse_split_input_grads(parts, batch)
+        return entry, batch
+
+    def _execute(self, entry: Any, batch: Any) -> torch.Tensor:
+        """Run the prepared ``entry`` on ``batch`` (``_prepare``) and record its stats."""
+        parts = entry.planned.plan.sub_batches
         self._current = entry
         self.stats.predicted_peak = entry.planned.predicted_peak
         self.stats.sub_batches = parts

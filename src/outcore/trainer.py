@@ -506,9 +506,6 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if distributed is not False and distributed is not None:
         from outcore.distributed import compile_data_parallel
 
-        if loss_fn is None:
-            raise InvalidArgumentError(None, "a loss_fn with distributed=", "Data parallel "
-                                       "takes (x, y) batches and loss_fn(model(x), y) for now.")
         # every argument reaches the rank: allow_sub_batches, cache and host_budget its plans
         # and re-plans, autocast its capture, cache_size the shapes it keeps (they were
         # dropped here: the refusal's advice "pass allow_sub_batches=False" changed nothing

@@ -25,12 +25,13 @@ BatchNorm on the WHOLE batch in one process:
   ``BUFFER_RTOL = 1e-5`` (seen: 1.2e-6), and ``num_batches_tracked`` equal.
 
 Also per policy: the rank issues two all-reduces per SyncBatchNorm (statistics in forward,
-their gradients in backward) and one per gradient bucket, however often the plan recomputes
-an all-reduce (SuperNeurons' segments do: the replay copies the saved statistics);
-measured peak == predicted peak (the step runs with Python's cyclic collector off, see
-``sync_bn_workers._no_gc``); every rank ends with the same gradients (checksums).
-Sub-batches are turned off (a sub-batch takes its statistics over part of the batch); a
-policy that cannot meet the tight budget runs unbounded.
+their gradients in backward), one per gradient bucket and the step's agreement (one flag,
+``RankContext.agree``), however often the plan recomputes an all-reduce (SuperNeurons'
+segments do: the replay copies the saved statistics); measured peak == predicted peak (the
+step runs with Python's cyclic collector off, see ``sync_bn_workers._no_gc``); every rank
+ends with the same gradients (checksums). Sub-batches are turned off (a sub-batch takes its
+statistics over part of the batch); a policy that cannot meet the tight budget runs
+unbounded.
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def check_rows(results: list[Any], dtype: torch.dtype) -> dict[str, Any]:
         assert row["buffers"] <= BUFFER_RTOL, f"{policy}: running stats {row['buffers']:.2g}"
         # the schedule's all-reduce ops, forward and backward, plus those it recomputes
         assert row["collectives"] == 2 * row["sync_bns"] + row["recomputed_collectives"], policy
-        # what the rank issued: once per SyncBatchNorm and direction, once per gradient
-        # bucket; a recomputed all-reduce replays the saved statistics
-        assert row["issued"] == 2 * row["sync_bns"] + row["buckets"], (policy, row["issued"])
+        # what the rank issued: the step's agreement (one flag), once per SyncBatchNorm and
+        # direction, once per gradient bucket; a recomputed all-reduce replays the saved
+        # statistics
+        assert row["issued"] == 1 + 2 * row["sync_bns"] + row["buckets"], (policy,
+                                                                          row["issued"])
         assert row["measured"] == row["predicted"], policy
         if row["budget"] is not None:
             assert row["predicted"] <= row["budget"], policy

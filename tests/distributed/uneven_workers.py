@@ -75,6 +75,20 @@ class DictNet(nn.Module):
         return self.conv(image) + self.side(features)
 
 
+class OwnLossNet(nn.Module):
+    """Hugging Face's convention: the whole dict batch as ``model(**batch)``, labels in it,
+    the loss computed by the model (``loss_fn=None``; the trainer is stepped as
+    ``step(batch)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = DictNet()
+
+    def forward(self, image: torch.Tensor, features: torch.Tensor,
+                labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": F.cross_entropy(self.net(image, features), labels)}
+
+
 def _images(g: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> Any:
     return (torch.randn(n, 3, 16, 16, generator=g, dtype=dtype),
             torch.randint(0, 5, (n,), generator=g))
@@ -89,6 +103,11 @@ def _tokens(g: torch.Generator, n: int) -> Any:
 def _dicts(g: torch.Generator, n: int) -> Any:
     x, y = _images(g, n)
     return {"image": x, "features": torch.randn(n, 4, generator=g)}, y
+
+
+def _labelled(g: torch.Generator, n: int) -> Any:
+    x, y = _dicts(g, n)
+    return {**x, "labels": y}
 
 
 def sum_over_batch(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -112,6 +131,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Any, Callable[..., Any], torch.
     "tied": (TiedLM, lm_loss, _tokens, torch.float32, False, 35_000),
     "dict": (DictNet, F.cross_entropy, _dicts, torch.float32, True, 275_000),
     "sum-over-batch": (ConvNet, sum_over_batch, _images, torch.float32, True, 275_000),
+    "own-loss": (OwnLossNet, None, _labelled, torch.float32, True, 275_000),
 }
 
 
@@ -146,7 +166,9 @@ class Cell:
         build, self.loss_fn, self.make, self.dtype, unused, split_at = MODELS[name]
         budget = split_at if budget is None else budget
         self.rank, self.world, self.name = rank, world, name
-        #: the rank whose last share is malformed (its capture fails: another rank fails)
+        #: the rank whose device is too small for its last share: it is planned (every
+        #: rank agrees to run the step) and runs out of memory in its first pass, so another
+        #: rank fails in the step's gradient all-reduce
         self.broken = broken
         #: no optimizer step after odd steps: step 2 (the uneven last share) accumulates
         #: onto step 1's ``.grad``
@@ -185,10 +207,12 @@ class Cell:
         self.passes: list[int] = []
 
     def mine(self, i: int) -> Any:
-        x, y = shares(self.epoch[i], self.world)[self.rank]
+        """This rank's share of step ``i``: ``(x, y)``, or the dict batch (``own-loss``)."""
+        share = shares(self.epoch[i], self.world)[self.rank]
         if self.rank == self.broken and i == len(self.epoch) - 1:
-            x = x[:, :2]  # two channels where the convolution takes three
-        return x, y
+            # the executor planned for this share now reads it: DeviceOutOfMemory
+            self.trainer.device.tracker.capacity = 1024
+        return share if isinstance(share, dict) else tuple(share)
 
     def run(self) -> dict[str, Any]:
         """The epoch, compared step by step; a refused step (``OutcoreError``) ends it and
@@ -200,7 +224,8 @@ class Cell:
         for n, i in enumerate(steps):
             before = snapshot(self.ours)
             try:
-                got = self.trainer.step(*self.mine(i))
+                share = self.mine(i)
+                got = self.trainer.step(*((share,) if isinstance(share, dict) else share))
             except OutcoreError as exc:  # a refusal, or another rank's (DistributedError)
                 refused = {"step": n, "type": type(exc).__name__, "message": str(exc),
                            "changed": changed(self.ours, before)}
@@ -228,13 +253,16 @@ class Cell:
         """The reference's step ``i`` with ``k`` passes; returns this rank's loss."""
         if self.sync:
             return self._sync_reference(i, k)
-        x, y = self.mine(i)
         total = torch.zeros(())
-        for j, (xs, ys) in enumerate(_chunks((x, y), k)):
+        for j, part in enumerate(_chunks(self.mine(i), k)):
             # forward and backward under no_sync but the last pass (a forward outside it
             # would broadcast rank 0's buffers again before the next pass)
             with self.ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
-                loss = self.loss_fn(_call(self.ddp, xs), ys) / k
+                if self.loss_fn is None:
+                    loss = self.ddp(**part)["loss"] / k
+                else:
+                    xs, ys = part
+                    loss = self.loss_fn(_call(self.ddp, xs), ys) / k
                 loss.backward()
             total = total + loss.detach()
         return total
@@ -284,7 +312,7 @@ def _plain_batchnorm(model: nn.Module) -> nn.Module:
 def cells(rank: int, world: int, matrix: list[str]) -> dict[str, Any]:
     """Every cell of ``matrix`` (``"model/mode"``, or ``"model/mode/accumulate"``: the last
     share accumulates onto the previous step's ``.grad``, or ``"model/mode/rank-1-fails"``:
-    so, and rank 1's last share cannot be captured) on this rank, in one process group; a
+    so, and rank 1's device is too small for its last share) on this rank, in one process group; a
     cell that raises is reported under its key."""
     out: dict[str, Any] = {}
     for key in matrix:

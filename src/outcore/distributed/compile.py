@@ -66,12 +66,15 @@ def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor]
         graph = capture_rank(model, loss_fn, example_batch, ctx, autocast=autocast)
     except BaseException as exc:
         ctx.report_failure(exc)
+        if isinstance(exc, Exception):  # the agreement data_parallel_trainer's ranks enter
+            ctx.agree(PLANNING, exc)
         raise
 
     def recapture(parts: int) -> Graph:
         from outcore.runtime.subbatch import split_batch
 
-        return capture_rank(model, loss_fn, split_batch(tuple(example_batch), parts)[0], ctx,
+        first = split_batch(_as_stepped(example_batch), parts)[0]
+        return capture_rank(model, loss_fn, first, ctx,
                             autocast=autocast)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
@@ -87,19 +90,33 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
                           shapes: int = SHAPES, **options: Any) -> DataParallelTrainer:
     """Plan ``graph`` (this rank's captured share of ``model``'s step) and build the
     rank's trainer, which keeps ``shapes`` other share signatures; the parameters must
-    already equal rank 0's (``broadcast_state``)."""
-    limit = None if budget is None else parse_bytes(budget)
-    tied = tied_names(model)
+    already equal rank 0's (``broadcast_state``). Every rank calls it: a rank whose
+    planning fails raises its error, the others ``DistributedError`` naming it, at once
+    (the agreement ``PLANNING``, ``RankContext.agree``)."""
     try:
-        cost = rank_cost(gpu, host, ctx.world_size)
-        planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
-                                     ctx.world_size, options,
-                                     tied=tied_gradients(graph, tied))
-        dev = rank_device(device, limit, gpu, host, ctx.world_size)
+        trainer = _build(model, graph, ctx, budget, device, gpu, policy, bucket_cap, host,
+                         recapture, shapes, options)
     except BaseException as exc:
         ctx.report_failure(exc)
+        if isinstance(exc, Exception):  # an interrupt does not wait for the others
+            ctx.agree(PLANNING, exc)
         raise
+    ctx.agree(PLANNING)
     ctx.clear_failure()
+    return trainer
+
+
+def _build(model: nn.Module, graph: Graph, ctx: RankContext, budget: int | str | None,
+           device: str, gpu: str | None, policy: str, bucket_cap: int, host: str | None,
+           recapture: Callable[[int], Graph] | None, shapes: int,
+           options: dict[str, Any]) -> DataParallelTrainer:
+    """``data_parallel_trainer``'s work on this rank alone: plan, device, trainer."""
+    limit = None if budget is None else parse_bytes(budget)
+    tied = tied_names(model)
+    cost = rank_cost(gpu, host, ctx.world_size)
+    planned, buckets = plan_rank(graph, limit, policy, cost, recapture, bucket_cap,
+                                 ctx.world_size, options, tied=tied_gradients(graph, tied))
+    dev = rank_device(device, limit, gpu, host, ctx.world_size)
     step = graph.source.step_module
     cast = step.autocast[1] if step.autocast is not None else None
     split = planned.plan.sub_batches > 1
@@ -113,7 +130,8 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
         share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast)
 
         def again(parts: int) -> Graph:
-            return capture_rank(model, step.loss_fn, split_batch(tuple(batch), parts)[0], ctx,
+            first = split_batch(_as_stepped(batch), parts)[0]
+            return capture_rank(model, step.loss_fn, first, ctx,
                                 autocast=cast)
 
         return plan_rank(share, limit, policy, cost, again if split else None, bucket_cap,
@@ -125,6 +143,10 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
                                   tied=tied, shapes=shapes)
     built.append(trainer)
     return trainer
+
+
+#: The agreement point at the end of planning (``data_parallel_trainer``).
+PLANNING = "the planning of the ranks' first shares"
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
@@ -220,3 +242,10 @@ def rank_device(device: str, limit: int | None, gpu: str | None, host: str | Non
     share_d2h = machine.copy_bandwidth(profile.d2h_bandwidth, world_size) / profile.d2h_bandwidth
     share_h2d = machine.copy_bandwidth(profile.h2d_bandwidth, world_size) / profile.h2d_bandwidth
     return make_device(device, capacity=limit, bandwidth=(d2h * share_d2h, h2d * share_h2d))
+
+
+def _as_stepped(batch: Any) -> Any:
+    """``batch`` as ``step`` receives it: a list ``[x, y]`` as the tuple ``step(x, y)``
+    makes, a dict (``step(batch)``) or any other batch as it is (``tuple`` of a dict would
+    be its keys)."""
+    return tuple(batch) if isinstance(batch, list) else batch

@@ -11,13 +11,21 @@
 Failure reports: a rank whose step raises writes ``"<ExceptionType>: <message>"`` under
 ``outcore/failed/<rank>`` in the group's store (the default group's TCPStore), and a rank
 whose collective fails reads those keys to say *which* rank failed and why.
+
+Agreement (``RankContext.agree``): where a rank may refuse on its own (its planning, its
+step's checks and re-plan), every rank enters one small all-reduce of a status flag
+whether its own part succeeded or raised, so a refusal on one rank reaches the others at
+once instead of at their next collective (the group's timeout when the refusing process
+lives on). A refusing rank then raises its own error, the others ``DistributedError``
+naming it and its reason; the ranks have issued the same collectives, so the group stays
+usable (a caller that skips the refused batch on every rank can go on).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +51,7 @@ class RankContext:
     world_size: int
     local_rank: int
     store: Any = None  # the group's store (failure reports), None when unknown
+    _device: torch.device | None = field(default=None, repr=False, compare=False)
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the other ranks why this one failed (best effort: never raises)."""
@@ -87,6 +96,51 @@ class RankContext:
         return DistributedError(f"rank {self.rank}/{self.world_size}: {what} failed ({who}). "
                                 f"Fix that rank's error; the others cannot go on without it. "
                                 f"Cause here: {type(cause).__name__}: {cause}")
+
+
+    def agree(self, what: str, failure: BaseException | None = None) -> None:
+        """The agreement point ``what`` (module doc): every rank calls it at the same point
+        of its work, with ``failure`` the exception its own part raised (``None``: it
+        succeeded). Costs one all-reduce of one integer when every rank succeeded (and a
+        gather of the reasons when one did not).
+
+        Returns on a rank that succeeded when every rank did, and always on a failed rank
+        (the caller raises its own error; a broken group must not hide it). Raises
+        ``DistributedError`` on a rank that succeeded when another failed, naming every
+        failed rank and its error, or when the all-reduce itself fails (``error``)."""
+        if self.world_size == 1:
+            return
+        flag = torch.full((1,), 0 if failure is None else 1, dtype=torch.int32,
+                          device=self._flag_device())
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            if int(flag.item()) == 0:
+                return
+            reasons: list[Any] = [None] * self.world_size
+            mine = None if failure is None else f"{type(failure).__name__}: {failure}"
+            dist.all_gather_object(reasons, mine, group=self.group)
+        except RuntimeError as exc:
+            if failure is not None:
+                return
+            raise self.error(what, exc) from exc
+        if failure is not None:
+            return
+        who = "; ".join(f"rank {r} failed with {m}" for r, m in enumerate(reasons)
+                        if m is not None)
+        raise DistributedError(
+            f"rank {self.rank}/{self.world_size}: {what} failed on another rank ({who}), and "
+            "every rank stopped there: nothing of it was applied on any rank. Fix that "
+            "rank's error.")
+
+    def _flag_device(self) -> torch.device:
+        """Where the agreement's flag lives: the current CUDA device for nccl, else the CPU
+        (gloo; a mixed ``cpu:gloo,cuda:nccl`` group reduces CPU tensors with gloo)."""
+        if self._device is None:
+            backend = str(dist.get_backend(self.group))
+            cuda = "nccl" in backend and "gloo" not in backend
+            self._device = (torch.device("cuda", torch.cuda.current_device()) if cuda
+                            else torch.device("cpu"))
+        return self._device
 
 
 def backend_for(device: str) -> str:

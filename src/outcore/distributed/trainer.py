@@ -21,9 +21,7 @@ As with PyTorch's DistributedDataParallel:
   each rank's batch). A plan that split the first share into sub-batches all-reduces
   ``.grad`` after the step for every shape; one that did not plans every shape in one pass;
 * the first training step compares the ranks' first plans (``same_plan_everywhere``)
-  before the gradients' collectives (at the first step, not when the trainer is built:
-  ranks plan at their own speed, and a short group timeout must not end the slower one's
-  planning);
+  before the gradients' collectives, after the step's agreement (below);
 * after ``step`` every rank's ``.grad`` holds the average over the ranks of their
   gradients (accumulated into ``.grad`` as ``loss.backward()`` does); the optimizer step
   stays the user's. Accumulating over steps, the average is of the accumulated ``.grad``
@@ -39,16 +37,27 @@ As with PyTorch's DistributedDataParallel:
   is DDP's with the rank's passes under ``no_sync`` but the last, each pass its own
   BatchNorm statistics (``outcore.runtime.subbatch``). A step whose all-reduce fails
   leaves ``.grad`` and the buffers as it found them, as a failed bucketed step does;
-* a share refused on one rank (``_check_collectives``; a re-plan the budget cannot hold)
-  raises there before the step changes anything; a rank whose own share was planned
-  goes on into its first collective and raises ``DistributedError`` naming the refused
-  rank (at the latest after the group's timeout), its step unapplied;
+* a step refused on one rank alone (its checks of the model state and the batch, the
+  re-plan of its share: over the budget, ``_check_collectives``, the user's loss failing
+  while the share is captured) raises on every rank at once: each step's checks and
+  re-plan (``_prepare_everywhere``) end in an agreement (``RankContext.agree``, one
+  all-reduce of a status flag, the step's only collective beyond DDP's), which every rank
+  enters whether its own preparation succeeded or raised, before the plan comparison, the
+  buffer broadcast and the run. The refusing rank raises its own error, the others
+  ``DistributedError`` naming it and its reason; nothing has run on any rank (parameters,
+  ``.grad``, buffers and the optimizer's state as before the step), and the ranks have
+  issued the same collectives, so skipping that batch on every rank goes on training. The
+  first plans' agreement is at the end of ``data_parallel_trainer``. A rank that
+  re-plans (or plans) longer than the others keeps them waiting in the agreement, within
+  the group's timeout, as it kept them in their next collective before;
 * under ``torch.no_grad()`` (validation) ``step`` runs the forward eagerly and returns this
   rank's loss: no gradient, no all-reduce (only DDP's buffer broadcast above), the model
   in the train/eval mode the user left it;
-* a step that raises on one rank is reported to the others (``RankContext``), whose next
-  collective raises ``DistributedError`` naming that rank, at the latest after the group's
-  timeout.
+* a step that raises on one rank while it runs (after the agreement: out of device memory,
+  a kernel's error) is reported to the others (``RankContext``), whose next collective
+  raises ``DistributedError`` naming that rank: at once when its process ends, else at the
+  latest after the group's timeout (a failure in the run is not agreed on: that would take
+  a second collective per step, inside backward before the first bucket's all-reduce).
 """
 
 from __future__ import annotations
@@ -73,6 +82,9 @@ from outcore.plan.grad_buckets import GradBucket, tied_gradients
 from outcore.plan.weights import gradients
 from outcore.planned import PlannedStep
 from outcore.planned_trainer import FixedEntry, PlannedTrainer
+
+#: The step's agreement point (``DataParallelTrainer._prepare_everywhere``), as errors name it.
+STEP_CHECKS = "the step's checks and the plan of its share"
 
 
 @dataclass
@@ -167,10 +179,13 @@ class DataParallelTrainer(PlannedTrainer):
                 "the uneven last batch (DistributedSampler(drop_last=True) and a DataLoader "
                 "with drop_last=True).")
 
-    def step(self, x: Any, y: Any) -> torch.Tensor:
-        """One data-parallel step on this rank's ``(x, y)``; returns this rank's loss.
-        Under ``torch.no_grad()``: the eager forward's loss (module doc)."""
+    def step(self, *args: Any) -> torch.Tensor:
+        """One data-parallel step on this rank's share, ``step(x, y)`` or ``step(batch)``
+        (``PlannedTrainer.step``); returns this rank's loss.
+        Under ``torch.no_grad()``: the eager forward's loss (module doc). A step refused on
+        any rank raises on every rank, before any collective of the step (module doc)."""
         training = torch.is_grad_enabled()
+        prepared = self._prepare_everywhere(*args) if training else None
         try:
             if training and not self._plans_compared:
                 first = self.entries()[0]
@@ -179,7 +194,7 @@ class DataParallelTrainer(PlannedTrainer):
                 self._plans_compared = True
             if self._sync_next:
                 self._collective("the broadcast of buffers from rank 0", self._sync_buffers)
-            loss = super().step(x, y)
+            loss = self.eval_step(*args) if prepared is None else self._execute(*prepared)
             self._sync_next = training
         except SyncBatchNormCollectiveError as exc:
             raise self.ctx.error("the all-reduce of a SyncBatchNorm's statistics",
@@ -190,6 +205,23 @@ class DataParallelTrainer(PlannedTrainer):
             self.ctx.report_failure(exc)
             raise
         return loss
+
+    def _prepare_everywhere(self, *args: Any) -> tuple[RankEntry, Any]:
+        """``_prepare`` (the step's checks and the plan of a new share signature: what can
+        refuse on one rank alone), then the step's agreement (``RankContext.agree``),
+        which every rank enters whether its own preparation succeeded or raised. A rank
+        that refused raises its error, every other rank ``DistributedError`` naming it;
+        nothing has run, no collective of the step has been issued, nothing is applied."""
+        try:
+            prepared = self._prepare(*args)
+        except Exception as exc:
+            self.ctx.agree(STEP_CHECKS, exc)
+            raise
+        except BaseException as exc:  # an interrupt: no agreement, the others time out
+            self.ctx.report_failure(exc)
+            raise
+        self.ctx.agree(STEP_CHECKS)
+        return prepared
 
     def _run(self, entry: RankEntry, batch: Any) -> Any:
         """``PlannedTrainer._run`` with the bucketed parameters' ``.grad`` handed to the

@@ -3,10 +3,10 @@ as a matrix of models x plans (``uneven_workers``: what each cell computes and i
 reference). Models: a plain ConvNet, BatchNorm (running statistics updated in forward,
 compared after every step), SyncBatchNorm (float64, against eager BatchNorm on the global
 batch), a tied embedding/head LM, a dict batch, a whole dict batch with the labels in it and
-the loss computed by the model (``loss_fn=None``, stepped as ``step(batch)``). Plans: one pass (offload-all), sub-batches
-(moDNN at a budget it meets by splitting a share of 4 into passes; also with ``.grad``
-accumulated, ``/accumulate``: the last share's step adds to the step before's ``.grad``,
-and the sub-batch path all-reduces ``gradient + prior`` as DDP), moDNN with
+the loss computed by the model (``loss_fn=None``, stepped as ``step(batch)``). Plans: one
+pass (offload-all), sub-batches (moDNN at a budget it meets by splitting a share of 4 into
+passes; also with ``.grad`` accumulated, ``/accumulate``: the last share's step adds to the
+step before's ``.grad``, and the sub-batch path all-reduces ``gradient + prior`` as DDP), moDNN with
 ``allow_sub_batches=False``, and one pass under ``autocast=torch.bfloat16``.
 
 Found and fixed here (each cell fails without its fix):

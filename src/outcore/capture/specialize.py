@@ -168,10 +168,11 @@ def _is_data_dependent(err: BaseException) -> bool:
 def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...]) -> Any:
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+    from outcore.capture.closed_over import real_constants_allowed
     from outcore.capture.traced_as_eager import traced_as_eager
 
-    try:
-        with traced_as_eager():
+    try:  # a tensor the step closes over becomes a constant (``closed_over``)
+        with traced_as_eager(), real_constants_allowed():
             return aot_export_joint_with_descriptors(stack, step, args)
     except CaptureError:
         raise

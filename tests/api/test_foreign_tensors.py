@@ -221,15 +221,48 @@ def test_a_closed_over_tensor_that_requires_grad_is_refused_by_name() -> None:
                         _batch())
 
 
-def test_a_parameter_held_outside_the_model_is_refused_with_the_way_out() -> None:
-    """An L2 term over a parameter held in a variable: the trace would read it as a
-    constant (no gradient through that term); refused, saying to read it via the model."""
+@pytest.mark.parametrize("policy", ["outcore-auto", "offload-all"])
+def test_parameters_held_in_a_variable_are_the_models(policy: str) -> None:
+    """An L2 term over ``params = list(model.parameters())`` and a loss reading a buffer
+    through a variable: traced as the model's own parameters and buffer (not constants),
+    so each parameter's gradient sums both uses, as eager's does, over 3 steps at half the
+    in-core peak."""
     model = Scaled(as_buffer=True)
-    last = model.body[16].weight
-    with pytest.raises(CaptureError, match=r"parameter body\.16\.weight.*variable 'last'"
-                                           r".*Read it through the model"):
-        outcore.capture(model, lambda o, y: F.cross_entropy(o, y) + last.pow(2).sum(),
-                        _batch())
+    reference = copy.deepcopy(model)
+
+    def make(m: nn.Module) -> Any:
+        params, scale = list(m.parameters()), m.scale
+        return lambda o, y: (F.cross_entropy(o / scale, y)
+                             + 1e-2 * sum(p.pow(2).sum() for p in params))
+
+    loss_fn, ref_loss_fn = make(model), make(reference)
+    batch = _batch()
+    twin = copy.deepcopy(model)  # its own loss: the loss reads the model it was made for
+    budget = int(reference_peaks(outcore.capture(twin, make(twin), batch)).liveness * 0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    with outcore.compile(model, loss_fn, batch, budget=budget, device="cpu-emulated",
+                         policy=policy) as trainer:
+        assert not trainer.planned.graph.source.lifted  # nothing lifted as a constant
+        for _ in range(3):
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            loss = trainer.step(*batch)
+            expected = ref_loss_fn(reference(batch[0]), batch[1])
+            expected.backward()
+            _assert_eager(model, reference, loss, expected)
+            opt.step()
+            ref_opt.step()
+
+
+def test_a_tensor_computed_from_a_parameter_outside_the_step_is_refused() -> None:
+    """``w = 2 * model.<param>`` computed before the step: it requires grad, is no parameter
+    and would be a constant; refused by name."""
+    model = Scaled(as_buffer=True)
+    doubled = model.body[16].bias * 2
+    with pytest.raises(CaptureError, match=r"variable 'doubled'.*\[5\] float32 on cpu.*"
+                                           r"requires grad"):
+        outcore.capture(model, lambda o, y: F.cross_entropy(o + doubled, y), _batch())
 
 
 def test_the_buffer_form_still_trains_as_eager() -> None:

@@ -23,6 +23,7 @@ structure, the constants, and each tensor's shape, dtype and device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_map, tree_unflatten
 
+from outcore.capture.closed_over import Redirected, held_outside
 from outcore.errors import CaptureError
 
 LossFn = Callable[..., Any] | None
@@ -180,6 +182,10 @@ class TrainingStep(nn.Module):
         #: while specialising (``outcore.capture.specialize``): the tensors whose values the
         #: step read; they become extra outputs (guards) after the loss.
         self.guard_sink: list[torch.Tensor] | None = None
+        #: the user's parameters and buffers that the loss or a forward holds outside the
+        #: model (``closed_over.held_outside``), taken before a trace swaps them: traced as
+        #: the model's (``Redirected``; empty, the usual case: nothing to redirect)
+        self.live: dict[int, str] = held_outside(self, loss_fn)
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
@@ -192,12 +198,13 @@ class TrainingStep(nn.Module):
         batch = self.rebuild(tensors)
         if self.guard_sink is not None:
             self.guard_sink.clear()  # one pass of tracing: its own reads
-        if self.autocast is None:
-            loss = step_loss(self.model, self.loss_fn, batch)
-        else:
-            device_type, dtype = self.autocast
-            with torch.autocast(device_type, dtype=dtype):
+        with Redirected(self, self.live) if self.live else contextlib.nullcontext():
+            if self.autocast is None:
                 loss = step_loss(self.model, self.loss_fn, batch)
+            else:
+                device_type, dtype = self.autocast
+                with torch.autocast(device_type, dtype=dtype):
+                    loss = step_loss(self.model, self.loss_fn, batch)
         return (loss, *(self.guard_sink or ()))
 
 

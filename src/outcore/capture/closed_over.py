@@ -11,10 +11,10 @@ reads it.
 
 Where the tensor came from is looked up by identity (``origins``): an attribute of a module
 of the step (the model's or a loss module's, or an item of a list/tuple/dict attribute), a
-variable a function closes over, a global a function names, an argument of a
-``functools.partial``, an attribute of a callable object. The functions looked at are the
-loss function (and the functions it closes over or names, a few levels down) and every
-module's ``forward``. Each step reads the place again (``Origin.read``):
+variable a function closes over or a global it names (or an item of a list or tuple held
+there), an argument of a ``functools.partial``, an attribute of a callable object. The
+functions looked at are the loss function (and the functions it closes over or names, a
+few levels down) and every module's ``forward``. Each step reads the place again (``Origin.read``):
 
 * the same object: bound as it is;
 * another tensor of the same shape, dtype and device that needs no gradient (the name or
@@ -25,10 +25,18 @@ module's ``forward``. Each step reads the place again (``Origin.read``):
 A tensor found in none of those places (deeper in a Python object) is bound as captured:
 changes in place are seen, a rebinding is not (the guide says so).
 
-A constant that requires grad (a closed-over leaf with ``requires_grad=True``, a parameter
-held in a variable outside the model) would get no gradient from the graph, where eager
-gives it one: ``refuse_trained`` raises CaptureError naming it (where, shape, dtype, device)
-and what to do. Invariant: a captured step has no constant that requires grad.
+A parameter or buffer of the model held in a variable outside it (an L2 term over
+``params = list(model.parameters())`` in the loss, a loss reading ``model.bn.running_mean``
+through a variable), found where ``origins`` looks (``held_outside``), is not a constant:
+while the step is traced, ``Redirected`` swaps the user's tensor for the one the trace
+holds for that parameter or buffer in every torch call, so its gradient sums both uses, as
+eager's does. (Only then: the mode costs about a tenth of a capture's time.)
+
+Any other constant that requires grad (a closed-over leaf with ``requires_grad=True``, a
+tensor computed from a parameter outside the step) would get no gradient from the graph,
+where eager gives it one: ``lifted`` refuses it with a CaptureError naming it (where,
+shape, dtype, device) and what to do. Invariant: a captured step has no constant that
+requires grad.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map_only
 
 from outcore.errors import CaptureError
 
@@ -50,6 +60,8 @@ from outcore.errors import CaptureError
 _MODULE_OWN = frozenset(vars(nn.Module()))
 #: how many functions deep the walk from the loss function goes (helpers it calls)
 _DEPTH = 3
+#: a list, tuple or dict is looked into up to this many items (a longer one is data)
+_MAX_ITEMS = 256
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,44 @@ class Origin:
 
     where: str
     read: Callable[[], Any]
+
+
+class Redirected(TorchFunctionMode):
+    """While the step is traced: every torch call's argument that is one of ``module``'s
+    parameters or buffers as the user holds it (``live``: ``id`` -> name, taken before the
+    trace swapped them) is replaced by the tensor the trace holds under that name now."""
+
+    def __init__(self, module: nn.Module, live: dict[int, str]) -> None:
+        super().__init__()
+        self.module = module
+        self.live = live
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        found: dict[str, torch.Tensor] = {}
+
+        def swap(value: torch.Tensor) -> torch.Tensor:
+            name = self.live.get(id(value))
+            if name is None:
+                return value
+            if not found:
+                found.update(self.module.named_parameters(remove_duplicate=False))
+                found.update(self.module.named_buffers(remove_duplicate=False))
+            return found.get(name, value)
+
+        args, kwargs = tree_map_only(torch.Tensor, swap, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def held_outside(step: nn.Module, loss_fn: Any) -> dict[int, str]:
+    """``id`` -> name of the parameters and buffers of ``step`` that ``origins`` finds
+    outside the model (a variable, a global, a plain attribute), for ``Redirected``; one
+    held deeper is not redirected and is refused as a constant that requires grad (a
+    buffer: bound as the constant it is at the step's start)."""
+    places = origins(step, loss_fn)
+    named = [*step.named_parameters(remove_duplicate=False),
+             *step.named_buffers(remove_duplicate=False)]
+    return {id(t): name for name, t in named if id(t) in places}
 
 
 @contextlib.contextmanager
@@ -121,11 +171,11 @@ def _attributes(obj: Any, label: str, found: dict[int, Origin]) -> None:
         if isinstance(obj, nn.Module) and name in _MODULE_OWN:
             continue
         _add(found, value, f"attribute {label}.{name}", _reader(names, name))
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and len(value) <= _MAX_ITEMS:
             for i, item in enumerate(value):
                 _add(found, item, f"attribute {label}.{name}[{i}]",
                      _item_reader(names, name, i))
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and len(value) <= _MAX_ITEMS:
             for key, item in value.items():
                 _add(found, item, f"attribute {label}.{name}[{key!r}]",
                      _item_reader(names, name, key))
@@ -135,10 +185,13 @@ def _reader(space: dict[str, Any], name: str) -> Callable[[], Any]:
     return lambda: space.get(name)
 
 
-def _item_reader(space: dict[str, Any], name: str, key: Any) -> Callable[[], Any]:
+def _item_reader(space: dict[str, Any], name: str, key: Any,
+                 call: bool = False) -> Callable[[], Any]:
+    """Reads ``space[name][key]`` (``call``: ``space[name]()[key]``), None when gone."""
     def read() -> Any:
         try:
-            return space.get(name)[key]  # type: ignore[index]
+            held = space.get(name)
+            return (held() if call else held)[key]  # type: ignore[index,misc]
         except (KeyError, IndexError, TypeError):
             return None
     return read
@@ -192,13 +245,20 @@ def _function(fn: Any, found: dict[int, Origin], seen: set[int], depth: int) -> 
         read = _cell_reader(cell)
         value = read()
         _add(found, value, f"variable {var!r} that {name} closes over", read)
+        if isinstance(value, (list, tuple)) and len(value) <= _MAX_ITEMS:
+            for i, item in enumerate(value):
+                _add(found, item, f"variable {var!r}[{i}] that {name} closes over",
+                     _item_reader({"v": read}, "v", i, call=True))
         if callable(value):
             _function(value, found, seen, depth + 1)
     space = fn.__globals__
     for var in sorted(_code_names(fn.__code__)):
         value = space.get(var)
-        _add(found, value, f"global {var!r} of module {fn.__module__} (read by {name})",
-             _reader(space, var))
+        where = f"global {var!r} of module {fn.__module__} (read by {name})"
+        _add(found, value, where, _reader(space, var))
+        if isinstance(value, (list, tuple)) and len(value) <= _MAX_ITEMS:
+            for i, item in enumerate(value):
+                _add(found, item, f"{where}, item {i}", _item_reader(space, var, i))
         if isinstance(value, (types.FunctionType, functools.partial)):
             _function(value, found, seen, depth + 1)
 

@@ -265,6 +265,40 @@ def test_a_tensor_computed_from_a_parameter_outside_the_step_is_refused() -> Non
         outcore.capture(model, lambda o, y: F.cross_entropy(o + doubled, y), _batch())
 
 
+class Counting(Scaled):
+    """Counts its calls in a plain tensor attribute, changed in place by the forward."""
+
+    def __init__(self) -> None:
+        super().__init__(as_buffer=True)
+        self.calls = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+def test_a_step_that_changes_such_a_tensor_in_place_is_refused_and_leaves_it() -> None:
+    """``w.mul_(0.5)`` in the loss, ``self.calls += 1`` on a plain attribute: the graph
+    cannot change a constant, so capture refuses them by name before the call runs. Without
+    the guard the trace ran the change on the user's tensor twice before failing."""
+    w = torch.ones(CLASSES)
+
+    def decaying(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        w.mul_(0.5)
+        return F.cross_entropy(o * w, y)
+
+    with pytest.raises(CaptureError, match=r"changes variable 'w' that .*decaying closes over "
+                                           r"\(\[5\] float32 on cpu\) in place \(mul_\).*"
+                                           r"register_buffer"):
+        outcore.capture(Scaled(as_buffer=True), decaying, _batch())
+    assert torch.equal(w, torch.ones(CLASSES))
+    model = Counting()
+    with pytest.raises(CaptureError, match=r"changes attribute model\.calls .*in place "
+                                           r"\(add_\)"):
+        outcore.capture(model, F.cross_entropy, _batch())
+    assert model.calls.item() == 0
+
+
 def test_the_buffer_form_still_trains_as_eager() -> None:
     model = Scaled(as_buffer=True)
     reference = copy.deepcopy(model)

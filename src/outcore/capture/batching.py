@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import SUPPORTED_NODES, TreeSpec, tree_flatten, tree_map, tree_unflatten
 
-from outcore.capture.closed_over import Redirected, held_outside
+from outcore.capture.closed_over import Traced, held_outside
 from outcore.errors import CaptureError
 
 LossFn = Callable[..., Any] | None
@@ -182,10 +182,11 @@ class TrainingStep(nn.Module):
         #: while specialising (``outcore.capture.specialize``): the tensors whose values the
         #: step read; they become extra outputs (guards) after the loss.
         self.guard_sink: list[torch.Tensor] | None = None
-        #: the user's parameters and buffers that the loss or a forward holds outside the
-        #: model (``closed_over.held_outside``), taken before a trace swaps them: traced as
-        #: the model's (``Redirected``; empty, the usual case: nothing to redirect)
-        self.live: dict[int, str] = held_outside(self, loss_fn)
+        #: the tensors the loss or a forward holds outside the model
+        #: (``closed_over.held_outside``), found before a trace swaps the parameters: the
+        #: model's are traced as the model's, the others guarded against changes in place
+        #: (``Traced``; nothing found, the usual case: no mode entered)
+        self.outside = held_outside(self, loss_fn)
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
@@ -198,7 +199,7 @@ class TrainingStep(nn.Module):
         batch = self.rebuild(tensors)
         if self.guard_sink is not None:
             self.guard_sink.clear()  # one pass of tracing: its own reads
-        with Redirected(self, self.live) if self.live else contextlib.nullcontext():
+        with Traced(self, self.outside) if self.outside else contextlib.nullcontext():
             if self.autocast is None:
                 loss = step_loss(self.model, self.loss_fn, batch)
             else:

@@ -28,9 +28,13 @@ changes in place are seen, a rebinding is not (the guide says so).
 A parameter or buffer of the model held in a variable outside it (an L2 term over
 ``params = list(model.parameters())`` in the loss, a loss reading ``model.bn.running_mean``
 through a variable), found where ``origins`` looks (``held_outside``), is not a constant:
-while the step is traced, ``Redirected`` swaps the user's tensor for the one the trace
-holds for that parameter or buffer in every torch call, so its gradient sums both uses, as
-eager's does. (Only then: the mode costs about a tenth of a capture's time.)
+while the step is traced, ``Traced`` swaps the user's tensor for the one the trace holds
+for that parameter or buffer in every torch call, so its gradient sums both uses, as
+eager's does. ``Traced`` also refuses a call that would change a found constant in place
+(``w.mul_(0.5)`` in the loss, ``self.count += 1`` on a plain attribute) before it runs:
+the graph cannot change a constant, and the trace would have changed the user's tensor
+(twice). It is entered only when something was found (it costs about a tenth of a
+capture's time).
 
 Any other constant that requires grad (a closed-over leaf with ``requires_grad=True``, a
 tensor computed from a parameter outside the step) would get no gradient from the graph,
@@ -73,42 +77,84 @@ class Origin:
     read: Callable[[], Any]
 
 
-class Redirected(TorchFunctionMode):
-    """While the step is traced: every torch call's argument that is one of ``module``'s
-    parameters or buffers as the user holds it (``live``: ``id`` -> name, taken before the
-    trace swapped them) is replaced by the tensor the trace holds under that name now."""
+#: Tensor methods that change their tensor in place without a trailing "_" in their name
+_IN_PLACE = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                       "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                       "__irshift__", "__imatmul__", "__setitem__"})
 
-    def __init__(self, module: nn.Module, live: dict[int, str]) -> None:
+
+@dataclass(frozen=True)
+class Outside:
+    """The tensors a step holds outside its model, found before it is traced
+    (``held_outside``): ``live``, ``id`` -> name of the model's parameters and buffers held
+    there; ``constants``, ``id`` -> where of the other tensors (lifted constants)."""
+
+    live: dict[int, str]
+    constants: dict[int, str]
+
+    def __bool__(self) -> bool:
+        return bool(self.live or self.constants)
+
+
+def held_outside(step: nn.Module, loss_fn: Any) -> Outside:
+    """What ``origins`` finds outside the model of ``step`` (``Outside``). A parameter held
+    deeper is not redirected and is refused as a constant that requires grad (a buffer is
+    then bound as the constant it is at the step's start)."""
+    places = origins(step, loss_fn)
+    named = [*step.named_parameters(remove_duplicate=False),
+             *step.named_buffers(remove_duplicate=False)]
+    live = {id(t): name for name, t in named if id(t) in places}
+    return Outside(live, {i: o.where for i, o in places.items() if i not in live})
+
+
+class Traced(TorchFunctionMode):
+    """While the step is traced, in every torch call: an argument that is one of
+    ``module``'s parameters or buffers as the user holds it outside the model
+    (``Outside.live``, taken before the trace swapped them) is replaced by the tensor the
+    trace holds under that name now; a call that would change one of ``Outside.constants``
+    in place raises CaptureError before it runs (the graph cannot change a constant, and the
+    trace would have changed the user's tensor)."""
+
+    def __init__(self, module: nn.Module, outside: Outside) -> None:
         super().__init__()
         self.module = module
-        self.live = live
+        self.outside = outside
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (name.endswith("_") and not name.startswith("__")) or name in _IN_PLACE:
+            self._refuse_change(name, args[0] if args else None)
+        if "out" in kwargs:
+            self._refuse_change(name, kwargs["out"])
+        if not self.outside.live:
+            return func(*args, **kwargs)
         found: dict[str, torch.Tensor] = {}
 
         def swap(value: torch.Tensor) -> torch.Tensor:
-            name = self.live.get(id(value))
-            if name is None:
+            held = self.outside.live.get(id(value))
+            if held is None:
                 return value
             if not found:
                 found.update(self.module.named_parameters(remove_duplicate=False))
                 found.update(self.module.named_buffers(remove_duplicate=False))
-            return found.get(name, value)
+            return found.get(held, value)
 
-        args, kwargs = tree_map_only(torch.Tensor, swap, (args, kwargs or {}))
+        args, kwargs = tree_map_only(torch.Tensor, swap, (args, kwargs))
         return func(*args, **kwargs)
 
-
-def held_outside(step: nn.Module, loss_fn: Any) -> dict[int, str]:
-    """``id`` -> name of the parameters and buffers of ``step`` that ``origins`` finds
-    outside the model (a variable, a global, a plain attribute), for ``Redirected``; one
-    held deeper is not redirected and is refused as a constant that requires grad (a
-    buffer: bound as the constant it is at the step's start)."""
-    places = origins(step, loss_fn)
-    named = [*step.named_parameters(remove_duplicate=False),
-             *step.named_buffers(remove_duplicate=False)]
-    return {id(t): name for name, t in named if id(t) in places}
+    def _refuse_change(self, name: str, target: Any) -> None:
+        where = self.outside.constants.get(id(target)) if isinstance(target, torch.Tensor) \
+            else None
+        if where is None:
+            return
+        raise CaptureError(
+            f"the step changes {where} ({describe(target)}) in place ({name}): outcore reads "
+            "a tensor that is neither a parameter, a buffer nor part of the batch as a "
+            "constant of the step, which the step cannot change. Register it as a buffer "
+            "(module.register_buffer(...); a loss module's buffer for a loss), whose changes "
+            "the step carries, or change a copy (w = w * ...).")
 
 
 @contextlib.contextmanager

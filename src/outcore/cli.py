@@ -168,10 +168,17 @@ def _weights_arguments(p: argparse.ArgumentParser, *, run: bool = False) -> None
         "host_state, pinned. Default: SGD, only the activations planned") if run else (
         "plan the parameters, gradients and this torch optimizer's state (with --momentum "
         "and --weight-decay, as `outcore run` builds it: on the model's own parameters, so "
-        "its state is in their dtype and a bf16/fp16 model gets no fp32 master copies) with "
+        "its state is in their dtype and a bf16/fp16 model gets no fp32 master copies unless "
+        "--master-weights) with "
         "the activations (the budget then holds them all): which live in host memory, host "
         "and pinned bytes (--json: weights.host_bytes = host_copies, the step's host copies, "
         "+ host_state, the host-held optimizer state), the step with the optimizer step"))
+    p.add_argument("--master-weights", action="store_true", help=(
+        "with --optimizer, for a bf16/fp16 model: fp32 master copies of its parameters in "
+        "host memory, the optimizer built on them (its state fp32 too) and each step taken "
+        "in fp32 on the host, the model's weights rewritten as the masters' cast "
+        "(outcore.weights.mixed.MasterWeights); the plan counts the masters and their state as "
+        "host memory (host_state). Refused for a model with an fp32 parameter"))
     p.add_argument("--weights", default=None, choices=("auto", "device", "host"),
                    help="with --optimizer: where the parameters live (default auto: in host "
                         "memory when that makes the step fastest or the budget needs it)")

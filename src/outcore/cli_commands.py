@@ -100,6 +100,8 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         return cmd_plan_gpus(args)
     planned, label = work.planned(args)
     result = summary(planned, label)
+    if args.optimizer is not None:  # the masters are in host_state (``optimizer_spec``)
+        result["master_weights"] = args.master_weights
 
     def render(console: Any) -> None:
         from rich.table import Table
@@ -288,7 +290,15 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         return {"nproc": args.nproc, "exit_code": code}
     model, loss_fn, full, label = work.load_workload(args, fake=False)
     batch, distributed = rank_share(full)
-    optimizer = work.optimizer_for(args, model.parameters())
+    master = None
+    if args.master_weights:  # checked: with --optimizer
+        from outcore.weights.mixed import MasterWeights
+
+        work.check_masters({n: str(p.dtype).removeprefix("torch.")
+                            for n, p in model.named_parameters()})
+        master = MasterWeights(model)
+    optimizer = work.optimizer_for(args, master.parameters() if master is not None
+                                   else model.parameters())
     if args.optimizer is not None:  # checked: a budget, one process, no --option
         from outcore.weights import compile as compile_weights
 
@@ -301,7 +311,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         trainer = compile_weights(model, loss_fn, batch, optimizer=optimizer,
                                   budget=work.budget(args), device="cpu-emulated",
                                   gpu=args.gpu, weights=args.weights or "auto",
-                                  host_adam_rate=args.host_adam_rate)
+                                  host_adam_rate=args.host_adam_rate, master=master)
     else:
         trainer = compile_step(model, loss_fn, batch, budget=work.budget(args),
                                device="cpu-emulated", gpu=args.gpu, policy=args.policy,
@@ -370,9 +380,12 @@ def _weights_run_result(args: argparse.Namespace, trainer: Any, label: str, kind
               "losses": losses, "budget": work.budget(args),
               "measured_peak": trainer.measured_peak,
               "predicted_peak": trainer.predicted_peak, "held": held,
-              "parameters": len(trainer.state), **report.host_memory()}
+              "parameters": len(trainer.state), "master_weights": trainer.master is not None,
+              **report.host_memory()}
+    masters = " on fp32 master weights" if trainer.master is not None else ""
     emit(args, lambda console: console.print(
-        f"{label}: {args.steps} steps with {kind}, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+        f"{label}: {args.steps} steps with {kind}{masters}, loss {losses[0]:.4f} -> "
+        f"{losses[-1]:.4f}; "
         f"peak {format_bytes(trainer.measured_peak)} (predicted "
         f"{format_bytes(trainer.predicted_peak)}) + {kind} state "
         f"{format_bytes(choice.device_state)} on the device; {len(held)} of "

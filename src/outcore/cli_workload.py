@@ -12,7 +12,9 @@ argument was checked, and its graphs are never cached (the code may change betwe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from outcore import progress
@@ -95,9 +97,10 @@ def check_optimizer_options(args: argparse.Namespace) -> None:
                          "betas are torch's defaults)")
     if args.optimizer is not None:
         return
-    flags = ["weights", "host_adam_rate"] + (
+    flags = ["master_weights", "weights", "host_adam_rate"] + (
         [] if args.command == "run" else ["momentum", "weight_decay"])
-    given = [f"--{f.replace('_', '-')}" for f in flags if getattr(args, f) is not None]
+    given = [f"--{f.replace('_', '-')}" for f in flags
+             if getattr(args, f, None) not in (None, False)]
     if given:
         raise UsageError(f"{given[0]} goes with --optimizer (outcore {args.command} "
                          f"--optimizer {'|'.join(OPTIMIZERS)} ...)")
@@ -152,13 +155,40 @@ def optimizer_spec(args: argparse.Namespace) -> Any:
     as ``outcore run`` sizes it (``outcore.weights.spec.spec_of``: ``STATE``'s account, SGD
     without --momentum keeping nothing). ``outcore run`` builds it on the model's own
     parameters, so its state is in their dtype (bf16 moments for a bf16 model) and there
-    are no fp32 master copies; this plan counts the same bytes."""
+    are no fp32 master copies; this plan counts the same bytes. With ``--master-weights``
+    it builds it on fp32 masters (``MasterWeights``): the spec's mixed-precision recipe,
+    fp32 state plus the master per bf16/fp16 parameter, in host memory (``graph_masters``),
+    as ``outcore.weights.optimizer.state_bytes`` sizes the run's."""
     import torch
 
     from outcore.weights.spec import spec_of
 
     probe = torch.nn.Parameter(torch.zeros(1))
-    return spec_of(optimizer_for(args, [probe]))
+    spec = spec_of(optimizer_for(args, [probe]))
+    if getattr(args, "master_weights", False):  # built on fp32 masters: fp32 state + master
+        return dataclasses.replace(spec, master=True, own_dtype=False)
+    return spec
+
+
+def check_masters(dtypes: Mapping[str, str]) -> None:
+    """``--master-weights``: refused (UsageError) unless every parameter (name -> dtype
+    name, as the graph spells it: "bfloat16") is narrower than fp32. An fp32 parameter
+    needs no master, and a master of one would be counted by ``outcore run`` (which masters
+    every parameter, ``MasterWeights``) but not by ``outcore plan`` (which counts masters of
+    the narrower ones, ``OptimizerSpec.mastered``)."""
+    wide = [(name, dtype) for name, dtype in dtypes.items()
+            if dtype not in ("bfloat16", "float16")]
+    if not wide:
+        return
+    name, dtype = wide[0]
+    whole = "the model's parameters are" if len(wide) == len(dtypes) else \
+        f"{len(wide)} of the model's {len(dtypes)} parameters are not bf16/fp16, e.g. {name!r} is"
+    raise UsageError(
+        f"--master-weights keeps fp32 master copies of a bf16/fp16 model's parameters, and "
+        f"{whole} {dtype}: "
+        + ("an fp32 model needs no masters, leave out --master-weights"
+           if len(wide) == len(dtypes) else
+           "cast the whole model (model.to(torch.bfloat16)) or leave out --master-weights"))
 
 
 def budget(args: argparse.Namespace) -> int | None:
@@ -266,6 +296,11 @@ def plan_policy(args: argparse.Namespace, graph: Any, policy: str, *,
     from outcore.api import plan
 
     fake = not getattr(args, "real", False)
+    if getattr(args, "master_weights", False):
+        from outcore.plan.weights import parameters
+
+        check_masters({name: graph.tensors[tid].dtype
+                       for name, tid in parameters(graph).items()})
     weights = {k: getattr(args, k) for k in ("weights", "host_adam_rate")
                if getattr(args, k, None) is not None}
     if getattr(args, "optimizer", None) is not None:

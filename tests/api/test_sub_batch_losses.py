@@ -62,6 +62,12 @@ CASES = {
     "class_probability_targets": (lambda o, t: F.cross_entropy(o, _soft(t)), False),
     "kl_div_batchmean": (lambda o, t: F.kl_div(o.log_softmax(1), _soft(t),
                                                reduction="batchmean"), False),
+    # class weights the loss closes over (a lifted constant of the graph, not a loss module's
+    # buffer): the same ratio of sums as nn.CrossEntropyLoss(weight=...)
+    "class_weighted_closure": (lambda o, t: F.cross_entropy(o, t, weight=WEIGHT), False),
+    "class_weighted_closure_ignore_index": (lambda o, t: F.cross_entropy(o, t, weight=WEIGHT),
+                                            True),
+    "class_prior_closure": (lambda o, t: F.cross_entropy(o + WEIGHT.log(), t), True),
 }
 
 
@@ -165,3 +171,33 @@ def test_every_recapture_weighs_a_sum_over_batch_size_as_a_mean():
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
     for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_closed_over_class_weights_changed_in_place_split_with_the_new_weights():
+    """modnn with sub-batches, the loss closing over class weights that change in place
+    between steps (a class-balancing schedule): each step's sub-batch weights are read from
+    the weights as they are then (``sub_batch_weights`` binds the live tensor), so loss and
+    gradients equal eager's on every step, ignored targets included."""
+    weight = WEIGHT.clone()
+
+    def loss_fn(o, t):
+        return F.cross_entropy(o, t, weight=weight)
+
+    model = mlp()
+    reference = copy.deepcopy(model)
+    batch = (X, labels(True))
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, loss_fn, batch, budget=budget_for(model, loss_fn, batch),
+                                  device="cpu", policy="modnn", allow_sub_batches=True)
+    assert trainer.stats.sub_batches >= 4
+    for step in range(3):
+        if step:
+            weight.copy_(weight.flip(0) * 2)  # the rarest class weighs most now
+        model.zero_grad()
+        reference.zero_grad()
+        loss = trainer.step(*batch)
+        expected = loss_fn(reference(batch[0]), batch[1])
+        expected.backward()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+        for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)

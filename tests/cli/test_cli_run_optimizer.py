@@ -212,3 +212,87 @@ def test_plan_and_run_agree_on_a_bf16_model(name, extra, bf16_model, capsys):
     # the held weights and their gradients' host copies (before, run's host_bytes was the
     # held weights and state only: 28876 for AdamW where plan said 38496)
     assert doc["host_copies"] >= 2 * sum(p.nbytes for p in held)
+
+
+def eager_master_losses(kind, steps, **options):
+    """The losses of ``steps`` eager mixed-precision steps of the bf16 MLP: ``kind`` built on
+    its fp32 masters, each step ``outcore.weights.mixed.eager_step``."""
+    import importlib
+
+    from outcore.weights.mixed import MasterWeights, eager_step
+
+    model, loss_fn, (x, y) = importlib.import_module("bf16mod").mlp()
+    master = MasterWeights(model)
+    optimizer = getattr(torch.optim, kind)(master.parameters(), **options)
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(model(x), y)
+        losses.append(float(loss.detach()))
+        eager_step(model, master, optimizer, loss)
+    return losses
+
+
+@pytest.mark.parametrize("name,kind,extra,options", [
+    ("adamw", "AdamW", [], {"lr": 1e-3}),
+    ("sgd", "SGD", ["--momentum", "0.9"], {"lr": 0.01, "momentum": 0.9}),
+])
+@pytest.mark.parametrize("budget,weights", [("20000", []), ("60000", ["--weights", "device"])],
+                         ids=["auto", "device"])
+def test_plan_and_run_agree_with_master_weights(name, kind, extra, options, budget, weights,
+                                                bf16_model, capsys):
+    """``--master-weights``: `run` trains the bf16 model on fp32 masters in host memory as
+    eager mixed precision does, and `plan` counts what it allocates: the same held
+    parameters and peak, every HOST_KEYS key equal; the masters and their fp32 state are
+    host state whatever the placement (none on the device)."""
+    import importlib
+
+    extra = [*extra, *weights]
+    doc, planned = plan_and_run(["--model", bf16_model, "--budget", budget, "--optimizer",
+                                 name, "--master-weights", *extra], capsys, steps=3)
+    assert_same_plan(doc, planned)
+    # below the bf16 weights and gradients (27688 bytes) some must be held; on the device none
+    assert bool(doc["held"]) == (not weights)
+    assert doc["master_weights"] is True and planned["master_weights"] is True
+    assert doc["losses"] == eager_master_losses(kind, 3, **options)
+    model = importlib.import_module("bf16mod").mlp()[0]
+    moments, scalars = (2, 4) if name == "adamw" else (1, 0)  # AdamW: a 4-byte step
+    assert doc["device_state"] == 0
+    assert doc["host_state"] == sum((moments + 1) * 4 * p.numel() + scalars
+                                    for p in model.parameters())
+    without, _ = plan_and_run(["--model", bf16_model, "--budget", budget, "--optimizer", name,
+                               *extra], capsys, steps=1)
+    assert without["master_weights"] is False
+    assert without["host_state"] < doc["host_state"]  # bf16 state, no masters
+
+
+FP32_AND_BF16_MODULE = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64).to(torch.bfloat16), nn.Linear(64, 10))
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    return model, lambda o, y: F.cross_entropy(o.float(), y), (x, torch.randint(0, 10, (8,)))
+'''
+
+
+@pytest.mark.parametrize("command", ["plan", "explain", "run"])
+def test_master_weights_are_refused_where_they_make_no_sense(command, user_module, capsys):
+    """Without --optimizer (nothing planned with them), on an fp32 model (nothing to
+    master) and on a model mixing fp32 with bf16 parameters (`run` would master the fp32
+    ones too, `plan` would not count them): refused with exit code 2, saying what to do."""
+    mixed = user_module("mixedmod", FP32_AND_BF16_MODULE) + ":mlp"
+    for args, words in [
+        ([*MLP, "--budget", "1MB", "--master-weights"], "--master-weights goes with --optimizer"),
+        ([*MLP, "--budget", "1MB", "--optimizer", "adamw", "--master-weights"],
+         "an fp32 model needs no masters, leave out --master-weights"),
+        (["--model", mixed, "--budget", "1MB", "--optimizer", "adamw", "--master-weights"],
+         "2 of the model's 4 parameters are not bf16/fp16, e.g. '1.weight' is float32"),
+    ]:
+        assert main([command, *args]) == EXIT_USAGE, args
+        err = capsys.readouterr().err.strip()
+        assert words in err, err
+        assert "Traceback" not in err

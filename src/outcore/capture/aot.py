@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from outcore.capture import module_paths
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
+from outcore.capture.closed_over import lifted
 from outcore.capture.convert import build_graph
 from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
@@ -145,7 +146,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         with _state_restored(step), contextlib.ExitStack() as stack:
             args = tuple(tensors)
             if mode is None and fake:
-                mode = FakeTensorMode(allow_non_fake_inputs=False)
+                mode = FakeTensorMode()
                 stack.enter_context(_faked(step, mode))
                 args = tuple(mode.from_tensor(t) for t in tensors)
             stack.enter_context(module_paths.recording(model))
@@ -155,6 +156,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             graph, nodes = build_graph(gm, name or type(model).__name__)
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])
+        constants = lifted(gm, step, loss_fn)  # the live model: its own parameters
     finally:  # whatever the model ran, its training flags are the user's
         for mod, training in modes:
             mod.training = training
@@ -162,7 +164,8 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,
-                                            signature=signature, guards=guards)
+                                            signature=signature, guards=guards,
+                                            lifted=constants)
     return graph
 
 

@@ -27,6 +27,7 @@ structure, the constants, and each tensor's shape, dtype and device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from torch.utils._pytree import (
     tree_unflatten,
 )
 
+from outcore.capture.closed_over import Traced, held_outside
 from outcore.errors import CaptureError, ReplanWarning
 from outcore.log import announce
 
@@ -258,6 +260,11 @@ class TrainingStep(nn.Module):
         #: while specialising (``outcore.capture.specialize``): the tensors whose values the
         #: step read; they become extra outputs (guards) after the loss.
         self.guard_sink: list[torch.Tensor] | None = None
+        #: the tensors the loss or a forward holds outside the model
+        #: (``closed_over.held_outside``), found before a trace swaps the parameters: the
+        #: model's are traced as the model's, the others guarded against changes in place
+        #: (``Traced``; nothing found, the usual case: no mode entered)
+        self.outside = held_outside(self, loss_fn)
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
@@ -270,12 +277,13 @@ class TrainingStep(nn.Module):
         batch = self.rebuild(tensors)
         if self.guard_sink is not None:
             self.guard_sink.clear()  # one pass of tracing: its own reads
-        if self.autocast is None:
-            loss = step_loss(self.model, self.loss_fn, batch)
-        else:
-            device_type, dtype = self.autocast
-            with torch.autocast(device_type, dtype=dtype):
+        with Traced(self, self.outside) if self.outside else contextlib.nullcontext():
+            if self.autocast is None:
                 loss = step_loss(self.model, self.loss_fn, batch)
+            else:
+                device_type, dtype = self.autocast
+                with torch.autocast(device_type, dtype=dtype):
+                    loss = step_loss(self.model, self.loss_fn, batch)
         return (loss, *(self.guard_sink or ()))
 
 

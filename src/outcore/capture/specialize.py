@@ -168,10 +168,11 @@ def _is_data_dependent(err: BaseException) -> bool:
 def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...]) -> Any:
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+    from outcore.capture.closed_over import real_constants_allowed
     from outcore.capture.traced_as_eager import traced_as_eager
 
-    try:
-        with traced_as_eager():
+    try:  # a tensor the step closes over becomes a constant (``closed_over``)
+        with traced_as_eager(), real_constants_allowed():
             return aot_export_joint_with_descriptors(stack, step, args)
     except CaptureError:
         raise
@@ -197,14 +198,20 @@ def _way_out(exc: BaseException) -> str:
                 "loss, or train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
-    if "allow_non_fake_inputs" in text:
-        return ("The model or the loss reads a tensor that is neither a parameter, a buffer "
-                "nor part of the batch: a plain tensor attribute (self.t = torch.ones(5)) or "
-                "a tensor the loss function closes over (F.cross_entropy(out, y, weight=w)). "
-                "outcore binds a step's tensors from the model's parameters and buffers and "
-                "the batch: register it as a buffer (module.register_buffer('t', t)), pass it "
-                "in the batch, or hold it in a loss module (nn.CrossEntropyLoss(weight=w) "
-                "keeps weight as a buffer).")
+    if "entirely functional graph" in text and "_constant" in text:
+        return ("The model or the loss changes in place a tensor that is neither a "
+                "parameter, a buffer nor part of the batch (a tensor the loss closes over, a "
+                "plain tensor attribute: w.mul_(...), self.count += 1); outcore reads such a "
+                "tensor as a constant of the step, which the step cannot change. Register it "
+                "as a buffer (module.register_buffer('w', w); a loss module's buffer for a "
+                "loss), whose changes the step carries, or change a copy (w = w * ...).")
+    if "non-Fake Tensor" in text or "allow_non_fake_inputs" in text:
+        return ("The model or the loss changes the shape or strides of a tensor in place "
+                "(resize_, t_, as_strided_, ...) that is neither a parameter, a buffer nor "
+                "part of the batch (a plain tensor attribute, a tensor the loss closes over): "
+                "outcore reads such a tensor as a constant of the step, which cannot change "
+                "shape. Change a copy instead (t = t.t()), or register it as a buffer "
+                "(module.register_buffer('t', t)).")
     if "Unsupported" in text or "graph break" in text.lower():
         return ("The model calls something that cannot be traced (a graph break). Rewrite that "
                 "call with torch operations, or keep it out of the model.")

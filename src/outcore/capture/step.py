@@ -9,6 +9,7 @@ import torch
 from torch import fx, nn
 
 from outcore.capture.batching import BatchSignature, split_batch_leaves
+from outcore.capture.closed_over import Origin, describe, same_kind
 from outcore.capture.convert import NodeMap, first_accelerator
 from outcore.capture.effect_tokens import TOKEN_INPUTS
 from outcore.capture.specialize import ScalarGuard
@@ -18,6 +19,12 @@ from outcore.graph.ir import Graph
 
 class SpecializationMismatch(OutcoreError):
     """A step read a tensor value different from the one its graph was specialised on."""
+
+
+class ConstantRebound(SpecializationMismatch):
+    """A tensor the step reads as a lifted constant (``outcore.capture.closed_over``) was
+    rebound to one the captured graph cannot take (another shape, dtype or device, or one
+    that requires grad); the Trainer captures and plans the step again."""
 
 
 class BatchMismatch(OutcoreError):
@@ -39,6 +46,9 @@ class CapturedStep:
         batch_leaves: number of tensors in the batch (the graph's plain inputs).
         signature: the batch signature captured (None for a graph not from a batch).
         guards: the values the step was specialised on (``outcore.capture.specialize``).
+        lifted: ``get_attr`` target -> where the user's tensor it holds lives (a variable
+            the loss closes over, a plain tensor attribute: ``outcore.capture.closed_over``),
+            read again at every step (``constant``).
     """
 
     gm: fx.GraphModule
@@ -48,6 +58,7 @@ class CapturedStep:
     batch_leaves: int
     signature: BatchSignature | None = None
     guards: list[ScalarGuard] = field(default_factory=list)
+    lifted: dict[str, Origin] = field(default_factory=dict)
 
     @property
     def op_nodes(self) -> list[fx.Node]:
@@ -58,12 +69,13 @@ class CapturedStep:
     def from_export(cls, gm: fx.GraphModule, graph: Graph, step: nn.Module, batch: Any,
                     fake: bool, nodes: NodeMap | None = None,
                     signature: BatchSignature | None = None,
-                    guards: list[ScalarGuard] | None = None) -> CapturedStep:
+                    guards: list[ScalarGuard] | None = None,
+                    lifted: dict[str, Origin] | None = None) -> CapturedStep:
         """``batch``: the flat tensors the export was called with (or a pytree of them)."""
         tensors, _ = split_batch_leaves(batch)
         return cls(gm=gm, nodes=nodes if nodes is not None else NodeMap(), step_module=step,
                    fake=fake, batch_leaves=len(tensors), signature=signature,
-                   guards=list(guards or []))
+                   guards=list(guards or []), lifted=dict(lifted or {}))
 
     def batch_tensors(self, batch: Any) -> list[torch.Tensor]:
         """The graph inputs of ``batch``, checked against the captured signature.
@@ -116,7 +128,7 @@ class CapturedStep:
         values: dict[int, torch.Tensor] = {}
         tangents: list[tuple[int, bool]] = []  # (tensor id, the loss's seed)
         for tid, target in self.nodes.constants.items():
-            values[tid] = _attr(self.gm, target)
+            values[tid] = self.constant(target)
         for tid, desc in self.nodes.placeholders.items():
             cls = type(desc).__name__
             if cls == "ParamAOTInput":
@@ -144,6 +156,34 @@ class CapturedStep:
                 values[tid] = torch.full(seed.shape, loss_scale if of_loss else 0.0,
                                          device=device, dtype=getattr(torch, seed.dtype))
         return values
+
+    def constant(self, target: str) -> torch.Tensor:
+        """The value of the graph's tensor constant ``target`` for this step: the user's
+        tensor where it lives now, when it was lifted from a place it can be read again
+        (a rebinding to a tensor of the same shape, dtype and device is followed, and kept
+        for later steps), else the tensor captured.
+
+        Raises:
+            ConstantRebound: the place now holds something the graph cannot take.
+        """
+        value: torch.Tensor = _attr(self.gm, target)
+        origin = self.lifted.get(target)
+        if origin is None:
+            return value
+        now = origin.read()
+        if now is value:
+            return value
+        if not same_kind(now, value):
+            held = describe(now) if isinstance(now, torch.Tensor) else type(now).__name__
+            grad = " (requires grad)" if getattr(now, "requires_grad", False) else ""
+            raise ConstantRebound(
+                f"the step was captured reading {origin.where} as a {describe(value)} tensor, "
+                f"and it is now {held}{grad}; capture the step again for it (Trainer.step "
+                "does so by itself; a tensor that requires grad is refused there)")
+        owner, _, attr = target.rpartition(".")
+        setattr(_attr(self.gm, owner) if owner else self.gm, attr, now)
+        followed: torch.Tensor = now
+        return followed
 
     def parameter(self, name: str) -> nn.Parameter:
         """The live parameter ``name`` of the step module."""

@@ -144,13 +144,13 @@ def export_step(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, .
         first.close()
         if fake or not _is_data_dependent(err):
             raise
+        failure = err
     else:
         stack.enter_context(first)
         return result, []
     guards = record_reads(step, args)
-    if not guards:
-        raise CaptureError("tracing needed a tensor's value but the eager step read none; "
-                           + _way_out_text(data_dependent=True))
+    if not guards:  # no value read in Python: a shape made inside an op (nonzero, t[mask])
+        raise failure
     sink: list[torch.Tensor] = []
     setattr(step, "guard_sink", sink)  # noqa: B010 - read by TrainingStep.forward
     try:
@@ -193,9 +193,12 @@ def _way_out(exc: BaseException) -> str:
     if "DynamicOutputShapeException" in text:
         return ("PyTorch has no shape rule for that op on fake tensors: the shape of what it "
                 "makes depends on its inputs' values (torch.compile breaks the graph there "
-                "too; F.ctc_loss is one such op). outcore needs the whole step as one graph, "
-                "so a step that calls it cannot be planned; keep that op out of the model and "
-                "loss, or train this model eagerly.")
+                "too; F.ctc_loss is one such op). Boolean-mask indexing (t[mask]), "
+                "nonzero, masked_select and unique are such ops; outcore specialises on values "
+                "read in Python (.item(), an `if` on a tensor) but not on a shape made inside "
+                "an op. Keep the shapes fixed: torch.where(mask, t, 0) or t * mask (and "
+                "mask.sum() where a mean over the selected elements is meant), masked_fill, "
+                "or select the rows in the data loader; otherwise train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
     if "entirely functional graph" in text and "_constant" in text:

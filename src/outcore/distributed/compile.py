@@ -26,7 +26,7 @@ from torch import nn
 
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
-from outcore.capture.batching import own_storage
+from outcore.capture.batching import LossFn, own_storage
 from outcore.distributed.group import RankContext, rank_context
 from outcore.distributed.layout import tied_names
 from outcore.distributed.sync_bn import traced_sync_batchnorm
@@ -45,7 +45,7 @@ from outcore.plan.grad_buckets import (
 from outcore.units import parse_bytes
 
 
-def compile_data_parallel(model: nn.Module, loss_fn: Callable[..., torch.Tensor],
+def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
                           example_batch: Any, *, distributed: Any = True,
                           budget: int | str | None = "6GiB", device: str = "cuda",
                           gpu: str | None = None, policy: str = "auto",
@@ -156,7 +156,7 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
         raise ctx.error(what, exc) from exc
 
 
-def capture_rank(model: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any,
+def capture_rank(model: nn.Module, loss_fn: LossFn, batch: Any,
                  ctx: RankContext, autocast: torch.dtype | None = None) -> Graph:
     """Capture this rank's step on ``batch`` (under ``autocast``, else the ambient one); a
     ``nn.SyncBatchNorm`` captures with batch statistics over the ranks

@@ -298,7 +298,7 @@ class Trainer:
         return loss.detach()
 
     # -- the plan cache --------------------------------------------------------------------
-    def signature(self, batch: Any) -> Hashable:
+    def signature(self, batch: Any) -> tuple[Any, ...]:
         """The cache key of a training step on ``batch`` (see the module docstring)."""
         _, batch_sig = split_batch_leaves(batch)
         return (batch_sig, layout(self.model), autocast_state(self.autocast, batch, self.model),
@@ -314,7 +314,7 @@ class Trainer:
         else:
             announce_replan((self.model, self.loss_fn), next(reversed(self._cache), None), key)
             announce_constant_replan((k[0] for k in self._cache if isinstance(k, tuple)),
-                                     split_batch_leaves(batch)[1], batch)
+                                     key[0], batch)
             entry = self._prepare(batch)
             # keyed by the state the capture left: a forward may set a value on its first
             # call (Hugging Face's config.problem_type), as the traced forward did

@@ -111,6 +111,20 @@ def _assert_eager(model: nn.Module, reference: nn.Module, loss: torch.Tensor,
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
+def _step_as_eager(trainer: Any, model: nn.Module, reference: nn.Module, ref_loss_fn: Any,
+                   batch: Any, opts: tuple[Any, Any]) -> None:
+    """One step of ``trainer`` and of eager on ``reference``, compared
+    (``_assert_eager``), then both optimizers' steps (``opts``: ours, the reference's)."""
+    for opt in opts:
+        opt.zero_grad()
+    loss = trainer.step(*batch)
+    expected = ref_loss_fn(reference(batch[0]), batch[1])
+    expected.backward()
+    _assert_eager(model, reference, loss, expected)
+    for opt in opts:
+        opt.step()
+
+
 @pytest.mark.parametrize("policy", ["outcore-auto", "offload-all"])
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_three_steps_equal_eager_with_a_change_in_place(form: str, policy: str) -> None:
@@ -135,14 +149,7 @@ def test_three_steps_equal_eager_with_a_change_in_place(form: str, policy: str) 
                     for t in {id(held(model)): held(model), id(held(reference)):
                               held(reference)}.values():
                         t.mul_(1.5).add_(0.25)
-            opt.zero_grad()
-            ref_opt.zero_grad()
-            loss = trainer.step(*batch)
-            expected = ref_loss_fn(reference(batch[0]), batch[1])
-            expected.backward()
-            _assert_eager(model, reference, loss, expected)
-            opt.step()
-            ref_opt.step()
+            _step_as_eager(trainer, model, reference, ref_loss_fn, batch, (opt, ref_opt))
     assert not torch.equal(held(reference), before)  # the change was made
     if form == "global_prior":
         PRIOR.copy_(before)  # leave the module global as it was
@@ -245,14 +252,7 @@ def test_parameters_held_in_a_variable_are_the_models(policy: str) -> None:
                          policy=policy) as trainer:
         assert not trainer.planned.graph.source.lifted  # nothing lifted as a constant
         for _ in range(3):
-            opt.zero_grad()
-            ref_opt.zero_grad()
-            loss = trainer.step(*batch)
-            expected = ref_loss_fn(reference(batch[0]), batch[1])
-            expected.backward()
-            _assert_eager(model, reference, loss, expected)
-            opt.step()
-            ref_opt.step()
+            _step_as_eager(trainer, model, reference, ref_loss_fn, batch, (opt, ref_opt))
 
 
 def test_a_tensor_computed_from_a_parameter_outside_the_step_is_refused() -> None:

@@ -76,6 +76,16 @@ def budget_for(model: nn.Module, loss_fn, batch) -> int:
     return int(reference_peaks(graph).layer_lower_bound * 0.9)
 
 
+def assert_step_as_eager(loss: torch.Tensor, model: nn.Module, reference: nn.Module,
+                         loss_fn, batch) -> None:
+    """``loss`` and ``model``'s ``.grad`` equal eager's step on ``reference`` (run here)."""
+    expected = loss_fn(reference(batch[0]), batch[1])
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sub_batched_loss_and_grads_equal_eager(name):
     loss_fn, ignored = CASES[name]
@@ -86,12 +96,7 @@ def test_sub_batched_loss_and_grads_equal_eager(name):
         trainer = outcore.compile(model, loss_fn, batch, budget=budget_for(model, loss_fn, batch),
                                   device="cpu", allow_sub_batches=True)
     assert trainer.stats.sub_batches >= 4  # a sub-batch with every target ignored exists
-    loss = trainer.step(*batch)
-    expected = loss_fn(reference(batch[0]), batch[1])
-    expected.backward()
-    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    assert_step_as_eager(trainer.step(*batch), model, reference, loss_fn, batch)
 
 
 def _mixed(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -166,11 +171,7 @@ def test_every_recapture_weighs_a_sum_over_batch_size_as_a_mean():
                                int(budget_for(model, loss_fn, smaller) / 0.9 * 0.97))
         loss = fixed.step(*smaller)
     assert fixed.stats.sub_batches > 1  # the re-planned batch is split too
-    expected = loss_fn(reference(smaller[0]), smaller[1])
-    expected.backward()
-    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    assert_step_as_eager(loss, model, reference, loss_fn, smaller)
 
 
 def test_closed_over_class_weights_changed_in_place_split_with_the_new_weights():
@@ -195,9 +196,4 @@ def test_closed_over_class_weights_changed_in_place_split_with_the_new_weights()
             weight.copy_(weight.flip(0) * 2)  # the rarest class weighs most now
         model.zero_grad()
         reference.zero_grad()
-        loss = trainer.step(*batch)
-        expected = loss_fn(reference(batch[0]), batch[1])
-        expected.backward()
-        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-        for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+        assert_step_as_eager(trainer.step(*batch), model, reference, loss_fn, batch)

@@ -182,8 +182,7 @@ class CapturedStep:
                 "does so by itself; a tensor that requires grad is refused there)")
         owner, _, attr = target.rpartition(".")
         setattr(_attr(self.gm, owner) if owner else self.gm, attr, now)
-        followed: torch.Tensor = now
-        return followed
+        return now
 
     def parameter(self, name: str) -> nn.Parameter:
         """The live parameter ``name`` of the step module."""

@@ -97,7 +97,6 @@ class RankContext:
                                 f"Fix that rank's error; the others cannot go on without it. "
                                 f"Cause here: {type(cause).__name__}: {cause}")
 
-
     def agree(self, what: str, failure: BaseException | None = None) -> None:
         """The agreement point ``what`` (module doc): every rank calls it at the same point
         of its work, with ``failure`` the exception its own part raised (``None``: it

@@ -100,6 +100,28 @@ def fail_one_rank(rank: int, world: int, how: str, timeout_s: float) -> Any:
     return "no error"
 
 
+def slow_planner(rank: int, world: int, timeout_s: float, late_s: float) -> Any:
+    """Rank 0 captures its share ``late_s`` seconds after the others (its loss function
+    sleeps while it is traced, as a slower machine would), under a group timeout of
+    ``timeout_s``; then every rank steps. Returns this rank's loss."""
+    import outcore
+
+    model, loss_fn, full = workload("mlp", 8)
+    slept: list[bool] = []
+
+    def late_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if rank == 0 and not slept:
+            slept.append(True)
+            time.sleep(late_s)
+        return loss_fn(out, target)
+
+    mine = _shard(full, rank, world)
+    trainer = outcore.compile(model, late_loss, mine, budget=None, device="cpu-emulated",
+                              policy="keep-all", distributed=True,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    return float(trainer.step(*mine))
+
+
 # -- what the ranks do ---------------------------------------------------------------------
 def _shard(batch: tuple[torch.Tensor, ...], rank: int, world: int) -> tuple[Any, ...]:
     return tuple(t.chunk(world)[rank] for t in batch)

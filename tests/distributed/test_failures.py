@@ -30,6 +30,14 @@ def test_silent_rank_ends_the_others_by_the_timeout() -> None:
     assert "no rank reported a failure" in rank0[2], rank0[2]
 
 
+def test_a_rank_planning_past_the_group_timeout_is_waited_for() -> None:
+    # the planning agreement waits through the store, not the group's 1 s collective
+    # timeout: it timed out here when it was a plain all-reduce
+    results = dp_workers.launch(dp_workers.slow_planner, 2, 1.0, 4.0, deadline=120)
+    for rank, result in enumerate(results):
+        assert isinstance(result, float), (rank, result)
+
+
 def test_ranks_with_different_plans_refuse_to_start() -> None:
     results = dp_workers.launch(dp_workers.unequal_plans, 2, deadline=120)
     for rank, result in enumerate(results):

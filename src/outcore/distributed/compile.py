@@ -27,7 +27,7 @@ from torch import nn
 from outcore.api import PlannedStep, cost_model_for, plan
 from outcore.capture import capture
 from outcore.capture.batching import LossFn, own_storage
-from outcore.distributed.group import RankContext, rank_context
+from outcore.distributed.group import DistributedError, RankContext, rank_context
 from outcore.distributed.layout import tied_names
 from outcore.distributed.sync_bn import traced_sync_batchnorm
 from outcore.distributed.trainer import DataParallelTrainer, broadcast_state
@@ -67,7 +67,7 @@ def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
     except BaseException as exc:
         ctx.report_failure(exc)
         if isinstance(exc, Exception):  # the agreement data_parallel_trainer's ranks enter
-            ctx.agree(PLANNING, exc)
+            _agree_on_planning(ctx, exc)
         raise
 
     def recapture(parts: int) -> Graph:
@@ -99,9 +99,9 @@ def data_parallel_trainer(model: nn.Module, graph: Graph, ctx: RankContext, *,
     except BaseException as exc:
         ctx.report_failure(exc)
         if isinstance(exc, Exception):  # an interrupt does not wait for the others
-            ctx.agree(PLANNING, exc)
+            _agree_on_planning(ctx, exc)
         raise
-    ctx.agree(PLANNING)
+    _agree_on_planning(ctx)
     ctx.clear_failure()
     return trainer
 
@@ -147,6 +147,20 @@ def _build(model: nn.Module, graph: Graph, ctx: RankContext, budget: int | str |
 
 #: The agreement point at the end of planning (``data_parallel_trainer``).
 PLANNING = "the planning of the ranks' first shares"
+
+
+def _agree_on_planning(ctx: RankContext, failure: Exception | None = None) -> None:
+    """The end of planning on this rank (``failure``: the error its planning raised): wait
+    for the others through the store (``RankContext.arrive``: up to ``PLANNING_WAIT``,
+    not the group's short collective timeout), then agree. A failed rank returns whatever
+    the others did; its caller raises its own error."""
+    try:
+        ctx.arrive(PLANNING)
+    except DistributedError:
+        if failure is not None:
+            return
+        raise
+    ctx.agree(PLANNING, failure)
 
 
 def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:

@@ -19,12 +19,20 @@ once instead of at their next collective (the group's timeout when the refusing 
 lives on). A refusing rank then raises its own error, the others ``DistributedError``
 naming it and its reason; the ranks have issued the same collectives, so the group stays
 usable (a caller that skips the refused batch on every rank can go on).
+
+Arrival (``RankContext.arrive``): before the agreement at the end of planning, the ranks
+wait for one another through the store, up to ``PLANNING_WAIT`` rather than the group's
+collective timeout: ranks capture and plan at their own speed (a slower CPU, a loaded
+machine, a side process of the planner), and a short group timeout (chosen for hung steps)
+must not end the rank that is still planning. The all-reduce that follows then meets every
+rank already there.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +44,10 @@ from outcore.errors import OutcoreError
 #: Collective timeout when outcore initialises the group (torch's default is 30 minutes).
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 _KEY = "outcore/failed/{}"
+#: How long a rank waits at the end of planning for the others to finish theirs (``arrive``).
+PLANNING_WAIT = datetime.timedelta(hours=1)
+_ARRIVED = "outcore/arrived/{}/{}"
+_SLICE_S = 1.0  # how often a waiting rank looks for the others' failure reports
 
 
 class DistributedError(OutcoreError):
@@ -52,6 +64,7 @@ class RankContext:
     local_rank: int
     store: Any = None  # the group's store (failure reports), None when unknown
     _device: torch.device | None = field(default=None, repr=False, compare=False)
+    _arrived: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the other ranks why this one failed (best effort: never raises)."""
@@ -113,6 +126,7 @@ class RankContext:
                           device=self._flag_device())
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            self._depart(what)
             if int(flag.item()) == 0:
                 return
             reasons: list[Any] = [None] * self.world_size
@@ -130,6 +144,47 @@ class RankContext:
             f"rank {self.rank}/{self.world_size}: {what} failed on another rank ({who}), and "
             "every rank stopped there: nothing of it was applied on any rank. Fix that "
             "rank's error.")
+
+    def arrive(self, what: str, wait: datetime.timedelta = PLANNING_WAIT) -> None:
+        """Block until every rank of the group has called ``arrive(what)`` (module doc),
+        waiting up to ``wait`` through the store instead of the group's collective timeout.
+        Returns at once for one rank, or without a store (a user's ProcessGroup whose
+        store is unknown: the group's own timeout then bounds the wait). Raises
+        ``DistributedError`` when the others have not all arrived within ``wait``.
+
+        Invariant: every rank calls ``arrive`` and then ``agree`` for the same ``what``;
+        the keys are removed after that agreement (``_depart``), so the same point may be
+        reached again (another ``compile`` in the same group)."""
+        if self.world_size == 1 or self.store is None:
+            return
+        me = dist.get_rank()  # global ranks: subgroups of one default store do not collide
+        keys = [_ARRIVED.format(what, r) for r in dist.get_process_group_ranks(self.group)]
+        end = time.monotonic() + wait.total_seconds()
+        try:
+            self.store.set(_ARRIVED.format(what, me), "1")
+            reported = False
+            while True:  # in slices: a rank that reported a failure and did not arrive
+                try:     # one slice later (interrupted, or gone) ends the wait
+                    self.store.wait(keys, datetime.timedelta(seconds=_SLICE_S))
+                    break
+                except dist.DistStoreError:
+                    if reported or time.monotonic() > end:
+                        raise
+                    reported = bool(self.failures())
+        except Exception as exc:  # the wait ran out, or the store is gone
+            raise self.error(what, exc) from exc
+        self._arrived.add(what)
+
+    def _depart(self, what: str) -> None:
+        """Remove this rank's arrival at ``what``: called after the agreement that follows
+        it, when every rank has passed its wait (best effort: never raises)."""
+        if what not in self._arrived:
+            return
+        self._arrived.discard(what)
+        try:
+            self.store.delete_key(_ARRIVED.format(what, dist.get_rank()))
+        except Exception:  # noqa: BLE001 - the store may be gone with rank 0
+            return
 
     def _flag_device(self) -> torch.device:
         """Where the agreement's flag lives: the current CUDA device for nccl, else the CPU

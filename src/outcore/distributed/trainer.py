@@ -47,9 +47,11 @@ As with PyTorch's DistributedDataParallel:
   ``DistributedError`` naming it and its reason; nothing has run on any rank (parameters,
   ``.grad``, buffers and the optimizer's state as before the step), and the ranks have
   issued the same collectives, so skipping that batch on every rank goes on training. The
-  first plans' agreement is at the end of ``data_parallel_trainer``. A rank that
-  re-plans (or plans) longer than the others keeps them waiting in the agreement, within
-  the group's timeout, as it kept them in their next collective before;
+  first plans' agreement is at the end of ``data_parallel_trainer``, where the ranks
+  first wait for one another through the store (``RankContext.arrive``, up to
+  ``PLANNING_WAIT``: a short group timeout does not end a rank still planning). A rank
+  that re-plans longer than the others at a step keeps them waiting in the step's
+  agreement, within the group's timeout, as it kept them in their next collective before;
 * under ``torch.no_grad()`` (validation) ``step`` runs the forward eagerly and returns this
   rank's loss: no gradient, no all-reduce (only DDP's buffer broadcast above), the model
   in the train/eval mode the user left it;

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from outcore.capture.batching import batch_of, own_storage, step_loss
-from outcore.errors import BatchMismatchError
+from outcore.errors import BatchMismatchError, OutcoreError
 from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, without_autocast
 from outcore.plan.plan import Plan
 from outcore.planned import PlannedStep
@@ -45,6 +45,20 @@ class FixedEntry:
     executor: Any  # outcore.runtime.executor.Executor
 
 
+def _check_same_model(model: nn.Module, planned: PlannedStep) -> None:
+    """Refuse a ``planned`` step captured from another model object than ``model``: its
+    executor reads and writes the captured model's parameters (their values, ``.grad``),
+    so stepping it would train that other object while ``model`` stayed as it was."""
+    captured = getattr(planned.graph.source.step_module, "model", model)
+    if captured is not model:
+        raise OutcoreError(
+            f"the planned step was captured from another {type(captured).__name__} object "
+            f"than the {type(model).__name__} given: its steps would read and write that "
+            "object's parameters and gradients, not this model's. Build the PlannedTrainer "
+            "with the model the step was captured from, or capture and plan this one "
+            "(outcore.capture, outcore.plan).")
+
+
 class PlannedTrainer:
     """Runs planned steps of fixed model state, one per batch signature (module doc).
 
@@ -57,6 +71,7 @@ class PlannedTrainer:
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, *, replan: Replan | None = None,
                  shapes: int = SHAPES) -> None:
+        _check_same_model(model, planned)
         self.model = model
         self.device = device
         self.budget = budget

@@ -20,7 +20,7 @@ from torch import nn
 
 import outcore
 from outcore.capture.batching import spread
-from outcore.errors import ReplanWarning
+from outcore.errors import OutcoreError, ReplanWarning
 from outcore.trainer import PlannedTrainer
 
 
@@ -245,3 +245,14 @@ def _own_loss_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
     loss = model(**batch)["loss"]
     loss.backward()
     return loss.detach()
+
+
+def test_a_planned_trainer_on_another_model_object_is_refused() -> None:
+    # it ran: the planned step trained the captured model, and ``other`` kept no gradients
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    other = copy.deepcopy(model)
+    batch = (torch.randn(4, 6), torch.randint(0, 3, (4,)))
+    trainer = outcore.compile(model, F.cross_entropy, batch, budget=None,
+                              device="cpu-emulated")
+    with pytest.raises(OutcoreError, match="captured from another Sequential object"):
+        PlannedTrainer(other, trainer.planned, trainer.device, None)

@@ -135,3 +135,44 @@ def test_only_row_by_row_random_ops_are_drawn_for_the_full_batch():
                    "aten.native_dropout_backward.default"):
         assert not exact_op(target), target
     assert all(isinstance(k, str) for k in EXACT)
+
+
+class LaidOutDropout(nn.Module):
+    """Dropout on an input whose memory order is not its dimension order: a batch-first
+    view of a time-major tensor (an RNN's output: memory (time, batch, feature)), or a
+    channels-last image batch."""
+
+    def __init__(self, layout: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layout = layout
+        self.a = nn.Linear(64, 4 * 8)
+        self.drop = nn.Dropout(0.5)
+        self.b = nn.Sequential(nn.Linear(4 * 8, 512), nn.ReLU(), nn.Linear(512, 512),
+                               nn.ReLU(), nn.Linear(512, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.layout == "time-major":
+            h = h.view(x.shape[0], 4, 8).transpose(0, 1).contiguous().transpose(0, 1)
+        else:
+            h = h.view(x.shape[0], 8, 2, 2).contiguous(memory_format=torch.channels_last)
+        return self.b(self.drop(h).flatten(1))
+
+
+@pytest.mark.parametrize("layout", ["time-major", "channels-last"])
+def test_a_random_op_on_another_layout_draws_eagers_masks(layout):
+    # time-major failed: the full-batch draw was made on a contiguous (batch-first) copy,
+    # dropout fills its mask in memory order, so the rows were another mask than eager's
+    # (torch.cat keeps channels-last, which passed before)
+    model = LaidOutDropout(layout)
+    reference = copy.deepcopy(model)
+    trainer = compiled(model, 0.9, allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    assert "same masks as eager" in trainer.stats.notes[-1]
+    torch.manual_seed(3)
+    loss = trainer.step(*BATCH)
+    expected, _ = eager_step(reference, 3)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=n)

@@ -140,7 +140,7 @@ class SubBatchRandom:
 
     def _full(self, plan: _OpPlan, key: int | str, value: Any) -> Any:
         if key in plan.arg_dims and isinstance(value, torch.Tensor):
-            return torch.cat([value] * self.parts, dim=plan.arg_dims[key])
+            return full_batch(value, self.parts, plan.arg_dims[key])
         if key in plan.size_args:
             size = list(value)
             size[plan.size_args[key]] *= self.parts
@@ -156,6 +156,41 @@ class SubBatchRandom:
         rows = value.narrow(d, self.index * shape[d], shape[d])
         out = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
         return out.copy_(rows)
+
+
+def full_batch(value: torch.Tensor, parts: int, dim: int) -> torch.Tensor:
+    """``value`` repeated ``parts`` times along ``dim``, laid out in memory as eager lays
+    out the full batch's tensor: its dimensions in ``value``'s order.
+
+    A random op draws in memory order (dropout's mask is ``empty_like(input)``, filled
+    element by element as stored), so a full batch laid out otherwise than eager's gets
+    other masks: ``torch.cat`` makes a contiguous tensor, and a batch-first view of a
+    time-major tensor (an RNN's output, ``(B, T, H)`` with strides ``(H, B*H, 1)``) drew
+    another mask than eager's. Invariant: the result has ``value``'s dimension order
+    (outermost first, by stride; a size-1 dimension inside the others of its stride, as a
+    contiguous tensor has it); a tensor that is not dense (``empty_like`` gives it a
+    contiguous mask) stays contiguous.
+    """
+    full = torch.cat([value] * parts, dim=dim)
+    if value.is_contiguous() or not _dense(value):
+        return full
+    strides = value.stride()
+    order = sorted(range(value.dim()), key=lambda d: (-strides[d], value.shape[d] == 1, d))
+    laid = torch.empty_permuted(full.shape, order, dtype=full.dtype, device=full.device)
+    return laid.copy_(full)
+
+
+def _dense(value: torch.Tensor) -> bool:
+    """Non-overlapping and dense: its elements fill ``numel`` slots of its storage (its
+    strides, smallest first, are the running products of its sizes; size-1 dimensions
+    ignored)."""
+    expected, strides = 1, value.stride()
+    for d in sorted((d for d in range(value.dim()) if value.shape[d] != 1),
+                    key=lambda d: strides[d]):
+        if strides[d] != expected:
+            return False
+        expected *= value.shape[d]
+    return True
 
 
 #: executor -> its SubBatchRandom (None: its random ops draw per sub-batch), once prepared

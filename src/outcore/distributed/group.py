@@ -30,6 +30,7 @@ rank already there.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import time
@@ -46,7 +47,10 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 _KEY = "outcore/failed/{}"
 #: How long a rank waits at the end of planning for the others to finish theirs (``arrive``).
 PLANNING_WAIT = datetime.timedelta(hours=1)
-_ARRIVED = "outcore/arrived/{}/{}"
+_ARRIVED = "outcore/arrived/{}/{}/{}"  # point, its arrival's number in this process, rank
+#: arrivals at each point in this process: the same sequence on every rank (every rank
+#: arrives at the same points in the same order), so a stale key never meets a new wait
+_ARRIVALS: collections.Counter[str] = collections.Counter()
 _SLICE_S = 1.0  # how often a waiting rank looks for the others' failure reports
 
 
@@ -64,7 +68,7 @@ class RankContext:
     local_rank: int
     store: Any = None  # the group's store (failure reports), None when unknown
     _device: torch.device | None = field(default=None, repr=False, compare=False)
-    _arrived: set[str] = field(default_factory=set, repr=False, compare=False)
+    _arrived: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def report_failure(self, error: BaseException) -> None:
         """Tell the other ranks why this one failed (best effort: never raises)."""
@@ -152,16 +156,20 @@ class RankContext:
         store is unknown: the group's own timeout then bounds the wait). Raises
         ``DistributedError`` when the others have not all arrived within ``wait``.
 
-        Invariant: every rank calls ``arrive`` and then ``agree`` for the same ``what``;
-        the keys are removed after that agreement (``_depart``), so the same point may be
-        reached again (another ``compile`` in the same group)."""
+        Invariant: every rank calls ``arrive`` and then ``agree`` for the same ``what``,
+        the same number of times (the keys are numbered by ``_ARRIVALS``, so reaching the
+        point again, another ``compile`` in the same group, never meets a stale key); each
+        rank removes its key after that agreement (``_depart``)."""
         if self.world_size == 1 or self.store is None:
             return
         me = dist.get_rank()  # global ranks: subgroups of one default store do not collide
-        keys = [_ARRIVED.format(what, r) for r in dist.get_process_group_ranks(self.group)]
+        _ARRIVALS[what] += 1
+        n = _ARRIVALS[what]
+        keys = [_ARRIVED.format(what, n, r)
+                for r in dist.get_process_group_ranks(self.group)]
         end = time.monotonic() + wait.total_seconds()
         try:
-            self.store.set(_ARRIVED.format(what, me), "1")
+            self.store.set(_ARRIVED.format(what, n, me), "1")
             reported = False
             while True:  # in slices: a rank that reported a failure and did not arrive
                 try:     # one slice later (interrupted, or gone) ends the wait
@@ -173,16 +181,16 @@ class RankContext:
                     reported = bool(self.failures())
         except Exception as exc:  # the wait ran out, or the store is gone
             raise self.error(what, exc) from exc
-        self._arrived.add(what)
+        self._arrived[what] = _ARRIVED.format(what, n, me)
 
     def _depart(self, what: str) -> None:
         """Remove this rank's arrival at ``what``: called after the agreement that follows
         it, when every rank has passed its wait (best effort: never raises)."""
-        if what not in self._arrived:
+        key = self._arrived.pop(what, None)
+        if key is None:
             return
-        self._arrived.discard(what)
         try:
-            self.store.delete_key(_ARRIVED.format(what, dist.get_rank()))
+            self.store.delete_key(key)
         except Exception:  # noqa: BLE001 - the store may be gone with rank 0
             return
 

@@ -60,6 +60,9 @@ def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
     the one in effect); ``cache_size``: share signatures kept; ``options`` go to ``plan``.
     """
     ctx = rank_context(distributed, device, timeout)
+    # A report left by an earlier trainer's failed step would end the others' wait for
+    # this rank's planning (``RankContext.arrive``); withdrawn before the first collective.
+    ctx.clear_failure()
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:

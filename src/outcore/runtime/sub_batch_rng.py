@@ -36,6 +36,10 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._prims_common import (
+    compute_elementwise_output_logical_to_physical_perm,
+    is_non_overlapping_and_dense_or_false,
+)
 
 from outcore.capture.step import CapturedStep
 from outcore.errors import SubBatchWarning
@@ -164,33 +168,19 @@ def full_batch(value: torch.Tensor, parts: int, dim: int) -> torch.Tensor:
 
     A random op draws in memory order (dropout's mask is ``empty_like(input)``, filled
     element by element as stored), so a full batch laid out otherwise than eager's gets
-    other masks: ``torch.cat`` makes a contiguous tensor, and a batch-first view of a
+    other masks: ``torch.cat`` alone makes a contiguous tensor, and a batch-first view of a
     time-major tensor (an RNN's output, ``(B, T, H)`` with strides ``(H, B*H, 1)``) drew
-    another mask than eager's. Invariant: the result has ``value``'s dimension order
-    (outermost first, by stride; a size-1 dimension inside the others of its stride, as a
-    contiguous tensor has it); a tensor that is not dense (``empty_like`` gives it a
-    contiguous mask) stays contiguous.
+    another mask than eager's. Invariant: a dense ``value``'s result has its dimension
+    order (torch's own ``empty_like`` rule); a tensor that is not dense (``empty_like``
+    gives it a contiguous mask) gets a contiguous one. One allocation of the full batch.
     """
-    full = torch.cat([value] * parts, dim=dim)
-    if value.is_contiguous() or not _dense(value):
-        return full
-    strides = value.stride()
-    order = sorted(range(value.dim()), key=lambda d: (-strides[d], value.shape[d] == 1, d))
-    laid = torch.empty_permuted(full.shape, order, dtype=full.dtype, device=full.device)
-    return laid.copy_(full)
-
-
-def _dense(value: torch.Tensor) -> bool:
-    """Non-overlapping and dense: its elements fill ``numel`` slots of its storage (its
-    strides, smallest first, are the running products of its sizes; size-1 dimensions
-    ignored)."""
-    expected, strides = 1, value.stride()
-    for d in sorted((d for d in range(value.dim()) if value.shape[d] != 1),
-                    key=lambda d: strides[d]):
-        if strides[d] != expected:
-            return False
-        expected *= value.shape[d]
-    return True
+    if value.is_contiguous() or not is_non_overlapping_and_dense_or_false(value):
+        return torch.cat([value] * parts, dim=dim)
+    order, _ = compute_elementwise_output_logical_to_physical_perm(value)
+    shape = list(value.shape)
+    shape[dim] *= parts
+    laid = torch.empty_permuted(shape, order, dtype=value.dtype, device=value.device)
+    return torch.cat([value] * parts, dim=dim, out=laid)
 
 
 #: executor -> its SubBatchRandom (None: its random ops draw per sub-batch), once prepared

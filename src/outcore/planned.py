@@ -222,7 +222,7 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         if limit < layer_bound and not split_ok:
             with _refused(graph, model, can_split, scope):
                 sub_batching.refuse_below_bound(name, limit, layer_bound, can_split)
-    host_limit, host_source = _host_budget(graph, host_budget)
+    host_limit, host_source = resolve_host_budget(graph, host_budget)
     key = _cache_key(graph, limit, name, {**options, "(host_budget)": host_limit,
                                           "(scope)": scope}, model, split_ok, cache)
     cached = None if key is None else plan_cache.load(key)
@@ -241,7 +241,7 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
             result, trace = _run_fresh(graph, name, ctx, can_split and not split_ok, simulate)
     if scope == ACTIVATIONS:
         trace = _attach_real(result, real)
-    _check_host(result, trace, name, host_limit, host_source)
+    check_host(result, trace, name, host_limit, host_source)
     if simulate and result.simulation is None:
         from outcore.sim import simulate as run_simulation
 
@@ -280,7 +280,7 @@ def _plan_with_weights(graph: Graph, limit: int | None, name: str, model: Any,
     if optimizer is None:
         raise InvalidArgumentError(weights, "weights= together with optimizer=", "The "
                                    "placement is planned with the optimizer's state.")
-    host_limit, host_source = _host_budget(graph, host_budget)
+    host_limit, host_source = resolve_host_budget(graph, host_budget)
     with progress.task(f"planning {graph.name}'s weights and activations with {name}"):
         result = plan_weights(graph, limit, name, model, optimizer, weights,
                               simulate=simulate, host_adam_rate=host_adam_rate,
@@ -326,7 +326,7 @@ def _run_fresh(graph: Graph, name: str, ctx: PolicyContext, unsplit: bool,
                        out.simulation if simulate else None, notes=list(out.notes)), trace
 
 
-def _check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: int | None,
+def check_host(result: PlannedStep, trace: MemoryTrace, name: str, host_limit: int | None,
                 host_source: str) -> None:
     """Fill ``result``'s host memory figures from ``trace`` (the memory rule's curve of its
     schedule); raise ``HostBudgetError`` when its host copies exceed ``host_limit``."""
@@ -363,7 +363,7 @@ def _attach_bound(result: PlannedStep, limit: int, model: Any, graph: Graph) -> 
         result.lower_bound = found
 
 
-def _host_budget(graph: Graph, host_budget: int | str | None) -> tuple[int | None, str]:
+def resolve_host_budget(graph: Graph, host_budget: int | str | None) -> tuple[int | None, str]:
     """The host limit in bytes (None: none) and where it came from (see ``plan``)."""
     if host_budget is None:
         return None, ""

@@ -15,8 +15,16 @@ The Trainer keeps a bounded LRU cache of planned steps keyed by the *step signat
 
 A step whose signature is not cached is captured and planned again under the same budget
 and policy (``stats.replans`` counts those after the first; ``stats.cache_size`` bounds the
-cache, least recently used first out). A step specialised on tensor values
-(``outcore.capture.specialize``) whose values changed is captured again for the new ones.
+cache, least recently used first out; a signature evicted and met again, or the
+``MANY_SHAPES``-th one, raises a ``ReplanWarning`` once, with how to make fewer shapes).
+With ``transfer_plans=True`` its plan is carried from a cached signature's instead of
+searched when the new graph has
+the same structure, is near in size, the schedule fits the budget there and simulates
+nearly as close to the compute floor as on its own graph (``outcore.plan_transfer``;
+``stats.transfers``), and searched for its own sizes after ``PROMOTE_AFTER`` steps
+(``stats.promotions``). A step specialised on
+tensor values (``outcore.capture.specialize``) whose values changed is captured again for
+the new ones.
 
 The step computes what the model computes in the state the user left it: each module's
 ``training`` flag is part of the signature (``model.eval()``, or a backbone whose BatchNorm
@@ -46,7 +54,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -74,6 +82,7 @@ from outcore.errors import (
     EvalModeWarning,
     InvalidArgumentError,
     NothingToTrainError,
+    ReplanWarning,
     UnsupportedModelError,
 )
 from outcore.fixed_step import (
@@ -85,57 +94,12 @@ from outcore.fixed_step import (
 from outcore.graph.ir import Graph
 from outcore.log import announce
 from outcore.plan.plan import Plan
+from outcore.plan_transfer import PROMOTE_AFTER
 from outcore.planned import MACHINE, PlannedStep, plan
 from outcore.runtime.executor import RngState, rng_state, set_rng_state
-from outcore.units import format_bytes
+from outcore.trainer_stats import MANY_SHAPES, TrainerStats, shapes_note
 
 DEFAULT_CACHE_SIZE = 8
-
-
-@dataclass
-class TrainerStats:
-    """What the last ``step`` measured, beside what its plan predicted.
-
-    ``captures``: steps captured and planned (the first and every re-plan); ``replans``: those
-    after the first (a new signature or a failed specialisation guard); ``cache_hits``: steps
-    that reused a cached plan; ``evictions``: plans dropped from the full cache;
-    ``eval_steps``: eager no-grad steps taken while the model was in eval mode;
-    ``signature``: the batch signature of the last training step; ``notes``: what the plan
-    changed in what the step computes (sub-batches) and how it was chosen.
-
-    ``measured_peak``: on ``device="cpu"`` (one sub-batch) what the CPU allocator held at
-    most during the step (``outcore.runtime.devices.allocator_peak``: kernel temporaries and
-    host copies included, which share its RAM) plus the bytes held before it (parameters,
-    buffers, batch); on ``device="cuda"`` the same from the caching allocator's
-    ``torch.cuda.max_memory_allocated`` over the step (``cuda_allocator_peak``: block sizes,
-    so at least 512 B a tensor). Both are measured on the first step of each plan and kept
-    for its later steps (a planned step allocates the same every time). On
-    ``"cpu-emulated"`` it is ``tensor_peak``: the step's tensors counted at the dispatcher
-    (``MemoryTracker``; the emulated device enforces its capacity on that count).
-    """
-
-    predicted_peak: int = 0
-    measured_peak: int = 0
-    tensor_peak: int = 0
-    step_seconds: float = 0.0
-    steps: int = 0
-    sub_batches: int = 1
-    history: list[float] = field(default_factory=list)
-    captures: int = 0
-    replans: int = 0
-    cache_hits: int = 0
-    evictions: int = 0
-    eval_steps: int = 0
-    signature: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        text = (f"peak {format_bytes(self.measured_peak)} measured vs "
-                f"{format_bytes(self.predicted_peak)} predicted; "
-                f"step {self.step_seconds * 1e3:.1f} ms; {self.replans} re-plans")
-        if self.sub_batches > 1:
-            text += f"; {self.sub_batches} sub-batches (opted in)"
-        return text
 
 
 @dataclass
@@ -145,6 +109,12 @@ class _Entry:
     #: the allocator's peak of this plan's step (``TrainerStats.measured_peak``); None: not
     #: measured yet, or not measured on this device
     allocator_peak: int | None = None
+    #: the batch signature it was captured for (``BatchSignature.describe``)
+    shape: str = ""
+    #: its plan was carried from another shape's (``outcore.plan_transfer``), and the steps
+    #: run on that carried plan so far (the Trainer plans it afresh past ``PROMOTE_AFTER``)
+    carried: bool = False
+    uses: int = 0
 
 
 class Trainer:
@@ -160,7 +130,8 @@ class Trainer:
                  gpu: str | None = None, autocast: torch.dtype | None = None,
                  cache_size: int = DEFAULT_CACHE_SIZE, options: dict[str, Any] | None = None,
                  allow_sub_batches: bool | None = None, cache: bool | None = None,
-                 host_budget: int | str | None = MACHINE, device_kind: str = "cpu") -> None:
+                 host_budget: int | str | None = MACHINE, device_kind: str = "cpu",
+                 transfer_plans: bool = False) -> None:
         if cache_size < 1:
             raise InvalidArgumentError(cache_size, "a cache_size of at least 1 (planned "
                                        "steps kept, one per batch signature)")
@@ -177,8 +148,11 @@ class Trainer:
         self.cache = cache
         self.host_budget = host_budget
         self.device_kind = device_kind
+        self.transfer_plans = transfer_plans
         self.stats = TrainerStats()
         self._warned_eval = False
+        self._warned_shapes = False
+        self._evicted: set[Hashable] = set()  # signatures dropped from the full cache
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(own_storage(plain_batch(example_batch)))
 
@@ -311,10 +285,19 @@ class Trainer:
         if entry is not None:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
+            if entry.carried:
+                entry.uses += 1
+                if entry.uses > PROMOTE_AFTER:  # used often enough to earn its own search
+                    entry = self._cache[key] = self._promote(entry, batch)
         else:
             announce_replan((self.model, self.loss_fn), next(reversed(self._cache), None), key)
             announce_constant_replan((k[0] for k in self._cache if isinstance(k, tuple)),
                                      key[0], batch)
+            seen = len(self._evicted | set(self._cache)) + (key not in self._evicted)
+            if (key in self._evicted or seen >= MANY_SHAPES) and not self._warned_shapes:
+                self._warned_shapes = True
+                announce(shapes_note(self.cache_size, seen, key in self._evicted),
+                         ReplanWarning, stacklevel=4)
             entry = self._prepare(batch)
             # keyed by the state the capture left: a forward may set a value on its first
             # call (Hugging Face's config.problem_type), as the traced forward did
@@ -323,7 +306,7 @@ class Trainer:
             self._cache[key] = entry
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+                self._evicted.add(self._cache.popitem(last=False)[0])
                 self.stats.evictions += 1
         self._current = entry
         self.stats.predicted_peak = entry.planned.predicted_peak
@@ -333,17 +316,64 @@ class Trainer:
         return entry
 
     def _prepare(self, batch: Any) -> _Entry:
-        """Capture and plan a step for ``batch``'s signature."""
+        """Capture and plan a step for ``batch``'s signature (the plan carried from a cached
+        shape's where one fits: ``outcore.plan_transfer``)."""
         from outcore import progress
-        from outcore.hardware import default_gpu
-        from outcore.runtime.executor import Executor
-        from outcore.runtime.sub_batch_rng import prepare as prepare_random
-        from outcore.runtime.subbatch import split_batch
 
         with progress.task(f"capturing {type(self.model).__name__}"):
             start = torch.get_rng_state()
             graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast)
             self._measure_temporaries(graph, batch, start)
+        entry = self._planned_entry(graph, batch, carry=self.transfer_plans)
+        if self.stats.captures:
+            self.stats.replans += 1
+        self.stats.captures += 1
+        return entry
+
+    def _promote(self, entry: _Entry, batch: Any) -> _Entry:
+        """``entry`` (a carried plan) planned for its own graph's sizes; ``entry`` itself,
+        no longer promoted, when the policy finds no plan there (the carried one fits)."""
+        from outcore.errors import InfeasibleBudgetError
+        from outcore.log import info
+
+        info(f"planning the batch {entry.shape} for its own sizes after {entry.uses - 1} "
+             "steps on a plan carried from another shape")
+        try:
+            promoted = self._planned_entry(entry.planned.graph, batch, carry=False)
+        except InfeasibleBudgetError as exc:
+            info(f"kept the carried plan of the batch {entry.shape}: {exc}")
+            entry.carried = False
+            return entry
+        self.stats.promotions += 1
+        return promoted
+
+    def _carried(self, graph: Graph) -> PlannedStep | None:
+        """A cached plan carried to ``graph`` (``plan_transfer.best_carry``), or None."""
+        from outcore.hardware import default_gpu
+        from outcore.plan_transfer import best_carry
+        from outcore.planned import cost_model_for, resolve_host_budget
+
+        seen: set[int] = set()
+        sources = []
+        for entry in reversed(self._cache.values()):  # one replay per distinct schedule
+            if id(entry.planned.schedule) not in seen:
+                seen.add(id(entry.planned.schedule))
+                sources.append((entry.shape, entry.planned))
+        if not sources:
+            return None
+        host_limit, host_source = resolve_host_budget(graph, self.host_budget)
+        cost = cost_model_for(self.gpu or default_gpu(graph, self.device_kind), graph)
+        return best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
+                          host_source=host_source, cuda=self.device_kind == "cuda")
+
+    def _planned_entry(self, graph: Graph, batch: Any, *, carry: bool) -> _Entry:
+        """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a
+        cached shape's when ``carry`` and one fits, else searched under the budget."""
+        from outcore.hardware import default_gpu
+        from outcore.runtime.executor import Executor
+        from outcore.runtime.sub_batch_rng import prepare as prepare_random
+        from outcore.runtime.subbatch import split_batch
+
         dims = self.options.get("batch_dims")
 
         def recapture(parts: int) -> Graph:
@@ -360,25 +390,28 @@ class Trainer:
                         allow_sub_batches=self.allow_sub_batches, cache=self.cache,
                         host_budget=self.host_budget, **self.options)
 
-        planned = plan_for(self.budget)
-        if self.device_kind == "cuda" and self.budget is not None:
-            from outcore.plan.allocator_rounding import within_allocator_rounding
+        carried = self._carried(graph) if carry else None
+        if carried is not None:
+            planned = carried
+            self.stats.transfers += 1
+        else:
+            planned = plan_for(self.budget)
+            if self.device_kind == "cuda" and self.budget is not None:
+                from outcore.plan.allocator_rounding import within_allocator_rounding
 
-            planned = within_allocator_rounding(planned, self.budget, plan_for)
+                planned = within_allocator_rounding(planned, self.budget, plan_for)
         _refuse_split_input_grads(planned.plan.sub_batches, batch)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget
             reserve(planned.host_sizes)
-        if self.stats.captures:
-            self.stats.replans += 1
-        self.stats.captures += 1
         executor = Executor(planned.graph, planned.schedule, self.device)
         if planned.plan.sub_batches > 1:  # random ops: eager's draws, or say they cannot
             text = prepare_random(executor, planned.plan.sub_batches)
             if text is not None:
                 planned.notes.append(text)
-        return _Entry(planned, executor)
+        return _Entry(planned, executor, shape=split_batch_leaves(batch)[1].describe(),
+                      carried=carried is not None, uses=1 if carried is not None else 0)
 
     def _measure_temporaries(self, graph: Graph, batch: Any, rng_state: torch.Tensor) -> None:
         """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the
@@ -445,7 +478,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             policy: str = "auto", autocast: torch.dtype | None = None,
             cache_size: int = DEFAULT_CACHE_SIZE, allow_sub_batches: bool | None = None,
             cache: bool | None = None, host_budget: int | str | None = MACHINE,
-            distributed: Any = False, optimizer: Any = None, **options: Any) -> Any:
+            distributed: Any = False, optimizer: Any = None, transfer_plans: bool = False,
+            **options: Any) -> Any:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Every argument is checked before the capture (``InvalidArgumentError`` subclasses).
@@ -464,6 +498,13 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             default the autocast in effect at this call (``with torch.autocast(...)``).
         cache_size: how many planned signatures (batch shapes, dtypes, frozen parameters)
             the Trainer keeps; a new one is captured and planned on its first step.
+        transfer_plans: True: a new batch shape (another sequence length) whose graph has
+            the structure of a cached one runs that one's plan when it fits the budget there
+            and simulates nearly as well, instead of a new search (``outcore.plan_transfer``;
+            gradients unchanged, said in ``stats.notes``); the shape is planned for its own
+            sizes after ``PROMOTE_AFTER`` steps. Worth it where a search costs far more than
+            a capture (large graphs); off by default (every new shape is searched). Not
+            with ``distributed`` (each rank plans its shares).
         allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
             unless True or policy="modnn"); announced and shown in ``stats.notes``.
         cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
@@ -524,7 +565,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         return Trainer(model, loss_fn, example_batch, device=trainer_device, budget=limit,
                        policy=policy, gpu=gpu, autocast=autocast, cache_size=cache_size,
                        options=options, allow_sub_batches=allow_sub_batches, cache=cache,
-                       host_budget=host_budget, device_kind=device)
+                       host_budget=host_budget, device_kind=device,
+                       transfer_plans=transfer_plans)
     except BaseException:
         _close(trainer_device)
         raise

@@ -131,7 +131,7 @@ def phases(base: nn.Module, args: argparse.Namespace, budget: int) -> None:
         t = time.perf_counter()
         own = outcore.plan(graph, budget, simulate=True, cache=False, gpu=gpu)
         searched = time.perf_counter() - t
-        sim = "refused" if got is None else f"{got.simulation.step_time * 1e3:.1f}"
+        sim = "refused" if got is None else f"{got[0].simulation.step_time * 1e3:.1f}"
         print(f"| {length} | {captured:.2f} | {carried:.2f} | {sim} | {searched:.2f} | "
               f"{own.simulation.step_time * 1e3:.1f} |")
 

@@ -176,12 +176,14 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
 
 def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget: int | None,
                cost: Any, *, host_limit: int | None = None, host_source: str = "",
-               cuda: bool = False) -> PlannedStep | None:
-    """Of ``planned`` (each with a description of the batch it was planned for), the carried
-    step that simulates fastest on ``graph`` under ``cost``, with a note naming where it came
-    from and its ``simulation``; None when none carries over or the fastest moves too much
-    (its overhead over the compute floor more than ``MAX_EXTRA`` above its source's: module
-    doc). A source's own simulation is computed once and kept on it."""
+               cuda: bool = False) -> tuple[PlannedStep, PlannedStep] | None:
+    """Of ``planned`` (searched steps, each with a description of the batch it was searched
+    for), the carried step that simulates fastest on ``graph`` under ``cost``, with a note
+    naming where it came from and its ``simulation``, and the source it came from; None when
+    none carries over or the fastest moves too much (its overhead over the compute floor
+    more than ``MAX_EXTRA`` above its source's: module doc). A source's own simulation is
+    computed once and kept on it. Give searched steps only: a carried one's graph is not
+    the shape its plan was searched for, so ``NEAR`` and ``MAX_EXTRA`` would drift."""
     from outcore.policies.auto.portfolio import compute_floor
     from outcore.sim import simulate
 
@@ -210,7 +212,7 @@ def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget:
         f"{source_overhead:.1%}). Gradients are unchanged; the step may move more than a plan "
         f"searched for this shape would, until it is planned for its own sizes after "
         f"{PROMOTE_AFTER} steps (compile(..., transfer_plans=True) asked for this)")
-    return result
+    return result, source
 
 
 def _overhead(planned: PlannedStep, cost: Any, floor: Any) -> float:

@@ -82,6 +82,7 @@ from outcore.errors import (
     EvalModeWarning,
     InvalidArgumentError,
     NothingToTrainError,
+    OutcoreError,
     ReplanWarning,
     UnsupportedModelError,
 )
@@ -115,6 +116,11 @@ class _Entry:
     #: run on that carried plan so far (the Trainer plans it afresh past ``PROMOTE_AFTER``)
     carried: bool = False
     uses: int = 0
+    #: the searched step a carried plan came from, and that step's batch signature: plans
+    #: are carried from searched ones only, so size and overhead are measured against
+    #: the shape the plan was searched for, never against an earlier carry
+    origin: PlannedStep | None = None
+    origin_shape: str = ""
 
 
 class Trainer:
@@ -293,7 +299,7 @@ class Trainer:
             announce_replan((self.model, self.loss_fn), next(reversed(self._cache), None), key)
             announce_constant_replan((k[0] for k in self._cache if isinstance(k, tuple)),
                                      key[0], batch)
-            seen = len(self._evicted | set(self._cache)) + (key not in self._evicted)
+            seen = len(self._evicted | set(self._cache) | {key})
             if (key in self._evicted or seen >= MANY_SHAPES) and not self._warned_shapes:
                 self._warned_shapes = True
                 announce(shapes_note(self.cache_size, seen, key in self._evicted),
@@ -333,38 +339,46 @@ class Trainer:
     def _promote(self, entry: _Entry, batch: Any) -> _Entry:
         """``entry`` (a carried plan) planned for its own graph's sizes; ``entry`` itself,
         no longer promoted, when the policy finds no plan there (the carried one fits)."""
-        from outcore.errors import InfeasibleBudgetError
         from outcore.log import info
 
         info(f"planning the batch {entry.shape} for its own sizes after {entry.uses - 1} "
              "steps on a plan carried from another shape")
         try:
             promoted = self._planned_entry(entry.planned.graph, batch, carry=False)
-        except InfeasibleBudgetError as exc:
+        except OutcoreError as exc:  # no plan of its own (or one refused): the carried one runs
             info(f"kept the carried plan of the batch {entry.shape}: {exc}")
             entry.carried = False
+            entry.planned.notes.append("the search for this shape's own sizes found no plan "
+                                       f"({type(exc).__name__}); the carried plan stays")
             return entry
         self.stats.promotions += 1
         return promoted
 
-    def _carried(self, graph: Graph) -> PlannedStep | None:
-        """A cached plan carried to ``graph`` (``plan_transfer.best_carry``), or None."""
+    def _carried(self, graph: Graph) -> tuple[PlannedStep, str, PlannedStep] | None:
+        """A cached searched plan carried to ``graph`` (``plan_transfer.best_carry``): the
+        carried step, and the searched step and batch signature it came from; or None."""
         from outcore.hardware import default_gpu
         from outcore.plan_transfer import best_carry
         from outcore.planned import cost_model_for, resolve_host_budget
 
         seen: set[int] = set()
-        sources = []
-        for entry in reversed(self._cache.values()):  # one replay per distinct schedule
-            if id(entry.planned.schedule) not in seen:
-                seen.add(id(entry.planned.schedule))
-                sources.append((entry.shape, entry.planned))
+        sources: list[tuple[str, PlannedStep]] = []
+        for entry in reversed(self._cache.values()):  # each searched plan once
+            shape, searched = ((entry.origin_shape, entry.origin) if entry.origin is not None
+                               else (entry.shape, entry.planned))
+            if id(searched) not in seen:
+                seen.add(id(searched))
+                sources.append((shape, searched))
         if not sources:
             return None
         host_limit, host_source = resolve_host_budget(graph, self.host_budget)
         cost = cost_model_for(self.gpu or default_gpu(graph, self.device_kind), graph)
-        return best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
-                          host_source=host_source, cuda=self.device_kind == "cuda")
+        found = best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
+                           host_source=host_source, cuda=self.device_kind == "cuda")
+        if found is None:
+            return None
+        index = next(i for i, (_, step) in enumerate(sources) if step is found[1])
+        return found[0], sources[index][0], found[1]
 
     def _planned_entry(self, graph: Graph, batch: Any, *, carry: bool) -> _Entry:
         """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a
@@ -392,8 +406,7 @@ class Trainer:
 
         carried = self._carried(graph) if carry else None
         if carried is not None:
-            planned = carried
-            self.stats.transfers += 1
+            planned = carried[0]
         else:
             planned = plan_for(self.budget)
             if self.device_kind == "cuda" and self.budget is not None:
@@ -410,8 +423,12 @@ class Trainer:
             text = prepare_random(executor, planned.plan.sub_batches)
             if text is not None:
                 planned.notes.append(text)
-        return _Entry(planned, executor, shape=split_batch_leaves(batch)[1].describe(),
-                      carried=carried is not None, uses=1 if carried is not None else 0)
+        shape = split_batch_leaves(batch)[1].describe()
+        if carried is None:
+            return _Entry(planned, executor, shape=shape)
+        self.stats.transfers += 1
+        return _Entry(planned, executor, shape=shape, carried=True, uses=1,
+                      origin=carried[2], origin_shape=carried[1])
 
     def _measure_temporaries(self, graph: Graph, batch: Any, rng_state: torch.Tensor) -> None:
         """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the

@@ -21,7 +21,7 @@ import outcore.trainer as trainer_module
 from outcore import plan_transfer
 from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
-from outcore.errors import ReplanWarning
+from outcore.errors import ReplanWarning, UnsupportedModelError
 from outcore.graph.bounds import reference_peaks
 from outcore.plan_transfer import NEAR, best_carry, carry, step_bytes, structure
 from outcore.sim import simulate
@@ -284,13 +284,16 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
                          cache=False)
     roomy = outcore.plan(outcore.capture(model, loss, make(full)), more, simulate=False,
                          cache=False)
-    picked = best_carry([("tight", tight), ("roomy", roomy)], near_graph, more, cost)
+    found = best_carry([("tight", tight), ("roomy", roomy)], near_graph, more, cost)
+    assert found is not None
+    picked, source = found
     times = {name: simulate(near_graph, p.schedule, cost).step_time
              for name, p in (("tight", tight), ("roomy", roomy))}
     name = min(times, key=lambda k: times[k])  # the first of equals, as best_carry keeps
     assert times["roomy"] < times["tight"]  # else this would not test the choice
-    assert picked is not None and picked.simulation.step_time == times[name]
-    assert picked.schedule is (tight if name == "tight" else roomy).schedule
+    assert picked.simulation.step_time == times[name]
+    assert source is (tight if name == "tight" else roomy)
+    assert picked.schedule is source.schedule
     assert f"for the batch {name} and carried" in picked.notes[-1]
     assert (tight if name == "tight" else roomy).simulation is not None  # kept on the source
     # a source whose replay exceeds the budget is not a candidate
@@ -298,6 +301,57 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
     peak_t = carry(tight, near_graph, None)[0].predicted_peak
     assert peak_t < peak_r
     only = best_carry([("roomy", roomy), ("tight", tight)], near_graph, peak_r - 1, cost)
-    assert only is not None and only.schedule is tight.schedule
+    assert only is not None and only[1] is tight and only[0].schedule is tight.schedule
     monkeypatch.setattr(plan_transfer, "MAX_EXTRA", -1.0)  # no carried plan is good enough
     assert best_carry([("tight", tight)], near_graph, budget, cost) is None
+
+
+def test_plans_are_carried_from_the_searched_shape_never_from_a_carried_one():
+    """A chain of shorter lengths: each carried one comes from a *searched* length (named in
+    its note, its schedule that length's), within ``NEAR`` of that length's bytes, however
+    near the last carried length it is."""
+    build, loss, make, full, _, _ = CASES["lm"]
+    model = build()
+    reference = copy.deepcopy(model)
+    budget = budget_for(model, loss, make(full))
+    with outcore.compile(model, loss, make(full), budget=budget, device="cpu-emulated",
+                         transfer_plans=True, cache_size=16) as tr:
+        searched = {full: tr.planned}
+        for seed, length in enumerate(range(full - 2, 17, -3)):
+            step_both(tr, model, reference, loss, make(length), seed=seed)
+            note = next((n for n in tr.stats.notes if "carried to this shape" in n), None)
+            if note is None:
+                searched[length] = tr.planned
+                continue
+            source = int(note.split(f"for the batch ([{BATCH}, ", 1)[1].split("]", 1)[0])
+            assert source in searched, (length, source)
+            assert tr.planned.schedule is searched[source].schedule
+            assert step_bytes(tr.planned.graph) >= NEAR * step_bytes(searched[source].graph)
+        assert 1 <= tr.stats.transfers < tr.stats.captures
+
+
+def test_a_promotion_that_finds_no_plan_keeps_the_carried_one(monkeypatch):
+    monkeypatch.setattr(trainer_module, "PROMOTE_AFTER", 1)
+    build, loss, make, full, near, _ = CASES["lm"]
+    model = build()
+    reference = copy.deepcopy(model)
+    budget = budget_for(model, loss, make(full))
+    with outcore.compile(model, loss, make(full), budget=budget, device="cpu-emulated",
+                         transfer_plans=True) as tr:
+        step_both(tr, model, reference, loss, make(near), seed=1)
+        assert tr.stats.transfers == 1
+        calls = []
+        planned_entry = tr._planned_entry
+
+        def refuse(graph, batch, *, carry):
+            if carry:
+                return planned_entry(graph, batch, carry=carry)
+            calls.append(graph)
+            raise UnsupportedModelError("no plan of its own in this test")
+
+        monkeypatch.setattr(tr, "_planned_entry", refuse)
+        for seed in (2, 3):
+            step_both(tr, model, reference, loss, make(near), seed=seed)
+        assert len(calls) == 1 and tr.stats.promotions == 0
+        assert any("found no plan" in note for note in tr.stats.notes)
+        assert tr.stats.measured_peak == tr.stats.predicted_peak <= budget

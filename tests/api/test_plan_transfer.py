@@ -7,6 +7,7 @@ shape far from every planned one, longer than them, or of another structure is s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
@@ -110,6 +111,19 @@ def step_both(trainer, model, reference, loss, batch, seed: int) -> None:
         assert same(b, c), f"buffer {name} differs from eager"
 
 
+@contextlib.contextmanager
+def carrying_lm(**options):
+    """A Trainer carrying plans for ``CASES["lm"]`` compiled at its full length, with the
+    model, an eager twin and the budget."""
+    build, loss, make, full, _, _ = CASES["lm"]
+    model = build()
+    reference = copy.deepcopy(model)
+    budget = budget_for(model, loss, make(full))
+    with outcore.compile(model, loss, make(full), budget=budget, device="cpu-emulated",
+                         transfer_plans=True, **options) as trainer:
+        yield trainer, model, reference, budget
+
+
 @pytest.mark.parametrize("device", ["cpu-emulated", "cpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_near_shape_runs_the_carried_plan_with_eagers_gradients(case, device):
@@ -165,12 +179,8 @@ def test_by_default_every_shape_is_searched():
 
 def test_a_carried_shape_is_planned_for_its_sizes_after_promote_after_steps(monkeypatch):
     monkeypatch.setattr(trainer_module, "PROMOTE_AFTER", 2)
-    build, loss, make, full, near, _ = CASES["lm"]
-    model = build()
-    reference = copy.deepcopy(model)
-    budget = budget_for(model, loss, make(full))
-    with outcore.compile(model, loss, make(full), budget=budget, device="cpu-emulated",
-                         transfer_plans=True) as tr:
+    _, loss, make, _, near, _ = CASES["lm"]
+    with carrying_lm() as (tr, model, reference, budget):
         for seed in (1, 2):  # carried, then a hit on the carried plan
             step_both(tr, model, reference, loss, make(near), seed=seed)
         assert (tr.stats.transfers, tr.stats.promotions) == (1, 0)
@@ -332,12 +342,8 @@ def test_plans_are_carried_from_the_searched_shape_never_from_a_carried_one():
 
 def test_a_promotion_that_finds_no_plan_keeps_the_carried_one(monkeypatch):
     monkeypatch.setattr(trainer_module, "PROMOTE_AFTER", 1)
-    build, loss, make, full, near, _ = CASES["lm"]
-    model = build()
-    reference = copy.deepcopy(model)
-    budget = budget_for(model, loss, make(full))
-    with outcore.compile(model, loss, make(full), budget=budget, device="cpu-emulated",
-                         transfer_plans=True) as tr:
+    _, loss, make, _, near, _ = CASES["lm"]
+    with carrying_lm() as (tr, model, reference, budget):
         step_both(tr, model, reference, loss, make(near), seed=1)
         assert tr.stats.transfers == 1
         calls = []

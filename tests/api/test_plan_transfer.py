@@ -24,6 +24,7 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile
 from outcore.errors import ReplanWarning, UnsupportedModelError
 from outcore.graph.bounds import reference_peaks
+from outcore.graph.ir import Graph
 from outcore.plan_transfer import NEAR, best_carry, carry, step_bytes, structure
 from outcore.sim import simulate
 from outcore.trainer_stats import MANY_SHAPES
@@ -361,3 +362,23 @@ def test_a_promotion_that_finds_no_plan_keeps_the_carried_one(monkeypatch):
         assert len(calls) == 1 and tr.stats.promotions == 0
         assert any("found no plan" in note for note in tr.stats.notes)
         assert tr.stats.measured_peak == tr.stats.predicted_peak <= budget
+
+
+@pytest.mark.parametrize("change", ["random op", "host tensor", "aliasing", "outputs"])
+def test_structure_tells_apart_what_a_schedule_depends_on(change):
+    build, loss, make, full, _, _ = CASES["lm"]
+    graph = outcore.capture(build(), loss, make(full))
+    other = Graph.from_json(graph.to_json())  # a plain copy, without the cached digest
+    assert structure(other) == structure(graph)
+    other = Graph.from_json(graph.to_json())
+    view = next(t for t in other.tensors if t.is_view)
+    if change == "random op":
+        op = next(o for o in other.ops if not o.random)
+        op.random = True
+    elif change == "host tensor":
+        other.tensors[other.ops[0].outputs[0]].host = True
+    elif change == "aliasing":
+        view.storage = view.id
+    else:
+        other.outputs = other.outputs[::-1]
+    assert structure(other) != structure(graph)

@@ -134,17 +134,14 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
     """``planned``'s plan and schedule on ``graph``, or None when they do not carry over.
 
     None when ``planned`` is not ``transferable``, the structures differ, ``graph`` makes
-    fewer than ``NEAR`` of ``planned.graph``'s activation bytes, its in-core peak fits the
-    budget (nothing needs moving), a chosen variant is
-    not offered (or refused) on ``graph``'s op, the schedule breaks a rule of the memory
+    fewer than ``NEAR`` of ``planned.graph``'s activation bytes, a chosen variant is not
+    offered (or refused) on ``graph``'s op, the schedule breaks a rule of the memory
     replay on ``graph``, or its peak exceeds ``budget``, its host copies ``host_limit`` or,
     with ``cuda``, its caching-allocator bound ``budget``. Invariant: a returned step's
     ``predicted_peak`` is the memory rule's peak of its schedule on ``graph``."""
     if not transferable(planned) or structure(planned.graph) != structure(graph):
         return None
     if step_bytes(graph) < NEAR * step_bytes(planned.graph):
-        return None
-    if budget is not None and reference_peaks(graph).liveness <= budget:
         return None
     for op, variant in planned.schedule.variants.items():
         offered = graph.ops[op].variant_options.get(variant)
@@ -161,8 +158,7 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
 
         if caching_allocator_bound(graph, planned.schedule) > budget:
             return None
-    plan = replace(planned.plan, decisions=dict(planned.plan.decisions),
-                   reasons=dict(planned.plan.reasons), budget=budget)
+    plan = replace(planned.plan, budget=budget)  # nothing downstream mutates a plan
     result = PlannedStep(graph, plan, planned.schedule, trace.peak, budget, None,
                          notes=[n for n in planned.notes if not n.startswith(_NOTE_HEAD)])
     from outcore.host import HostBudgetError
@@ -176,17 +172,20 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
 
 def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget: int | None,
                cost: Any, *, host_limit: int | None = None, host_source: str = "",
-               cuda: bool = False) -> tuple[PlannedStep, PlannedStep] | None:
+               cuda: bool = False) -> tuple[PlannedStep, str, PlannedStep] | None:
     """Of ``planned`` (searched steps, each with a description of the batch it was searched
     for), the carried step that simulates fastest on ``graph`` under ``cost``, with a note
-    naming where it came from and its ``simulation``, and the source it came from; None when
-    none carries over or the fastest moves too much (its overhead over the compute floor
-    more than ``MAX_EXTRA`` above its source's: module doc). A source's own simulation is
+    naming where it came from and its ``simulation``, with the source and its description;
+    None when ``graph``'s in-core peak fits the budget (nothing needs moving), none carries
+    over, or the fastest moves too much (its overhead over the compute floor more than
+    ``MAX_EXTRA`` above its source's: module doc). A source's own simulation is
     computed once and kept on it. Give searched steps only: a carried one's graph is not
     the shape its plan was searched for, so ``NEAR`` and ``MAX_EXTRA`` would drift."""
     from outcore.policies.auto.portfolio import compute_floor
     from outcore.sim import simulate
 
+    if budget is not None and reference_peaks(graph).liveness <= budget:
+        return None
     best: tuple[float, str, PlannedStep, PlannedStep] | None = None
     for shape, step in planned:
         found = carry(step, graph, budget, host_limit=host_limit, host_source=host_source,
@@ -201,7 +200,7 @@ def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget:
         return None
     seconds, shape, result, source = best
     overhead = seconds / max(compute_floor(graph, cost), 1e-30) - 1.0
-    source_overhead = _overhead(source, cost, compute_floor)
+    source_overhead = _overhead(source, cost)
     if overhead > source_overhead + MAX_EXTRA:
         return None
     result.notes.append(
@@ -212,17 +211,19 @@ def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget:
         f"{source_overhead:.1%}). Gradients are unchanged; the step may move more than a plan "
         f"searched for this shape would, until it is planned for its own sizes after "
         f"{PROMOTE_AFTER} steps (compile(..., transfer_plans=True) asked for this)")
-    return result, source
+    return result, shape, source
 
 
-def _overhead(planned: PlannedStep, cost: Any, floor: Any) -> float:
+def _overhead(planned: PlannedStep, cost: Any) -> float:
     """``planned``'s simulated step over its graph's compute floor, less 1; its simulation
     is made (and kept on it) when it has none."""
+    from outcore.policies.auto.portfolio import compute_floor
     from outcore.sim import simulate
 
     if planned.simulation is None:
         planned.simulation = simulate(planned.graph, planned.schedule, cost)
-    return float(planned.simulation.step_time / max(floor(planned.graph, cost), 1e-30) - 1.0)
+    return float(planned.simulation.step_time / max(compute_floor(planned.graph, cost), 1e-30)
+                 - 1.0)
 
 
 _NOTE_HEAD = "plan searched"

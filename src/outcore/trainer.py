@@ -373,12 +373,8 @@ class Trainer:
             return None
         host_limit, host_source = resolve_host_budget(graph, self.host_budget)
         cost = cost_model_for(self.gpu or default_gpu(graph, self.device_kind), graph)
-        found = best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
-                           host_source=host_source, cuda=self.device_kind == "cuda")
-        if found is None:
-            return None
-        index = next(i for i, (_, step) in enumerate(sources) if step is found[1])
-        return found[0], sources[index][0], found[1]
+        return best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
+                          host_source=host_source, cuda=self.device_kind == "cuda")
 
     def _planned_entry(self, graph: Graph, batch: Any, *, carry: bool) -> _Entry:
         """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a

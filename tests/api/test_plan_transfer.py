@@ -297,7 +297,7 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
                          cache=False)
     found = best_carry([("tight", tight), ("roomy", roomy)], near_graph, more, cost)
     assert found is not None
-    picked, source = found
+    picked, _, source = found
     times = {name: simulate(near_graph, p.schedule, cost).step_time
              for name, p in (("tight", tight), ("roomy", roomy))}
     name = min(times, key=lambda k: times[k])  # the first of equals, as best_carry keeps
@@ -312,7 +312,7 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
     peak_t = carry(tight, near_graph, None)[0].predicted_peak
     assert peak_t < peak_r
     only = best_carry([("roomy", roomy), ("tight", tight)], near_graph, peak_r - 1, cost)
-    assert only is not None and only[1] is tight and only[0].schedule is tight.schedule
+    assert only is not None and only[2] is tight and only[0].schedule is tight.schedule
     monkeypatch.setattr(plan_transfer, "MAX_EXTRA", -1.0)  # no carried plan is good enough
     assert best_carry([("tight", tight)], near_graph, budget, cost) is None
 

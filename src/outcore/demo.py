@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import time
 import warnings
 from pathlib import Path
@@ -36,6 +37,7 @@ from outcore.planned import PlannedStep
 from outcore.policies import names
 from outcore.runtime.devices import make_device
 from outcore.runtime.executor import Executor
+from outcore.runtime.link_calibration import first_run_seconds, graph_link, model_seconds
 from outcore.units import format_bytes
 from outcore.variants.notice import variant_note
 
@@ -73,6 +75,19 @@ def _train(planned, batch, device, steps: int, model) -> tuple[int, float, float
     return peak, min(seconds), loss
 
 
+def compute_seconds(graph, batch) -> float:
+    """This CPU's compute for one in-core step of ``graph`` (the least of two timed steps,
+    recomputes none), run without applying its gradients."""
+    in_core = plan(graph, None, cache=False, simulate=False)
+    device = make_device("cpu-emulated", capacity=None, bandwidth=math.inf)
+    try:
+        executor = Executor(graph, in_core.schedule, device)
+        return min(first_run_seconds(executor.run(batch, apply=False, timed=True).op_seconds)
+                   for _ in range(2))
+    finally:
+        device.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="outcore demo on the CPU-emulated device")
     parser.add_argument("--model", default="resnet32-cifar")
@@ -89,18 +104,22 @@ def main(argv: list[str] | None = None) -> int:
         graph = capture(work.model, work.loss_fn, work.batch)
     peaks = reference_peaks(graph)
     budget = peaks.liveness // 3
+    cost = cost_model_for(args.gpu)
+    with progress.task("timing the model's compute on this CPU"):
+        link = graph_link(args.gpu, model_seconds(graph, cost),
+                          compute_seconds(graph, work.batch))
     console.print(f"[bold]{work.description}[/bold]\n{len(graph.ops)} ops; in-core peak "
                   f"{format_bytes(peaks.liveness)} (free at last use), network-wide "
                   f"{format_bytes(peaks.network_wide)}, layer-wise lower bound "
                   f"{format_bytes(peaks.layer_lower_bound)}.\nBudget: a third of the in-core "
                   f"peak = [bold]{format_bytes(budget)}[/bold] on a CPU-emulated accelerator "
-                  f"with a {args.gpu} link scaled to this CPU. Every policy runs the framework's "
-                  f"kernels (like with like).\n")
+                  f"whose link is {args.gpu}'s scaled to this CPU's speed on this model "
+                  f"({link[0] / 1e6:.0f} MB/s). Every policy runs the framework's kernels "
+                  "(like with like).\n")
     table = Table(title=f"{args.model}, batch {args.batch}, budget {format_bytes(budget)}")
     for col in ("policy", "fits", "predicted peak", "measured peak", "keep", "offload",
                 "recompute", "step s (here)", f"simulated ms ({args.gpu})", "loss"):
         table.add_column(col, justify="left" if col == "policy" else "right")
-    cost = cost_model_for(args.gpu)
     auto = None
     simulated: dict[str, float] = {}
     initial = {k: v.clone() for k, v in work.model.state_dict().items()}
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{planned.simulation.step_time * 1e3:.1f}", "-")
             continue
         work.model.load_state_dict(initial)  # every policy trains from the same weights
-        device = make_device("cpu-emulated", capacity=budget, gpu=args.gpu)
+        device = make_device("cpu-emulated", capacity=budget, bandwidth=link)
         try:
             with progress.task(f"training {args.steps} steps with {name}"):
                 measured, seconds, loss = _train(planned, work.batch, device, args.steps,

@@ -93,11 +93,13 @@ from outcore.fixed_step import (
     without_autocast,
 )
 from outcore.graph.ir import Graph
+from outcore.hardware import default_gpu
 from outcore.log import announce
 from outcore.plan.plan import Plan
 from outcore.plan_transfer import PROMOTE_AFTER
-from outcore.planned import MACHINE, PlannedStep, plan
+from outcore.planned import MACHINE, PlannedStep, cost_model_for, plan
 from outcore.runtime.executor import RngState, rng_state, set_rng_state
+from outcore.runtime.link_calibration import LinkCalibration
 from outcore.trainer_stats import MANY_SHAPES, TrainerStats, shapes_note
 
 DEFAULT_CACHE_SIZE = 8
@@ -156,6 +158,7 @@ class Trainer:
         self.device_kind = device_kind
         self.transfer_plans = transfer_plans
         self.stats = TrainerStats()
+        self._link = LinkCalibration(device) if LinkCalibration.applies(device) else None
         self._warned_eval = False
         self._warned_shapes = False
         self._evicted: set[Hashable] = set()  # signatures dropped from the full cache
@@ -268,7 +271,15 @@ class Trainer:
         with without_autocast(batch):
             if parts > 1:
                 return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
-            return entry.executor.run(batch, loss_scale=scale)
+            timed = self._link is not None and self._link.pending
+            result = entry.executor.run(batch, loss_scale=scale, timed=timed)
+        if timed:  # the emulated link, scaled to this model's measured compute
+            assert self._link is not None
+            graph = entry.planned.graph
+            gpu = self.gpu or default_gpu(graph, self.device_kind)
+            self.stats.link_bandwidth = self._link.observe(
+                result.op_seconds, graph, cost_model_for(gpu, graph), gpu)
+        return result
 
     def _eval_step(self, batch: Any) -> torch.Tensor:
         cast = autocast_state(self.autocast, batch, self.model)
@@ -357,9 +368,8 @@ class Trainer:
     def _carried(self, graph: Graph) -> tuple[PlannedStep, str, PlannedStep] | None:
         """A cached searched plan carried to ``graph`` (``plan_transfer.best_carry``): the
         carried step, and the searched step and batch signature it came from; or None."""
-        from outcore.hardware import default_gpu
         from outcore.plan_transfer import best_carry
-        from outcore.planned import cost_model_for, resolve_host_budget
+        from outcore.planned import resolve_host_budget
 
         seen: set[int] = set()
         sources: list[tuple[str, PlannedStep]] = []
@@ -379,7 +389,6 @@ class Trainer:
     def _planned_entry(self, graph: Graph, batch: Any, *, carry: bool) -> _Entry:
         """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a
         cached shape's when ``carry`` and one fits, else searched under the budget."""
-        from outcore.hardware import default_gpu
         from outcore.runtime.executor import Executor
         from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch

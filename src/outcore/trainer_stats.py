@@ -31,6 +31,11 @@ class TrainerStats:
     for its later steps (a planned step allocates the same every time). On
     ``"cpu-emulated"`` it is ``tensor_peak``: the step's tensors counted at the dispatcher
     (``MemoryTracker``; the emulated device enforces its capacity on that count).
+
+    ``link_bandwidth``: on ``"cpu-emulated"`` with a link scaled from a GPU profile, the
+    (d2h, h2d) bytes/s its first steps set it to, so copies take the share of this model's
+    measured compute they would take on that GPU (``outcore.runtime.link_calibration``);
+    None elsewhere and before the first step.
     """
 
     predicted_peak: int = 0
@@ -48,6 +53,7 @@ class TrainerStats:
     evictions: int = 0
     eval_steps: int = 0
     signature: str = ""
+    link_bandwidth: tuple[float, float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:

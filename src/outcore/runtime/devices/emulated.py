@@ -84,17 +84,21 @@ class EmulatedDevice:
         slowdown: multiplies every copy's duration (> 1 slows the engine to expose races).
         poison_on_release: overwrite storages released during a copy, and fresh prefetch
             buffers, with poison (see ``poison_storage``).
+        emulates: the GPU profile whose host link the bandwidths were scaled from
+            (``make_device(..., gpu=)``); None when they were given as bytes/s. Only such a
+            link is recalibrated to the model it runs (``link_calibration``).
     """
 
     name = "cpu-emulated"
 
     def __init__(self, capacity: int | None, bandwidth_d2h: float, bandwidth_h2d: float,
                  latency_s: float = 0.0, slowdown: float = 1.0,
-                 poison_on_release: bool = True) -> None:
+                 poison_on_release: bool = True, emulates: str | None = None) -> None:
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0 bytes or None, got {capacity}")
         self.tracker = MemoryTracker(capacity)
         self.poison_on_release = poison_on_release
+        self.emulates = emulates
         self._stats = StatsRecorder()
         self._engines: dict[str, CopyEngine] = {
             "d2h": CopyEngine("d2h", LinkModel(bandwidth_d2h, latency_s, slowdown),
@@ -250,6 +254,23 @@ class EmulatedDevice:
         for engine in self._engines.values():
             link = engine.link
             engine.link = LinkModel(link.bandwidth, link.latency_s, slowdown)
+
+    def set_bandwidth(self, d2h: float, h2d: float) -> None:
+        """Set each direction's link bandwidth (bytes/s) for the copies from now on; latency
+        and slowdown are kept. Only between steps: a queued copy would otherwise run at a
+        speed it was not issued at.
+
+        Raises:
+            OutcoreError: a copy is in flight (call ``synchronize`` first).
+            ValueError: a bandwidth that is not > 0.
+        """
+        if self.in_flight():
+            raise OutcoreError(f"{self.in_flight()} copies are in flight; change the link "
+                               "between steps (after synchronize())")
+        for direction, bandwidth in (("d2h", d2h), ("h2d", h2d)):
+            engine = self._engines[direction]
+            link = engine.link
+            engine.link = LinkModel(float(bandwidth), link.latency_s, link.slowdown)
 
     def in_flight(self) -> int:
         """Copies submitted and not yet finished (0 after ``synchronize`` or a failed step)."""

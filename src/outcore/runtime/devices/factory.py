@@ -25,7 +25,8 @@ def make_device(device: str, *, capacity: int | str | None = None, gpu: str | No
         device: one of ``DEVICES``.
         capacity: device memory, bytes or a string such as "4GB" (None: unbounded).
         gpu: cpu-emulated only: the GPU profile whose compute/transfer ratio to keep
-            (see ``bandwidth.bandwidth_for_gpu``); default ``DEFAULT_GPU``.
+            (see ``bandwidth.bandwidth_for_gpu``; a Trainer recalibrates it to the model
+            it runs, ``link_calibration``); default ``DEFAULT_GPU``.
         bandwidth: cpu-emulated only: link bytes/s, one number for both directions or a
             (d2h, h2d) pair; excludes ``gpu``.
         slowdown: cpu-emulated only: multiplies copy durations (> 1 to expose races).
@@ -49,7 +50,8 @@ def make_device(device: str, *, capacity: int | str | None = None, gpu: str | No
     from outcore.runtime.devices.emulated import EmulatedDevice
 
     d2h, h2d = _emulated_bandwidth(gpu, bandwidth)
-    return EmulatedDevice(cap, d2h, h2d, slowdown=slowdown)
+    emulates = (gpu or DEFAULT_GPU) if bandwidth is None else None
+    return EmulatedDevice(cap, d2h, h2d, slowdown=slowdown, emulates=emulates)
 
 
 def _emulated_bandwidth(gpu: str | None,

@@ -1,0 +1,120 @@
+"""Scale the ``cpu-emulated`` link to the model it runs, so copies cost what they would on the GPU.
+
+The emulated device stands for a GPU: the plan is made with that GPU's cost model, and the
+device's copy engines stand for its host link. For a copy to take the share of the step it
+would take on the GPU, the emulated link must run at
+
+    emulated_bw = link_bw * model_seconds / cpu_seconds
+
+where ``model_seconds`` is the graph's compute as the planning cost model prices it (the sum
+of its op times, each op once: the in-core step's compute) and ``cpu_seconds`` the same ops
+measured here, inside a step of the plan (``Executor.run(timed=True)``; the first run of each
+op, so a recompute does not count twice).
+
+Before any step the device runs at ``bandwidth.bandwidth_for_gpu``'s link, which assumes
+both sides compute at their peak FLOP/s. That holds for large matmuls only: a small model's
+kernels are priced by the GPU model at a few per cent of peak (launch and memory bound) while
+the CPU runs them at a good share of its own, so the link came out far too slow. Measured
+(``benchmarks/emulated_link.py``, ResNet-32 at batch 32, v100-pcie): the model prices the
+compute at 41.4 ms, this CPU runs it in ~217 ms, so the link should be ~2.3 GB/s where peak
+FLOP/s gave 139 MB/s; outcore-auto's plan, whose copies the model hides entirely, measured
+873 ms against 258 ms once scaled.
+
+Invariants:
+
+* Only a link scaled from a GPU profile (``EmulatedDevice.emulates``) is recalibrated,
+  never one given in bytes/s (``make_device(..., bandwidth=)``).
+* The link changes only between steps (``EmulatedDevice.set_bandwidth`` refuses while a
+  copy is in flight); the first ``STEPS`` one-sub-batch steps are timed and each sets it
+  from the least compute measured so far (the first step's warm-up inflates its own).
+* Timing reads the clock only: the step's values and gradients are those of an untimed one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from outcore.log import info
+
+#: Steps timed to calibrate the link (the least compute among them is used).
+STEPS = 2
+
+
+def first_run_seconds(op_seconds: Sequence[tuple[int, float]]) -> float:
+    """Seconds of the first Compute of each op in a timed step (``StepResult.op_seconds``):
+    the step's compute without its recomputations."""
+    seen: set[int] = set()
+    total = 0.0
+    for op, seconds in op_seconds:
+        if op not in seen:
+            seen.add(op)
+            total += seconds
+    return total
+
+
+def model_seconds(graph: Any, cost: Any) -> float:
+    """The graph's compute as ``cost`` prices it: the sum of its op times, each op once."""
+    bound = cost.bind(graph) if hasattr(cost, "bind") else cost
+    return float(sum(bound.op_time(op) for op in graph.ops))
+
+
+def graph_link(gpu: str, modelled: float, measured: float) -> tuple[float, float]:
+    """(d2h, h2d) bytes/s of an emulated ``gpu`` link for a model whose compute the cost
+    model prices at ``modelled`` seconds and this CPU runs in ``measured`` seconds.
+
+    Raises:
+        ValueError: a time that is not a finite number > 0.
+    """
+    from outcore.cost.profiles import get_profile
+
+    for label, value in (("modelled", modelled), ("measured", measured)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{label} compute seconds must be a finite number > 0, "
+                             f"got {value}")
+    profile = get_profile(gpu)
+    ratio = modelled / measured
+    return profile.bandwidth("d2h") * ratio, profile.bandwidth("h2d") * ratio
+
+
+class LinkCalibration:
+    """Calibrates one emulated device's link over its first ``STEPS`` timed steps.
+
+    ``bandwidth``: the (d2h, h2d) bytes/s set last (None before the first step).
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.steps = 0
+        self.measured = math.inf
+        self.bandwidth: tuple[float, float] | None = None
+
+    @staticmethod
+    def applies(device: Any) -> bool:
+        """Whether ``device`` has a link scaled from a GPU profile to recalibrate."""
+        return getattr(device, "emulates", None) is not None and hasattr(device, "set_bandwidth")
+
+    @property
+    def pending(self) -> bool:
+        """Whether the next one-sub-batch step should run timed."""
+        return self.steps < STEPS
+
+    def observe(self, op_seconds: Sequence[tuple[int, float]], graph: Any, cost: Any,
+                gpu: str) -> tuple[float, float] | None:
+        """Take a timed step's ``op_seconds`` of ``graph`` planned with ``cost`` (the
+        profile ``gpu``) and set the device's link; returns it (None when the step timed
+        no compute)."""
+        self.steps += 1
+        measured = first_run_seconds(op_seconds)
+        modelled = model_seconds(graph, cost)
+        if not (measured > 0 and modelled > 0):
+            return None
+        self.measured = min(self.measured, measured)
+        self.bandwidth = graph_link(gpu, modelled, self.measured)
+        self.device.set_bandwidth(*self.bandwidth)
+        info(f"cpu-emulated link set to {self.bandwidth[0] / 1e6:.0f} MB/s (d2h), "
+             f"{self.bandwidth[1] / 1e6:.0f} MB/s (h2d): {gpu}'s link x the compute it "
+             f"models for this step ({modelled * 1e3:.1f} ms) / the compute measured here "
+             f"({self.measured * 1e3:.1f} ms)")
+        return self.bandwidth

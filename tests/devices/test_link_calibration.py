@@ -1,0 +1,155 @@
+"""The cpu-emulated link scaled to the model it runs (``outcore.runtime.link_calibration``).
+
+A Trainer on ``device="cpu-emulated"`` whose link was scaled from a GPU profile times its
+first ``STEPS`` steps and sets the link to that GPU's bandwidth times (the compute the cost
+model prices for the step) / (the compute measured here). The gradients stay eager's; a link
+given in bytes/s is never touched; the link only changes between steps."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import outcore
+from outcore.cost.profiles import get_profile
+from outcore.errors import OutcoreError
+from outcore.graph.bounds import reference_peaks
+from outcore.planned import cost_model_for
+from outcore.runtime import link_calibration
+from outcore.runtime.devices.emulated import EmulatedDevice
+from outcore.runtime.devices.factory import make_device
+from outcore.runtime.link_calibration import (
+    STEPS,
+    LinkCalibration,
+    first_run_seconds,
+    graph_link,
+    model_seconds,
+)
+from outcore.trainer import Trainer
+
+
+def test_graph_link_keeps_the_gpus_copy_share_of_compute() -> None:
+    profile = get_profile("v100-pcie")
+    d2h, h2d = graph_link("v100-pcie", modelled=0.040, measured=0.200)
+    assert d2h == pytest.approx(profile.bandwidth("d2h") * 0.2)
+    assert h2d == pytest.approx(profile.bandwidth("h2d") * 0.2)
+    # a copy of n bytes then takes the share of the measured compute it takes of the modelled
+    n = 1 << 26
+    assert (n / d2h) / 0.200 == pytest.approx((n / profile.bandwidth("d2h")) / 0.040)
+
+
+@pytest.mark.parametrize("modelled, measured", [(0.0, 1.0), (1.0, 0.0), (1.0, math.inf),
+                                                (-1.0, 1.0), (math.nan, 1.0)])
+def test_graph_link_refuses_times_that_are_not_positive_and_finite(modelled: float,
+                                                                  measured: float) -> None:
+    with pytest.raises(ValueError, match="finite number > 0"):
+        graph_link("v100-pcie", modelled, measured)
+
+
+def test_first_run_seconds_leaves_recomputes_out() -> None:
+    # op 3 runs twice (a recompute): only its first run is the step's compute
+    assert first_run_seconds([(1, 0.5), (3, 0.25), (2, 1.0), (3, 4.0)]) == 1.75
+    assert first_run_seconds([]) == 0.0
+
+
+def test_make_device_marks_only_a_link_scaled_from_a_gpu() -> None:
+    with make_device("cpu-emulated", gpu="v100-nvlink") as scaled:
+        assert scaled.emulates == "v100-nvlink" and LinkCalibration.applies(scaled)
+    with make_device("cpu-emulated") as default:
+        assert default.emulates == "v100-pcie"
+    with make_device("cpu-emulated", bandwidth=5e6) as given:
+        assert given.emulates is None and not LinkCalibration.applies(given)
+    assert not LinkCalibration.applies(make_device("cpu"))
+
+
+def test_set_bandwidth_only_between_steps() -> None:
+    with EmulatedDevice(None, 1e6, 1e6, slowdown=1.0) as device:
+        device.tracker = outcore.runtime.tracker.MemoryTracker()
+        device.set_bandwidth(2e6, 3e6)
+        assert (device.link("d2h").bandwidth, device.link("h2d").bandwidth) == (2e6, 3e6)
+        device.start_offload(0, torch.zeros(1 << 16))  # 256 KiB at 2 MB/s: ~0.13 s
+        with pytest.raises(OutcoreError, match="in flight"):
+            device.set_bandwidth(1e9, 1e9)
+        assert device.link("d2h").bandwidth == 2e6  # refused whole
+        device.synchronize()
+        device.set_bandwidth(1e9, 1e9)
+        assert device.link("h2d").bandwidth == 1e9
+        with pytest.raises(ValueError, match="bandwidth must be > 0"):
+            device.set_bandwidth(0.0, 1e9)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256),
+                                  nn.Tanh(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(1024, 64, generator=gen), torch.randint(0, 8, (1024,), generator=gen)
+
+
+def _budget(model: nn.Module) -> int:
+    peaks = reference_peaks(outcore.capture(model, F.cross_entropy, _batch()))
+    return int(0.8 * peaks.liveness)
+
+
+def test_the_trainer_sets_the_link_from_its_first_steps_and_keeps_eagers_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Net()
+    eager = copy.deepcopy(model)
+    x, y = _batch()
+    F.cross_entropy(eager(x), y).backward()
+    seen: list[float] = []
+    real = link_calibration.first_run_seconds
+
+    def spy(op_seconds):  # type: ignore[no-untyped-def]
+        seen.append(real(op_seconds))
+        return seen[-1]
+
+    monkeypatch.setattr(link_calibration, "first_run_seconds", spy)
+    trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=_budget(model),
+                              device="cpu-emulated", cache=False)
+    try:
+        assert trainer.planned.counts()["offload"] > 0  # the link carries copies
+        before = trainer.device.link("d2h").bandwidth
+        assert trainer.stats.link_bandwidth is None
+        for step in range(STEPS + 2):
+            model.zero_grad()
+            trainer.step(x, y)
+            for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+                assert torch.equal(p.grad, q.grad)
+            assert len(seen) == min(step + 1, STEPS)  # timed only the first STEPS steps
+        modelled = model_seconds(trainer.planned.graph, cost_model_for("v100-pcie"))
+        want = graph_link("v100-pcie", modelled, min(seen))
+        assert trainer.stats.link_bandwidth == pytest.approx(want)
+        link = trainer.device.link
+        assert (link("d2h").bandwidth, link("h2d").bandwidth) == pytest.approx(want)
+        assert link("d2h").bandwidth != pytest.approx(before)
+    finally:
+        trainer.close()
+
+
+def test_a_link_given_in_bytes_per_second_is_left_alone() -> None:
+    model = Net()
+    x, y = _batch()
+    device = make_device("cpu-emulated", capacity=_budget(model), bandwidth=7e8)
+    trainer = Trainer(model, F.cross_entropy, (x, y), device=device, budget=_budget(model),
+                      device_kind="cpu-emulated", cache=False)
+    try:
+        for _ in range(STEPS + 1):
+            trainer.step(x, y)
+        assert trainer.stats.link_bandwidth is None
+        assert device.link("d2h").bandwidth == device.link("h2d").bandwidth == 7e8
+    finally:
+        trainer.close()

@@ -158,12 +158,15 @@ class Trainer:
         self.device_kind = device_kind
         self.transfer_plans = transfer_plans
         self.stats = TrainerStats()
-        self._link = LinkCalibration(device) if LinkCalibration.applies(device) else None
+        self._link = (LinkCalibration(device, lambda g: gpu or default_gpu(g, device_kind))
+                      if LinkCalibration.applies(device) else None)
         self._warned_eval = False
         self._warned_shapes = False
         self._evicted: set[Hashable] = set()  # signatures dropped from the full cache
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(own_storage(plain_batch(example_batch)))
+        if self._link is not None:  # from this CPU's profile until the first steps time it
+            self.stats.link_bandwidth = self._link.estimate(self._current.planned.graph)
 
     # -- what the current plan is ----------------------------------------------------------
     @property
@@ -275,10 +278,8 @@ class Trainer:
             result = entry.executor.run(batch, loss_scale=scale, timed=timed)
         if timed:  # the emulated link, scaled to this model's measured compute
             assert self._link is not None
-            graph = entry.planned.graph
-            gpu = self.gpu or default_gpu(graph, self.device_kind)
-            self.stats.link_bandwidth = self._link.observe(
-                result.op_seconds, graph, cost_model_for(gpu, graph), gpu)
+            self.stats.link_bandwidth = self._link.observe(result.op_seconds,
+                                                           entry.planned.graph)
         return result
 
     def _eval_step(self, batch: Any) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 A Trainer on ``device="cpu-emulated"`` whose link was scaled from a GPU profile times its
 first ``STEPS`` steps and sets the link to that GPU's bandwidth times (the compute the cost
-model prices for the step) / (the compute measured here). The gradients stay eager's; a link
-given in bytes/s is never touched; the link only changes between steps."""
+model prices for the step) / (the compute measured here); before them, / (the compute this
+CPU's analytic profile prices). The gradients stay eager's; a link given in bytes/s is never
+touched; the link only changes between steps."""
 
 from __future__ import annotations
 
@@ -122,20 +123,24 @@ def test_the_trainer_sets_the_link_from_its_first_steps_and_keeps_eagers_gradien
                               device="cpu-emulated", cache=False)
     try:
         assert trainer.planned.counts()["offload"] > 0  # the link carries copies
-        before = trainer.device.link("d2h").bandwidth
-        assert trainer.stats.link_bandwidth is None
+        graph = trainer.planned.graph
+        modelled = model_seconds(graph, cost_model_for("v100-pcie"))
+        # before any step: from this CPU's analytic profile
+        estimate = graph_link("v100-pcie", modelled, model_seconds(graph, cost_model_for(
+            "this-cpu", graph)))
+        assert trainer.stats.link_bandwidth == pytest.approx(estimate)
+        assert trainer.device.link("h2d").bandwidth == pytest.approx(estimate[1])
         for step in range(STEPS + 2):
             model.zero_grad()
             trainer.step(x, y)
             for p, q in zip(model.parameters(), eager.parameters(), strict=True):
                 assert torch.equal(p.grad, q.grad)
             assert len(seen) == min(step + 1, STEPS)  # timed only the first STEPS steps
-        modelled = model_seconds(trainer.planned.graph, cost_model_for("v100-pcie"))
         want = graph_link("v100-pcie", modelled, min(seen))
         assert trainer.stats.link_bandwidth == pytest.approx(want)
         link = trainer.device.link
         assert (link("d2h").bandwidth, link("h2d").bandwidth) == pytest.approx(want)
-        assert link("d2h").bandwidth != pytest.approx(before)
+        assert want != pytest.approx(estimate)  # the measured compute, not the estimate
     finally:
         trainer.close()
 

@@ -25,15 +25,18 @@ Invariants:
 * Only a link scaled from a GPU profile (``EmulatedDevice.emulates``) is recalibrated,
   never one given in bytes/s (``make_device(..., bandwidth=)``).
 * The link changes only between steps (``EmulatedDevice.set_bandwidth`` refuses while a
-  copy is in flight); the first ``STEPS`` one-sub-batch steps are timed and each sets it
-  from the least compute measured so far (the first step's warm-up inflates its own).
+  copy is in flight). Before the first step it is set from the compute this CPU's analytic
+  profile ("this-cpu") prices for the graph; then the first ``STEPS`` one-sub-batch steps
+  are timed and each sets it from the least compute measured so far (the first step's
+  warm-up inflates its own).
 * Timing reads the clock only: the step's values and gradients are those of an untimed one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from outcore.log import info
@@ -79,13 +82,18 @@ def graph_link(gpu: str, modelled: float, measured: float) -> tuple[float, float
 
 
 class LinkCalibration:
-    """Calibrates one emulated device's link over its first ``STEPS`` timed steps.
+    """Calibrates one emulated device's link to the model it runs.
 
-    ``bandwidth``: the (d2h, h2d) bytes/s set last (None before the first step).
+    ``gpu_for(graph)`` names the profile the graph is planned with (the Trainer's ``gpu=``
+    or ``outcore.hardware.default_gpu``): its cost model prices the compute and its link is
+    the one scaled. ``estimate`` sets the link from this CPU's analytic profile
+    ("this-cpu") before any step; ``observe`` from each of the first ``STEPS`` timed steps.
+    ``bandwidth``: the (d2h, h2d) bytes/s set last (None before either).
     """
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, gpu_for: Callable[[Any], str]) -> None:
         self.device = device
+        self.gpu_for = gpu_for
         self.steps = 0
         self.measured = math.inf
         self.bandwidth: tuple[float, float] | None = None
@@ -100,21 +108,44 @@ class LinkCalibration:
         """Whether the next one-sub-batch step should run timed."""
         return self.steps < STEPS
 
-    def observe(self, op_seconds: Sequence[tuple[int, float]], graph: Any, cost: Any,
-                gpu: str) -> tuple[float, float] | None:
-        """Take a timed step's ``op_seconds`` of ``graph`` planned with ``cost`` (the
-        profile ``gpu``) and set the device's link; returns it (None when the step timed
-        no compute)."""
+    def estimate(self, graph: Any) -> tuple[float, float] | None:
+        """Set the link from the compute this CPU's analytic profile prices for ``graph``
+        (within 1.2-1.6x of the measured compute on ResNet-32 and a small LM, where peak
+        FLOP/s is 13-14x off); returns it (None for a graph that computes nothing)."""
+        from outcore.cost.profiles import THIS_CPU
+        from outcore.errors import OutcoreError
+        from outcore.planned import cost_model_for
+
+        try:
+            with warnings.catch_warnings():  # a dtype the profile lacks: its nearest peak
+                warnings.simplefilter("ignore")
+                here = model_seconds(graph, cost_model_for(THIS_CPU, graph))
+        except OutcoreError:  # no estimate: the link stays as it was made
+            return None
+        return self._set(graph, here, "")
+
+    def observe(self, op_seconds: Sequence[tuple[int, float]],
+                graph: Any) -> tuple[float, float] | None:
+        """Take a timed step's ``op_seconds`` of ``graph`` and set the link from the least
+        compute measured so far; returns it (None when the step timed no compute)."""
         self.steps += 1
         measured = first_run_seconds(op_seconds)
-        modelled = model_seconds(graph, cost)
-        if not (measured > 0 and modelled > 0):
+        if not measured > 0:
             return None
         self.measured = min(self.measured, measured)
-        self.bandwidth = graph_link(gpu, modelled, self.measured)
+        return self._set(graph, self.measured, "measured ")
+
+    def _set(self, graph: Any, here: float, how: str) -> tuple[float, float] | None:
+        from outcore.planned import cost_model_for
+
+        gpu = self.gpu_for(graph)
+        modelled = model_seconds(graph, cost_model_for(gpu, graph))
+        if not (modelled > 0 and here > 0 and math.isfinite(here)):
+            return None
+        self.bandwidth = graph_link(gpu, modelled, here)
         self.device.set_bandwidth(*self.bandwidth)
         info(f"cpu-emulated link set to {self.bandwidth[0] / 1e6:.0f} MB/s (d2h), "
              f"{self.bandwidth[1] / 1e6:.0f} MB/s (h2d): {gpu}'s link x the compute it "
-             f"models for this step ({modelled * 1e3:.1f} ms) / the compute measured here "
-             f"({self.measured * 1e3:.1f} ms)")
+             f"models for this step ({modelled * 1e3:.1f} ms) / the compute {how or 'estimated '}"
+             f"here ({here * 1e3:.1f} ms)")
         return self.bandwidth

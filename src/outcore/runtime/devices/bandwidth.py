@@ -10,9 +10,8 @@ share of the step, the emulated link must run at
 matmul on this CPU, outside any dispatch mode. Peak GPU FLOP/s against achieved CPU FLOP/s
 makes the emulated link conservative (slower) by the GPU's matmul efficiency, which the cost
 model puts at a few per cent for small kernels: on ResNet-32 at batch 32 this link is ~16x
-slower than one that keeps the model's own ratio. It is the device's link before any step;
-a Trainer then rescales it to the compute measured on its model
-(``outcore.runtime.link_calibration``).
+slower than one that keeps the model's own ratio. It is the link ``make_device`` gives; a
+Trainer then rescales it to its model (``outcore.runtime.link_calibration``).
 """
 
 from __future__ import annotations

@@ -32,11 +32,12 @@ shapes need no search:
   carried: the search keeps everything there at once, and a carried plan would move what
   need not move.
 * **Which one, and whether.** Each plan that passes is simulated on the new graph with the
-  cost model the Trainer plans with; the fastest is carried only if its overhead over the
+  cost model the Trainer plans with; one is a candidate only if its overhead over the
   compute floor (``step_time / floor - 1``; the floor, the sum of the op times, is what no
   schedule on framework kernels beats) is at most ``MAX_EXTRA`` above the overhead its own
-  plan had on its own graph. A plan that moves much more than the new shape needs fails
-  that test, and the shape is searched.
+  plan had on its own graph, and the fastest candidate is carried. A plan that moves much
+  more than the new shape needs fails that test; when every one fails, the shape is
+  searched.
 
 What the step computes is unchanged: a schedule's gradients are eager's whatever it keeps,
 offloads or recomputes (the executor's invariant), and the new graph's own kernels run.
@@ -174,19 +175,21 @@ def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget:
                cost: Any, *, host_limit: int | None = None, host_source: str = "",
                cuda: bool = False) -> tuple[PlannedStep, str, PlannedStep] | None:
     """Of ``planned`` (searched steps, each with a description of the batch it was searched
-    for), the carried step that simulates fastest on ``graph`` under ``cost``, with a note
-    naming where it came from and its ``simulation``, with the source and its description;
-    None when ``graph``'s in-core peak fits the budget (nothing needs moving), none carries
-    over, or the fastest moves too much (its overhead over the compute floor more than
-    ``MAX_EXTRA`` above its source's: module doc). A source's own simulation is
-    computed once and kept on it. Give searched steps only: a carried one's graph is not
-    the shape its plan was searched for, so ``NEAR`` and ``MAX_EXTRA`` would drift."""
+    for), the carried step that simulates fastest on ``graph`` under ``cost`` among those
+    that do not move too much (overhead over the compute floor at most ``MAX_EXTRA`` above
+    its own source's: module doc), with a note naming where it came from and its
+    ``simulation``, with the source and its description; None when ``graph``'s in-core peak
+    fits the budget (nothing needs moving) or none carries over within ``MAX_EXTRA``. A
+    source's own simulation is computed once and kept on it. Give searched steps only: a
+    carried one's graph is not the shape its plan was searched for, so ``NEAR`` and
+    ``MAX_EXTRA`` would drift."""
     from outcore.policies.auto.portfolio import compute_floor
     from outcore.sim import simulate
 
     if budget is not None and reference_peaks(graph).liveness <= budget:
         return None
-    best: tuple[float, str, PlannedStep, PlannedStep] | None = None
+    floor = max(compute_floor(graph, cost), 1e-30)
+    best: tuple[float, float, str, PlannedStep, PlannedStep] | None = None
     for shape, step in planned:
         found = carry(step, graph, budget, host_limit=host_limit, host_source=host_source,
                       cuda=cuda)
@@ -194,15 +197,16 @@ def best_carry(planned: Iterable[tuple[str, PlannedStep]], graph: Graph, budget:
             continue
         result = found[0]
         result.simulation = simulate(graph, result.schedule, cost)
-        if best is None or result.simulation.step_time < best[0]:
-            best = (result.simulation.step_time, shape, result, step)
+        seconds = result.simulation.step_time
+        source_overhead = _overhead(step, cost)
+        if seconds / floor - 1.0 > source_overhead + MAX_EXTRA:
+            continue  # moves too much here; a slower carry may still qualify
+        if best is None or seconds < best[0]:
+            best = (seconds, source_overhead, shape, result, step)
     if best is None:
         return None
-    seconds, shape, result, source = best
-    overhead = seconds / max(compute_floor(graph, cost), 1e-30) - 1.0
-    source_overhead = _overhead(source, cost)
-    if overhead > source_overhead + MAX_EXTRA:
-        return None
+    seconds, source_overhead, shape, result, source = best
+    overhead = seconds / floor - 1.0
     result.notes.append(
         f"{_NOTE_HEAD} for the batch {shape} and carried to this shape without a new search "
         f"(same graph structure; predicted peak {format_bytes(result.predicted_peak)} here"

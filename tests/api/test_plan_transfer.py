@@ -313,6 +313,14 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
     assert peak_t < peak_r
     only = best_carry([("roomy", roomy), ("tight", tight)], near_graph, peak_r - 1, cost)
     assert only is not None and only[2] is tight and only[0].schedule is tight.schedule
+    # the fastest carry moving too much for its own source leaves the choice to the next
+    real = plan_transfer._overhead
+    monkeypatch.setattr(plan_transfer, "_overhead",
+                        lambda p, c: -1.0 if p is roomy else real(p, c))
+    second = best_carry([("roomy", roomy), ("tight", tight)], near_graph, more, cost)
+    assert second is not None and second[2] is tight
+    assert second[0].simulation.step_time == times["tight"]
+    monkeypatch.setattr(plan_transfer, "_overhead", real)
     monkeypatch.setattr(plan_transfer, "MAX_EXTRA", -1.0)  # no carried plan is good enough
     assert best_carry([("tight", tight)], near_graph, budget, cost) is None
 

@@ -166,7 +166,8 @@ class Trainer:
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(own_storage(plain_batch(example_batch)))
         if self._link is not None:  # from this CPU's profile until the first steps time it
-            self.stats.link_bandwidth = self._link.estimate(self._current.planned.graph)
+            first = self._current.planned
+            self.stats.link_bandwidth = self._link.estimate(first.graph, first.schedule.variants)
 
     # -- what the current plan is ----------------------------------------------------------
     @property
@@ -278,8 +279,8 @@ class Trainer:
             result = entry.executor.run(batch, loss_scale=scale, timed=timed)
         if timed:  # the emulated link, scaled to this model's measured compute
             assert self._link is not None
-            self.stats.link_bandwidth = self._link.observe(result.op_seconds,
-                                                           entry.planned.graph)
+            self.stats.link_bandwidth = self._link.observe(
+                result.op_seconds, entry.planned.graph, entry.planned.schedule.variants)
         return result
 
     def _eval_step(self, batch: Any) -> torch.Tensor:

@@ -9,6 +9,7 @@ touched; the link only changes between steps."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -158,3 +159,66 @@ def test_a_link_given_in_bytes_per_second_is_left_alone() -> None:
         assert device.link("d2h").bandwidth == device.link("h2d").bandwidth == 7e8
     finally:
         trainer.close()
+
+
+class _Recorder:
+    """A stand-in device: what ``LinkCalibration`` set on it."""
+
+    emulates = "v100-pcie"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, str | None]] = []
+
+    def set_bandwidth(self, d2h: float, h2d: float, emulates: str | None = None) -> None:
+        self.calls.append((d2h, h2d, emulates))
+        if emulates is not None:
+            self.emulates = emulates
+
+
+def _graph(rows: int):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randn(rows, 64, generator=gen), torch.randint(0, 8, (rows,), generator=gen)
+    return outcore.capture(Net(), F.cross_entropy, data)
+
+
+def test_a_step_of_another_graph_is_compared_with_its_own_compute_only() -> None:
+    small, large = _graph(16), _graph(2048)
+    device = _Recorder()
+    link = LinkCalibration(device, lambda g: "v100-pcie")
+    link.observe([(0, 0.001)], small)
+    got = link.observe([(0, 0.5)], large)
+    modelled = model_seconds(large, cost_model_for("v100-pcie"))
+    # the large graph's link from its own 0.5 s, never from the small graph's 1 ms
+    assert got == pytest.approx(graph_link("v100-pcie", modelled, 0.5))
+    again = link.observe([(0, 0.25)], large)  # the same graph: the least of its timings
+    assert again == pytest.approx(graph_link("v100-pcie", modelled, 0.25))
+    assert link.observe([], large) == again  # a step that timed no compute keeps the link
+    assert len(device.calls) == 3
+
+
+def test_the_link_is_labelled_with_the_profile_the_plan_was_made_with() -> None:
+    device = _Recorder()
+    link = LinkCalibration(device, lambda g: "a100-40gb")
+    graph = _graph(64)
+    got = link.estimate(graph)
+    assert got == pytest.approx(graph_link("a100-40gb", model_seconds(
+        graph, cost_model_for("a100-40gb")), model_seconds(graph, cost_model_for("this-cpu"))))
+    assert device.emulates == "a100-40gb" and device.calls[-1][2] == "a100-40gb"
+
+
+def test_the_compute_is_priced_with_the_kernels_the_schedule_chose() -> None:
+    conv = nn.Sequential(nn.Conv2d(3, 16, 5), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 12 * 12, 4))
+    gen = torch.Generator().manual_seed(0)
+    graph = outcore.capture(conv, F.cross_entropy, (torch.randn(8, 3, 16, 16, generator=gen),
+                                                    torch.randint(0, 4, (8,), generator=gen)))
+    cost = cost_model_for("v100-pcie")
+    offered = [(op.id, name) for op in graph.ops for name in op.variant_options]
+    assert offered, "no op of this graph offers a variant"
+    bound = cost.bind(graph)
+    op, variant = next((o, v) for o, v in offered if bound.op_time(
+        dataclasses.replace(graph.ops[o], variant=v)) != bound.op_time(graph.ops[o]))
+    plain = model_seconds(graph, cost)
+    chosen = model_seconds(graph, cost, {op: variant})
+    delta = bound.op_time(dataclasses.replace(graph.ops[op], variant=variant)) - bound.op_time(
+        graph.ops[op])
+    assert chosen == pytest.approx(plain + delta) and chosen != plain

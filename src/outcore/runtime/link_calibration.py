@@ -27,16 +27,20 @@ Invariants:
 * The link changes only between steps (``EmulatedDevice.set_bandwidth`` refuses while a
   copy is in flight). Before the first step it is set from the compute this CPU's analytic
   profile ("this-cpu") prices for the graph; then the first ``STEPS`` one-sub-batch steps
-  are timed and each sets it from the least compute measured so far (the first step's
-  warm-up inflates its own).
+  are timed and each sets it from the least compute measured so far on the same graph (the
+  first step's warm-up inflates its own; a step of another batch shape starts over, since
+  its compute is another's). Sub-batched steps are not timed.
+* The compute is priced with the kernels the schedule chose (operator variants), as the
+  simulator and the executor run them.
 * Timing reads the clock only: the step's values and gradients are those of an untimed one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outcore.log import info
@@ -57,10 +61,15 @@ def first_run_seconds(op_seconds: Sequence[tuple[int, float]]) -> float:
     return total
 
 
-def model_seconds(graph: Any, cost: Any) -> float:
-    """The graph's compute as ``cost`` prices it: the sum of its op times, each op once."""
+def model_seconds(graph: Any, cost: Any, variants: Mapping[int, str] | None = None) -> float:
+    """The graph's compute as ``cost`` prices it: the sum of its op times, each op once,
+    with ``variants`` (op id -> the kernel a schedule chose) priced as the simulator and
+    the executor run them."""
     bound = cost.bind(graph) if hasattr(cost, "bind") else cost
-    return float(sum(bound.op_time(op) for op in graph.ops))
+    ops = list(graph.ops)
+    for op, variant in (variants or {}).items():
+        ops[op] = dataclasses.replace(ops[op], variant=variant)
+    return float(sum(bound.op_time(op) for op in ops))
 
 
 def graph_link(gpu: str, modelled: float, measured: float) -> tuple[float, float]:
@@ -95,7 +104,8 @@ class LinkCalibration:
         self.device = device
         self.gpu_for = gpu_for
         self.steps = 0
-        self.measured = math.inf
+        self.measured = math.inf  # the least compute measured on ``_timed_graph``
+        self._timed_graph: Any = None
         self.bandwidth: tuple[float, float] | None = None
 
     @staticmethod
@@ -108,7 +118,8 @@ class LinkCalibration:
         """Whether the next one-sub-batch step should run timed."""
         return self.steps < STEPS
 
-    def estimate(self, graph: Any) -> tuple[float, float] | None:
+    def estimate(self, graph: Any, variants: Mapping[int, str] | None = None
+                 ) -> tuple[float, float] | None:
         """Set the link from the compute this CPU's analytic profile prices for ``graph``
         (within 1.2-1.6x of the measured compute on ResNet-32 and a small LM, where peak
         FLOP/s is 13-14x off); returns it (None for a graph that computes nothing)."""
@@ -119,31 +130,36 @@ class LinkCalibration:
         try:
             with warnings.catch_warnings():  # a dtype the profile lacks: its nearest peak
                 warnings.simplefilter("ignore")
-                here = model_seconds(graph, cost_model_for(THIS_CPU, graph))
+                here = model_seconds(graph, cost_model_for(THIS_CPU, graph), variants)
         except OutcoreError:  # no estimate: the link stays as it was made
             return None
-        return self._set(graph, here, "")
+        return self._set(graph, variants, here, "")
 
-    def observe(self, op_seconds: Sequence[tuple[int, float]],
-                graph: Any) -> tuple[float, float] | None:
-        """Take a timed step's ``op_seconds`` of ``graph`` and set the link from the least
-        compute measured so far; returns it (None when the step timed no compute)."""
+    def observe(self, op_seconds: Sequence[tuple[int, float]], graph: Any,
+                variants: Mapping[int, str] | None = None) -> tuple[float, float] | None:
+        """Take a timed step's ``op_seconds`` of ``graph`` (run with ``variants``) and set
+        the link from the least compute measured on that graph so far (a step of another
+        graph starts over: its compute is another's); returns the link (the one set before
+        when the step timed no compute)."""
         self.steps += 1
         measured = first_run_seconds(op_seconds)
         if not measured > 0:
-            return None
+            return self.bandwidth
+        if graph is not self._timed_graph:
+            self._timed_graph, self.measured = graph, math.inf
         self.measured = min(self.measured, measured)
-        return self._set(graph, self.measured, "measured ")
+        return self._set(graph, variants, self.measured, "measured ")
 
-    def _set(self, graph: Any, here: float, how: str) -> tuple[float, float] | None:
+    def _set(self, graph: Any, variants: Mapping[int, str] | None, here: float,
+             how: str) -> tuple[float, float] | None:
         from outcore.planned import cost_model_for
 
         gpu = self.gpu_for(graph)
-        modelled = model_seconds(graph, cost_model_for(gpu, graph))
+        modelled = model_seconds(graph, cost_model_for(gpu, graph), variants)
         if not (modelled > 0 and here > 0 and math.isfinite(here)):
             return None
         self.bandwidth = graph_link(gpu, modelled, here)
-        self.device.set_bandwidth(*self.bandwidth)
+        self.device.set_bandwidth(*self.bandwidth, emulates=gpu)
         info(f"cpu-emulated link set to {self.bandwidth[0] / 1e6:.0f} MB/s (d2h), "
              f"{self.bandwidth[1] / 1e6:.0f} MB/s (h2d): {gpu}'s link x the compute it "
              f"models for this step ({modelled * 1e3:.1f} ms) / the compute {how or 'estimated '}"

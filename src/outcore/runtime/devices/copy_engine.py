@@ -268,9 +268,10 @@ class CopyEngine:
         start = max(job.submitted, self._free_at,
                     job.after.deadline if job.after is not None else 0.0)
         job.started = start
-        job.deadline = self._free_at = start + self.link.seconds(job.nbytes)
-        for a, b in chunk_bounds(job.nbytes, self.link.min_chunk()):
-            self._wait_until(start + self.link.arrival(a))
+        link = self.link  # one model for the whole job, even if the link is changed meanwhile
+        job.deadline = self._free_at = start + link.seconds(job.nbytes)
+        for a, b in chunk_bounds(job.nbytes, link.min_chunk()):
+            self._wait_until(start + link.arrival(a))
             ctypes.memmove(dst_ptr + a, src_ptr + a, b - a)
         self._wait_until(job.deadline)
 

@@ -255,10 +255,11 @@ class EmulatedDevice:
             link = engine.link
             engine.link = LinkModel(link.bandwidth, link.latency_s, slowdown)
 
-    def set_bandwidth(self, d2h: float, h2d: float) -> None:
+    def set_bandwidth(self, d2h: float, h2d: float, emulates: str | None = None) -> None:
         """Set each direction's link bandwidth (bytes/s) for the copies from now on; latency
-        and slowdown are kept. Only between steps: a queued copy would otherwise run at a
-        speed it was not issued at.
+        and slowdown are kept; ``emulates``, when given, names the GPU profile the new link
+        stands for. Only between steps: a queued copy would otherwise run at a speed it was
+        not issued at.
 
         Raises:
             OutcoreError: a copy is in flight (call ``synchronize`` first).
@@ -271,6 +272,8 @@ class EmulatedDevice:
             engine = self._engines[direction]
             link = engine.link
             engine.link = LinkModel(float(bandwidth), link.latency_s, link.slowdown)
+        if emulates is not None:
+            self.emulates = emulates
 
     def in_flight(self) -> int:
         """Copies submitted and not yet finished (0 after ``synchronize`` or a failed step)."""

@@ -160,8 +160,13 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
         if caching_allocator_bound(graph, planned.schedule) > budget:
             return None
     plan = replace(planned.plan, budget=budget)  # nothing downstream mutates a plan
+    # the source's notes describe its own search (its candidates' times, its sizes); only
+    # what the schedule runs is true here too
+    from outcore.variants.notice import variant_note
+
+    runs = variant_note(graph, planned.schedule.variants)
     result = PlannedStep(graph, plan, planned.schedule, trace.peak, budget, None,
-                         notes=[n for n in planned.notes if not n.startswith(_NOTE_HEAD)])
+                         notes=[runs] if runs is not None else [])
     from outcore.host import HostBudgetError
 
     try:

@@ -306,6 +306,9 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
     assert source is (tight if name == "tight" else roomy)
     assert picked.schedule is source.schedule
     assert f"for the batch {name} and carried" in picked.notes[-1]
+    # none of the source's own notes (its search's times, for its sizes) comes along
+    assert not any(note in picked.notes for note in source.notes)
+    assert source.notes  # else this would not test it
     assert (tight if name == "tight" else roomy).simulation is not None  # kept on the source
     # a source whose replay exceeds the budget is not a candidate
     peak_r = carry(roomy, near_graph, None)[0].predicted_peak

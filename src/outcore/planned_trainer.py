@@ -31,6 +31,7 @@ from outcore.errors import BatchMismatchError, OutcoreError
 from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, without_autocast
 from outcore.plan.plan import Plan
 from outcore.planned import PlannedStep
+from outcore.runtime.link_calibration import LinkCalibration
 from outcore.trainer import TrainerStats, _close, _refuse_split_input_grads
 
 #: ``batch -> PlannedStep``: captures and plans the step for a batch of a new signature
@@ -85,8 +86,15 @@ class PlannedTrainer:
         #: the loss function and the autocast the step was captured with
         self.loss_fn = step.loss_fn
         self.autocast: tuple[str, torch.dtype] | None = step.autocast
+        #: the emulated link, scaled to this model (``outcore.runtime.link_calibration``); the
+        #: plans were made outside, for the GPU the device emulates
+        self._link = (LinkCalibration(device, lambda graph: device.emulates)
+                      if LinkCalibration.applies(device) else None)
         first = self._make_entry(planned)
         self._current = first
+        if self._link is not None:
+            self.stats.link_bandwidth = self._link.estimate(planned.graph,
+                                                            planned.schedule.variants)
         self._shapes: ShapeCache[Any] = ShapeCache(
             first, lambda batch: _matches(planned, batch),
             lambda batch: self._make_entry(self.replan(batch)),
@@ -179,7 +187,18 @@ class PlannedTrainer:
         parts = entry.planned.plan.sub_batches
         if parts > 1:
             return run_sub_batches(entry.executor, batch, parts)
-        return entry.executor.run(batch)
+        return self._single_run(entry, batch)
+
+    def _single_run(self, entry: Any, batch: Any, **options: Any) -> Any:
+        """``entry.executor.run(batch, **options)`` (one sub-batch), timed on the first
+        ``link_calibration.STEPS`` steps of an emulated link being scaled to the model."""
+        timed = self._link is not None and self._link.pending
+        result = entry.executor.run(batch, timed=timed, **options)
+        if timed:
+            assert self._link is not None
+            self.stats.link_bandwidth = self._link.observe(
+                result.op_seconds, entry.planned.graph, entry.planned.schedule.variants)
+        return result
 
     def eval_step(self, *args: Any) -> torch.Tensor:
         """The loss of the eager forward on the batch (``step``'s arguments) without

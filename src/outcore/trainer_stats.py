@@ -33,9 +33,10 @@ class TrainerStats:
     (``MemoryTracker``; the emulated device enforces its capacity on that count).
 
     ``link_bandwidth``: on ``"cpu-emulated"`` with a link scaled from a GPU profile, the
-    (d2h, h2d) bytes/s its first steps set it to, so copies take the share of this model's
-    measured compute they would take on that GPU (``outcore.runtime.link_calibration``);
-    None elsewhere and before the first step.
+    (d2h, h2d) bytes/s it is set to, so copies take the share of this model's compute they
+    would take on that GPU (``outcore.runtime.link_calibration``): estimated from this CPU's
+    analytic profile when the trainer is made, then from the compute measured in its first
+    one-sub-batch steps. None on other devices.
     """
 
     predicted_peak: int = 0

@@ -222,3 +222,39 @@ def test_the_compute_is_priced_with_the_kernels_the_schedule_chose() -> None:
     delta = bound.op_time(dataclasses.replace(graph.ops[op], variant=variant)) - bound.op_time(
         graph.ops[op])
     assert chosen == pytest.approx(plain + delta) and chosen != plain
+
+
+def test_a_planned_trainer_scales_its_link_for_the_gpu_its_device_emulates() -> None:
+    from outcore.planned_trainer import PlannedTrainer
+
+    model = Net()
+    eager = copy.deepcopy(model)
+    x, y = _batch()
+    F.cross_entropy(eager(x), y).backward()
+    budget = _budget(model)
+    planned = outcore.plan(outcore.capture(model, F.cross_entropy, (x, y)), budget,
+                           gpu="v100-nvlink", cache=False)
+    assert planned.counts()["offload"] > 0
+    device = make_device("cpu-emulated", capacity=budget, gpu="v100-nvlink")
+    with PlannedTrainer(model, planned, device, budget) as trainer:
+        assert trainer.stats.link_bandwidth is not None  # the estimate
+        trainer.step(x, y)
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+        modelled = model_seconds(planned.graph, cost_model_for("v100-nvlink"))
+        measured = modelled * get_profile("v100-nvlink").bandwidth("d2h") / \
+            device.link("d2h").bandwidth
+        assert trainer.stats.link_bandwidth == pytest.approx(
+            graph_link("v100-nvlink", modelled, measured))
+        assert 0 < measured < 60  # seconds of this tiny step's compute, not a stale figure
+        assert device.emulates == "v100-nvlink"
+
+
+def test_a_shared_link_keeps_its_share_when_scaled() -> None:
+    device = _Recorder()
+    device.link_share = (0.5, 0.25)  # type: ignore[attr-defined]
+    link = LinkCalibration(device, lambda g: "v100-pcie")
+    graph = _graph(64)
+    got = link.observe([(0, 0.2)], graph)
+    whole = graph_link("v100-pcie", model_seconds(graph, cost_model_for("v100-pcie")), 0.2)
+    assert got == pytest.approx((whole[0] * 0.5, whole[1] * 0.25))

@@ -221,6 +221,8 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
                         "variants": len(trainer.planned.schedule.variants),
                         "buckets": len(trainer.buckets),
                         "sub_batches": trainer.planned.plan.sub_batches,
+                        "link": trainer.stats.link_bandwidth,
+                        "share": list(getattr(trainer.device, "link_share", (1.0, 1.0))),
                         "checksum": [float(g.double().sum()) for g in got.values()]}
     return rows
 

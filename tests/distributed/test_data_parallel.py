@@ -87,6 +87,10 @@ def check_rows(results: list[Any], name: str) -> None:
             assert row["predicted"] <= row["budget"], where
         if row["sub_batches"] == 1:
             assert row["buckets"] >= 1, where
+            # the rank's emulated link, scaled to the model on its (timed) first step,
+            # keeping its share of the host link the ranks share
+            assert row["link"] is not None, f"{where}: the emulated link was not scaled"
+            assert 0 < row["share"][0] <= 1 and 0 < row["share"][1] <= 1, where
     for rank, result in enumerate(results[1:], start=1):
         for policy, row in result[name].items():
             assert row["checksum"] == rows[policy]["checksum"], (

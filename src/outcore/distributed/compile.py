@@ -258,7 +258,11 @@ def rank_device(device: str, limit: int | None, gpu: str | None, host: str | Non
     d2h, h2d = bandwidth_for_gpu(profile.name)
     share_d2h = machine.copy_bandwidth(profile.d2h_bandwidth, world_size) / profile.d2h_bandwidth
     share_h2d = machine.copy_bandwidth(profile.h2d_bandwidth, world_size) / profile.h2d_bandwidth
-    return make_device(device, capacity=limit, bandwidth=(d2h * share_d2h, h2d * share_h2d))
+    made: Any = make_device(device, capacity=limit,
+                            bandwidth=(d2h * share_d2h, h2d * share_h2d))
+    made.emulates = profile.name  # scaled to the model on its first steps, keeping the share
+    made.link_share = (share_d2h, share_h2d)
+    return made
 
 
 def _as_stepped(batch: Any) -> Any:

@@ -241,7 +241,7 @@ class DataParallelTrainer(PlannedTrainer):
             params[name].grad = None
         entry.reducer.prior = {entry.slots[n]: g for n, g in taken.items() if g is not None}
         try:
-            result = entry.executor.run(batch, apply=False)
+            result = self._single_run(entry, batch, apply=False)
             for name in entry.folded:
                 result.grads.pop(name, None)
             entry.executor.apply(result, inputs=entry.executor.step.batch_tensors(batch))

@@ -23,7 +23,11 @@ FLOP/s gave 139 MB/s; outcore-auto's plan, whose copies the model hides entirely
 Invariants:
 
 * Only a link scaled from a GPU profile (``EmulatedDevice.emulates``) is recalibrated,
-  never one given in bytes/s (``make_device(..., bandwidth=)``).
+  never one given in bytes/s (``make_device(..., bandwidth=)``). A data-parallel rank's
+  device keeps its share of the host link (``EmulatedDevice.link_share``).
+* Who calibrates: ``outcore.compile``'s Trainer (planned with its ``gpu=`` or the default
+  profile) and ``PlannedTrainer`` / ``DataParallelTrainer`` (for the profile the device
+  emulates); not ``outcore.weights`` trainers nor ``outcore.backend`` graphs.
 * The link changes only between steps (``EmulatedDevice.set_bandwidth`` refuses while a
   copy is in flight). Before the first step it is set from the compute this CPU's analytic
   profile ("this-cpu") prices for the graph; then the first ``STEPS`` one-sub-batch steps
@@ -158,7 +162,9 @@ class LinkCalibration:
         modelled = model_seconds(graph, cost_model_for(gpu, graph), variants)
         if not (modelled > 0 and here > 0 and math.isfinite(here)):
             return None
-        self.bandwidth = graph_link(gpu, modelled, here)
+        d2h, h2d = graph_link(gpu, modelled, here)
+        share = getattr(self.device, "link_share", (1.0, 1.0))
+        self.bandwidth = (d2h * share[0], h2d * share[1])
         self.device.set_bandwidth(*self.bandwidth, emulates=gpu)
         info(f"cpu-emulated link set to {self.bandwidth[0] / 1e6:.0f} MB/s (d2h), "
              f"{self.bandwidth[1] / 1e6:.0f} MB/s (h2d): {gpu}'s link x the compute it "

@@ -99,6 +99,9 @@ class EmulatedDevice:
         self.tracker = MemoryTracker(capacity)
         self.poison_on_release = poison_on_release
         self.emulates = emulates
+        #: (d2h, h2d) shares of the emulated GPU's link this device gets (data-parallel
+        #: ranks sharing one host link); a recalibrated link keeps them
+        self.link_share = (1.0, 1.0)
         self._stats = StatsRecorder()
         self._engines: dict[str, CopyEngine] = {
             "d2h": CopyEngine("d2h", LinkModel(bandwidth_d2h, latency_s, slowdown),

@@ -159,14 +159,17 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
 
         if caching_allocator_bound(graph, planned.schedule) > budget:
             return None
-    plan = replace(planned.plan, budget=budget)  # nothing downstream mutates a plan
-    # the source's notes describe its own search (its candidates' times, its sizes); only
-    # what the schedule runs is true here too
+    # the source's reasons and notes describe its own search (its candidates' times, its
+    # sizes): the reasons say so; of the notes only what holds for the schedule here stays
+    reasons = {tid: f"{why} {_SOURCE_SIZES}" for tid, why in planned.plan.reasons.items()}
+    plan = replace(planned.plan, budget=budget, reasons=reasons)  # a new Plan: none mutates
+    from outcore.policies.auto.policy import HOST_COPIES_NOTE
     from outcore.variants.notice import variant_note
 
     runs = variant_note(graph, planned.schedule.variants)
+    notes = [n for n in planned.notes if n == HOST_COPIES_NOTE]  # true of the schedule here
     result = PlannedStep(graph, plan, planned.schedule, trace.peak, budget, None,
-                         notes=[runs] if runs is not None else [])
+                         notes=notes + ([runs] if runs is not None else []))
     from outcore.host import HostBudgetError
 
     try:
@@ -236,3 +239,5 @@ def _overhead(planned: PlannedStep, cost: Any) -> float:
 
 
 _NOTE_HEAD = "plan searched"
+#: Appended to a carried plan's reasons: their sizes and times are the source shape's.
+_SOURCE_SIZES = "(decided for the batch shape this plan was searched for; carried here)"

@@ -28,6 +28,7 @@ from outcore.graph.ir import Graph
 from outcore.plan_transfer import NEAR, best_carry, carry, step_bytes, structure
 from outcore.sim import simulate
 from outcore.trainer_stats import MANY_SHAPES
+from outcore.variants.notice import variant_note
 
 VOCAB, WIDTH, BATCH = 50, 32, 4
 
@@ -306,9 +307,14 @@ def test_the_fastest_carried_plan_is_kept_only_within_max_extra_of_its_source(mo
     assert source is (tight if name == "tight" else roomy)
     assert picked.schedule is source.schedule
     assert f"for the batch {name} and carried" in picked.notes[-1]
-    # none of the source's own notes (its search's times, for its sizes) comes along
-    assert not any(note in picked.notes for note in source.notes)
+    # none of the source's own notes (its search's times, for its sizes) comes along, but
+    # the note of the variants its schedule runs; its reasons say they are the source's
+    runs = variant_note(near_graph, source.schedule.variants)
+    assert not any(note in picked.notes for note in source.notes if note != runs)
     assert source.notes  # else this would not test it
+    assert picked.plan.reasons.keys() == source.plan.reasons.keys() and all(
+        why.startswith(source.plan.reasons[tid]) and "searched for" in why[len(
+            source.plan.reasons[tid]):] for tid, why in picked.plan.reasons.items())
     assert (tight if name == "tight" else roomy).simulation is not None  # kept on the source
     # a source whose replay exceeds the budget is not a candidate
     peak_r = carry(roomy, near_graph, None)[0].predicted_peak
@@ -393,3 +399,17 @@ def test_structure_tells_apart_what_a_schedule_depends_on(change):
     else:
         other.outputs = other.outputs[::-1]
     assert structure(other) != structure(graph)
+
+
+def test_a_carried_step_keeps_only_the_notes_true_of_its_schedule_here():
+    from outcore.policies.auto.policy import HOST_COPIES_NOTE
+
+    build, loss, make, full, near, _ = CASES["lm"]
+    model = build()
+    budget = budget_for(model, loss, make(full))
+    source = outcore.plan(outcore.capture(model, loss, make(full)), budget, simulate=False,
+                          cache=False)
+    source = dataclasses.replace(source, notes=[HOST_COPIES_NOTE, "outcore-auto chose x: 1 ms"])
+    found = carry(source, outcore.capture(model, loss, make(near)), budget)
+    assert found is not None
+    assert found[0].notes == [HOST_COPIES_NOTE]  # the machine's fact stays, the search's goes

@@ -222,6 +222,7 @@ def grads_vs_reference(rank: int, world: int, name: str, batch: int, policies: l
                         "buckets": len(trainer.buckets),
                         "sub_batches": trainer.planned.plan.sub_batches,
                         "link": trainer.stats.link_bandwidth,
+                        "link_steps": 0 if trainer._link is None else trainer._link.steps,
                         "share": list(getattr(trainer.device, "link_share", (1.0, 1.0))),
                         "checksum": [float(g.double().sum()) for g in got.values()]}
     return rows

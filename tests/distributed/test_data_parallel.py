@@ -90,6 +90,7 @@ def check_rows(results: list[Any], name: str) -> None:
             # the rank's emulated link, scaled to the model on its (timed) first step,
             # keeping its share of the host link the ranks share
             assert row["link"] is not None, f"{where}: the emulated link was not scaled"
+            assert row["link_steps"] == 1, f"{where}: its one step was not timed"
             assert 0 < row["share"][0] <= 1 and 0 < row["share"][1] <= 1, where
     for rank, result in enumerate(results[1:], start=1):
         for policy, row in result[name].items():

@@ -47,6 +47,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from outcore.errors import OutcoreError
 from outcore.log import info
 
 #: Steps timed to calibrate the link (the least compute among them is used).
@@ -128,7 +129,6 @@ class LinkCalibration:
         (within 1.2-1.6x of the measured compute on ResNet-32 and a small LM, where peak
         FLOP/s is 13-14x off); returns it (None for a graph that computes nothing)."""
         from outcore.cost.profiles import THIS_CPU
-        from outcore.errors import OutcoreError
         from outcore.planned import cost_model_for
 
         try:
@@ -164,8 +164,11 @@ class LinkCalibration:
             return None
         d2h, h2d = graph_link(gpu, modelled, here)
         share = getattr(self.device, "link_share", (1.0, 1.0))
+        try:
+            self.device.set_bandwidth(d2h * share[0], h2d * share[1], emulates=gpu)
+        except OutcoreError:  # a copy in flight: keep the link; timing never fails a step
+            return self.bandwidth
         self.bandwidth = (d2h * share[0], h2d * share[1])
-        self.device.set_bandwidth(*self.bandwidth, emulates=gpu)
         info(f"cpu-emulated link set to {self.bandwidth[0] / 1e6:.0f} MB/s (d2h), "
              f"{self.bandwidth[1] / 1e6:.0f} MB/s (h2d): {gpu}'s link x the compute it "
              f"models for this step ({modelled * 1e3:.1f} ms) / the compute {how or 'estimated '}"

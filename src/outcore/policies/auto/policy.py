@@ -52,6 +52,12 @@ from outcore.policies.registry import PolicyContext, PolicyOutput, register
 
 MAX_ROUNDS = 10_000
 
+#: outcore-auto's note when, where host and device memory are one memory, only plans with
+#: host copies fit: it describes the schedule on this machine (a carried plan keeps it).
+HOST_COPIES_NOTE = ("outcore-auto: no plan without host copies fits; host and device memory "
+                    "are one memory here, so the host copies below free no RAM, they only "
+                    "keep the device's budget")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -274,9 +280,7 @@ def auto_policy(graph: Graph, ctx: PolicyContext) -> PolicyOutput:
                                 allow_variants=config.allow_variants, parallel=parallel)
         if sparing.winner is not None:
             return crowned(sparing, ctx.budget)
-        notes.append("outcore-auto: no plan without host copies fits; host and device "
-                     "memory are one memory here, so the host copies below free no RAM, "
-                     "they only keep the device's budget")
+        notes.append(HOST_COPIES_NOTE)
     candidates = CANDIDATES + (HOST_SPARING if ctx.host_budget is not None else ())
     result = run_portfolio(graph, ctx, candidates, runners,
                            allow_variants=config.allow_variants, parallel=parallel)

@@ -101,25 +101,47 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(1024, 64, generator=gen), torch.randint(0, 8, (1024,), generator=gen)
 
 
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The compute each timed step measured (``first_run_seconds``), in order."""
+    times: list[float] = []
+    real = link_calibration.first_run_seconds
+
+    def spy(op_seconds):  # type: ignore[no-untyped-def]
+        times.append(real(op_seconds))
+        return times[-1]
+
+    monkeypatch.setattr(link_calibration, "first_run_seconds", spy)
+    return times
+
+
+def _with_eager() -> tuple[nn.Module, nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """A model, a copy of it with eager PyTorch's gradients of ``_batch()``, the batch."""
+    model = Net()
+    eager = copy.deepcopy(model)
+    batch = _batch()
+    F.cross_entropy(eager(batch[0]), batch[1]).backward()
+    return model, eager, batch
+
+
+def _steps_like_eager(trainer, model, eager, batch, seen, steps: int) -> None:  # type: ignore[no-untyped-def]
+    """``steps`` steps, each with eager's gradients; only the first ``STEPS`` timed."""
+    for step in range(steps):
+        model.zero_grad()
+        trainer.step(*batch)
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
+        assert len(seen) == min(step + 1, STEPS)
+
+
 def _budget(model: nn.Module) -> int:
     peaks = reference_peaks(outcore.capture(model, F.cross_entropy, _batch()))
     return int(0.8 * peaks.liveness)
 
 
 def test_the_trainer_sets_the_link_from_its_first_steps_and_keeps_eagers_gradients(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    model = Net()
-    eager = copy.deepcopy(model)
-    x, y = _batch()
-    F.cross_entropy(eager(x), y).backward()
-    seen: list[float] = []
-    real = link_calibration.first_run_seconds
-
-    def spy(op_seconds):  # type: ignore[no-untyped-def]
-        seen.append(real(op_seconds))
-        return seen[-1]
-
-    monkeypatch.setattr(link_calibration, "first_run_seconds", spy)
+        seen: list[float]) -> None:
+    model, eager, (x, y) = _with_eager()
     trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=_budget(model),
                               device="cpu-emulated", cache=False)
     try:
@@ -131,12 +153,7 @@ def test_the_trainer_sets_the_link_from_its_first_steps_and_keeps_eagers_gradien
             "this-cpu", graph)))
         assert trainer.stats.link_bandwidth == pytest.approx(estimate)
         assert trainer.device.link("h2d").bandwidth == pytest.approx(estimate[1])
-        for step in range(STEPS + 2):
-            model.zero_grad()
-            trainer.step(x, y)
-            for p, q in zip(model.parameters(), eager.parameters(), strict=True):
-                assert torch.equal(p.grad, q.grad)
-            assert len(seen) == min(step + 1, STEPS)  # timed only the first STEPS steps
+        _steps_like_eager(trainer, model, eager, (x, y), seen, STEPS + 2)
         want = graph_link("v100-pcie", modelled, min(seen))
         assert trainer.stats.link_bandwidth == pytest.approx(want)
         link = trainer.device.link
@@ -225,22 +242,10 @@ def test_the_compute_is_priced_with_the_kernels_the_schedule_chose() -> None:
 
 
 def test_a_planned_trainer_scales_its_link_for_the_gpu_its_device_emulates(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        seen: list[float]) -> None:
     from outcore.planned_trainer import PlannedTrainer
 
-    seen: list[float] = []
-    real = link_calibration.first_run_seconds
-
-    def spy(op_seconds):  # type: ignore[no-untyped-def]
-        seen.append(real(op_seconds))
-        return seen[-1]
-
-    monkeypatch.setattr(link_calibration, "first_run_seconds", spy)
-
-    model = Net()
-    eager = copy.deepcopy(model)
-    x, y = _batch()
-    F.cross_entropy(eager(x), y).backward()
+    model, eager, (x, y) = _with_eager()
     budget = _budget(model)
     planned = outcore.plan(outcore.capture(model, F.cross_entropy, (x, y)), budget,
                            gpu="v100-nvlink", cache=False)
@@ -248,12 +253,7 @@ def test_a_planned_trainer_scales_its_link_for_the_gpu_its_device_emulates(
     device = make_device("cpu-emulated", capacity=budget, gpu="v100-nvlink")
     with PlannedTrainer(model, planned, device, budget) as trainer:
         assert trainer.stats.link_bandwidth is not None  # the estimate
-        for step in range(STEPS + 1):
-            model.zero_grad()
-            trainer.step(x, y)
-            for p, q in zip(model.parameters(), eager.parameters(), strict=True):
-                assert torch.equal(p.grad, q.grad)
-            assert len(seen) == min(step + 1, STEPS)  # timed only the first STEPS steps
+        _steps_like_eager(trainer, model, eager, (x, y), seen, STEPS + 1)
         modelled = model_seconds(planned.graph, cost_model_for("v100-nvlink"))
         want = graph_link("v100-nvlink", modelled, min(seen))
         assert trainer.stats.link_bandwidth == pytest.approx(want)

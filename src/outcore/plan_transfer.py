@@ -163,7 +163,7 @@ def carry(planned: PlannedStep, graph: Graph, budget: int | None, *,
     # sizes): the reasons say so; of the notes only what holds for the schedule here stays
     reasons = {tid: f"{why} {_SOURCE_SIZES}" for tid, why in planned.plan.reasons.items()}
     plan = replace(planned.plan, budget=budget, reasons=reasons)  # a new Plan: none mutates
-    from outcore.policies.auto.policy import HOST_COPIES_NOTE
+    from outcore.policies.auto import HOST_COPIES_NOTE
     from outcore.variants.notice import variant_note
 
     runs = variant_note(graph, planned.schedule.variants)

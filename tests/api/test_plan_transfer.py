@@ -402,7 +402,7 @@ def test_structure_tells_apart_what_a_schedule_depends_on(change):
 
 
 def test_a_carried_step_keeps_only_the_notes_true_of_its_schedule_here():
-    from outcore.policies.auto.policy import HOST_COPIES_NOTE
+    from outcore.policies.auto import HOST_COPIES_NOTE
 
     build, loss, make, full, near, _ = CASES["lm"]
     model = build()

@@ -127,7 +127,8 @@ class LinkCalibration:
                  ) -> tuple[float, float] | None:
         """Set the link from the compute this CPU's analytic profile prices for ``graph``
         (within 1.2-1.6x of the measured compute on ResNet-32 and a small LM, where peak
-        FLOP/s is 13-14x off); returns it (None for a graph that computes nothing)."""
+        FLOP/s is 13-14x off); returns the link (None when none was set: a graph that
+        computes nothing, or a dtype no profile prices)."""
         from outcore.cost.profiles import THIS_CPU
         from outcore.planned import cost_model_for
 
@@ -161,7 +162,7 @@ class LinkCalibration:
         gpu = self.gpu_for(graph)
         modelled = model_seconds(graph, cost_model_for(gpu, graph), variants)
         if not (modelled > 0 and here > 0 and math.isfinite(here)):
-            return None
+            return self.bandwidth  # nothing to scale by: the link stays
         d2h, h2d = graph_link(gpu, modelled, here)
         share = getattr(self.device, "link_share", (1.0, 1.0))
         try:

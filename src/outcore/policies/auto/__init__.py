@@ -17,7 +17,7 @@ from outcore.policies.auto import (  # segments registers outcore-checkpoint
 from outcore.policies.auto.config import AutoConfig
 from outcore.policies.auto.keepback import Screen, keep_back, peak_and_screen
 from outcore.policies.auto.memo import memoized, plan_memo, shared_checkpoint, shared_greedy
-from outcore.policies.auto.policy import Choice, greedy_policy, plan_auto
+from outcore.policies.auto.policy import HOST_COPIES_NOTE, Choice, greedy_policy, plan_auto
 from outcore.policies.auto.portfolio import (
     CANDIDATES,
     LATE,
@@ -32,8 +32,8 @@ from outcore.policies.auto.release import Released, delay_releases, released
 from outcore.policies.auto.segments import find_cuts, plan_checkpoint, segment_plan
 from outcore.policies.auto.side import SIDE, SideRun, can_fork
 
-__all__ = ["CANDIDATES", "LATE", "LINEAR", "SIDE", "AutoConfig", "Choice", "Entry",
-           "PortfolioResult", "Released", "Screen", "SideRun", "can_fork", "compute_floor",
+__all__ = ["CANDIDATES", "HOST_COPIES_NOTE", "LATE", "LINEAR", "SIDE", "AutoConfig", "Choice",
+           "Entry", "PortfolioResult", "Released", "Screen", "SideRun", "can_fork", "compute_floor",
            "crowned", "delay_releases", "find_cuts", "greedy_policy", "keep_back", "keepback",
            "memo", "memoized", "peak_and_screen", "plan_auto", "plan_checkpoint", "plan_memo",
            "policy", "portfolio", "release", "released", "run_portfolio", "segment_plan",

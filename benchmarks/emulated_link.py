@@ -40,10 +40,11 @@ from outcore.capture import capture
 from outcore.demo import compute_seconds, framework_kernels
 from outcore.errors import InfeasibleBudgetError
 from outcore.graph.bounds import reference_peaks
+from outcore.policies.auto import compute_floor
 from outcore.runtime.devices import make_device
 from outcore.runtime.devices.bandwidth import bandwidth_for_gpu
 from outcore.runtime.executor import Executor
-from outcore.runtime.link_calibration import graph_link, model_seconds
+from outcore.runtime.link_calibration import graph_link
 
 GPU = "v100-pcie"
 POLICIES = ("outcore-auto", "pooch", "dymem", "modnn", "superneurons", "vdnn-all",
@@ -113,7 +114,7 @@ def main() -> None:
                 continue
             if planned is not None and planned.plan.sub_batches == 1:
                 plans[name] = planned
-        modelled, here = model_seconds(graph, cost), compute_seconds(graph, data)
+        modelled, here = compute_floor(graph, cost), compute_seconds(graph, data)
         links = {"flop": bandwidth_for_gpu(GPU), "model": graph_link(GPU, modelled, here)}
         sim = plans["outcore-auto"].simulation.step_time
         for kind, link in links.items():

@@ -35,9 +35,10 @@ from outcore.graph.bounds import reference_peaks
 from outcore.plan.memory import memory_curve
 from outcore.planned import PlannedStep
 from outcore.policies import names
+from outcore.policies.auto import compute_floor
 from outcore.runtime.devices import make_device
 from outcore.runtime.executor import Executor
-from outcore.runtime.link_calibration import first_run_seconds, graph_link, model_seconds
+from outcore.runtime.link_calibration import first_run_seconds, graph_link
 from outcore.units import format_bytes
 from outcore.variants.notice import variant_note
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = peaks.liveness // 3
     cost = cost_model_for(args.gpu)
     with progress.task("timing the model's compute on this CPU"):
-        link = graph_link(args.gpu, model_seconds(graph, cost),
+        link = graph_link(args.gpu, compute_floor(graph, cost),
                           compute_seconds(graph, work.batch))
     console.print(f"[bold]{work.description}[/bold]\n{len(graph.ops)} ops; in-core peak "
                   f"{format_bytes(peaks.liveness)} (free at last use), network-wide "

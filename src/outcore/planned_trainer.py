@@ -86,15 +86,12 @@ class PlannedTrainer:
         #: the loss function and the autocast the step was captured with
         self.loss_fn = step.loss_fn
         self.autocast: tuple[str, torch.dtype] | None = step.autocast
-        #: the emulated link, scaled to this model (``outcore.runtime.link_calibration``); the
-        #: plans were made outside, for the GPU the device emulates
-        self._link = (LinkCalibration(device, lambda graph: device.emulates)
-                      if LinkCalibration.applies(device) else None)
         first = self._make_entry(planned)
         self._current = first
-        if self._link is not None:
-            self.stats.link_bandwidth = self._link.estimate(planned.graph,
-                                                            planned.schedule.variants)
+        #: the emulated link, scaled to this model (``outcore.runtime.link_calibration``); the
+        #: plans were made outside, for the GPU the device emulates
+        self._link = LinkCalibration.for_device(device, lambda graph: device.emulates, planned)
+        self.stats.link_bandwidth = self._link.bandwidth if self._link else None
         self._shapes: ShapeCache[Any] = ShapeCache(
             first, lambda batch: _matches(planned, batch),
             lambda batch: self._make_entry(self.replan(batch)),
@@ -192,12 +189,10 @@ class PlannedTrainer:
     def _single_run(self, entry: Any, batch: Any, **options: Any) -> Any:
         """``entry.executor.run(batch, **options)`` (one sub-batch), timed on the first
         ``link_calibration.STEPS`` steps of an emulated link being scaled to the model."""
-        timed = self._link is not None and self._link.pending
-        result = entry.executor.run(batch, timed=timed, **options)
-        if timed:
-            assert self._link is not None
-            self.stats.link_bandwidth = self._link.observe(
-                result.op_seconds, entry.planned.graph, entry.planned.schedule.variants)
+        if self._link is None:
+            return entry.executor.run(batch, **options)
+        result = self._link.run(entry.executor, entry.planned, batch, **options)
+        self.stats.link_bandwidth = self._link.bandwidth
         return result
 
     def eval_step(self, *args: Any) -> torch.Tensor:

@@ -158,16 +158,18 @@ class Trainer:
         self.device_kind = device_kind
         self.transfer_plans = transfer_plans
         self.stats = TrainerStats()
-        self._link = (LinkCalibration(device, lambda g: gpu or default_gpu(g, device_kind))
-                      if LinkCalibration.applies(device) else None)
         self._warned_eval = False
         self._warned_shapes = False
         self._evicted: set[Hashable] = set()  # signatures dropped from the full cache
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(own_storage(plain_batch(example_batch)))
-        if self._link is not None:  # from this CPU's profile until the first steps time it
-            first = self._current.planned
-            self.stats.link_bandwidth = self._link.estimate(first.graph, first.schedule.variants)
+        #: the emulated link, scaled to this model (``outcore.runtime.link_calibration``)
+        self._link = LinkCalibration.for_device(device, self._gpu_for, self._current.planned)
+        self.stats.link_bandwidth = self._link.bandwidth if self._link else None
+
+    def _gpu_for(self, graph: Graph) -> str:
+        """The hardware profile ``graph`` is planned with (``gpu=`` or the default)."""
+        return self.gpu or default_gpu(graph, self.device_kind)
 
     # -- what the current plan is ----------------------------------------------------------
     @property
@@ -275,12 +277,10 @@ class Trainer:
         with without_autocast(batch):
             if parts > 1:
                 return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
-            timed = self._link is not None and self._link.pending
-            result = entry.executor.run(batch, loss_scale=scale, timed=timed)
-        if timed:  # the emulated link, scaled to this model's measured compute
-            assert self._link is not None
-            self.stats.link_bandwidth = self._link.observe(
-                result.op_seconds, entry.planned.graph, entry.planned.schedule.variants)
+            if self._link is None:
+                return entry.executor.run(batch, loss_scale=scale)
+            result = self._link.run(entry.executor, entry.planned, batch, loss_scale=scale)
+        self.stats.link_bandwidth = self._link.bandwidth
         return result
 
     def _eval_step(self, batch: Any) -> torch.Tensor:
@@ -384,7 +384,7 @@ class Trainer:
         if not sources:
             return None
         host_limit, host_source = resolve_host_budget(graph, self.host_budget)
-        cost = cost_model_for(self.gpu or default_gpu(graph, self.device_kind), graph)
+        cost = cost_model_for(self._gpu_for(graph), graph)
         return best_carry(sources, graph, self.budget, cost, host_limit=host_limit,
                           host_source=host_source, cuda=self.device_kind == "cuda")
 
@@ -406,7 +406,7 @@ class Trainer:
 
         def plan_for(budget: int | None) -> PlannedStep:
             return plan(graph, budget, policy=self.policy,
-                        gpu=self.gpu or default_gpu(graph, self.device_kind),
+                        gpu=self._gpu_for(graph),
                         recapture=recapture, simulate=False,
                         allow_sub_batches=self.allow_sub_batches, cache=self.cache,
                         host_budget=self.host_budget, **self.options)

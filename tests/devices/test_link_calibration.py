@@ -22,6 +22,7 @@ from outcore.cost.profiles import get_profile
 from outcore.errors import OutcoreError
 from outcore.graph.bounds import reference_peaks
 from outcore.planned import cost_model_for
+from outcore.policies.auto import compute_floor
 from outcore.runtime import link_calibration
 from outcore.runtime.devices.emulated import EmulatedDevice
 from outcore.runtime.devices.factory import make_device
@@ -30,7 +31,6 @@ from outcore.runtime.link_calibration import (
     LinkCalibration,
     first_run_seconds,
     graph_link,
-    model_seconds,
 )
 from outcore.trainer import Trainer
 
@@ -147,9 +147,9 @@ def test_the_trainer_sets_the_link_from_its_first_steps_and_keeps_eagers_gradien
     try:
         assert trainer.planned.counts()["offload"] > 0  # the link carries copies
         graph = trainer.planned.graph
-        modelled = model_seconds(graph, cost_model_for("v100-pcie"))
+        modelled = compute_floor(graph, cost_model_for("v100-pcie"))
         # before any step: from this CPU's analytic profile
-        estimate = graph_link("v100-pcie", modelled, model_seconds(graph, cost_model_for(
+        estimate = graph_link("v100-pcie", modelled, compute_floor(graph, cost_model_for(
             "this-cpu", graph)))
         assert trainer.stats.link_bandwidth == pytest.approx(estimate)
         assert trainer.device.link("h2d").bandwidth == pytest.approx(estimate[1])
@@ -204,7 +204,7 @@ def test_a_step_of_another_graph_is_compared_with_its_own_compute_only() -> None
     link = LinkCalibration(device, lambda g: "v100-pcie")
     link.observe([(0, 0.001)], small)
     got = link.observe([(0, 0.5)], large)
-    modelled = model_seconds(large, cost_model_for("v100-pcie"))
+    modelled = compute_floor(large, cost_model_for("v100-pcie"))
     # the large graph's link from its own 0.5 s, never from the small graph's 1 ms
     assert got == pytest.approx(graph_link("v100-pcie", modelled, 0.5))
     again = link.observe([(0, 0.25)], large)  # the same graph: the least of its timings
@@ -218,8 +218,8 @@ def test_the_link_is_labelled_with_the_profile_the_plan_was_made_with() -> None:
     link = LinkCalibration(device, lambda g: "a100-40gb")
     graph = _graph(64)
     got = link.estimate(graph)
-    assert got == pytest.approx(graph_link("a100-40gb", model_seconds(
-        graph, cost_model_for("a100-40gb")), model_seconds(graph, cost_model_for("this-cpu"))))
+    assert got == pytest.approx(graph_link("a100-40gb", compute_floor(
+        graph, cost_model_for("a100-40gb")), compute_floor(graph, cost_model_for("this-cpu"))))
     assert device.emulates == "a100-40gb" and device.calls[-1][2] == "a100-40gb"
 
 
@@ -234,8 +234,8 @@ def test_the_compute_is_priced_with_the_kernels_the_schedule_chose() -> None:
     bound = cost.bind(graph)
     op, variant = next((o, v) for o, v in offered if bound.op_time(
         dataclasses.replace(graph.ops[o], variant=v)) != bound.op_time(graph.ops[o]))
-    plain = model_seconds(graph, cost)
-    chosen = model_seconds(graph, cost, {op: variant})
+    plain = compute_floor(graph, cost)
+    chosen = compute_floor(graph, cost, {op: variant})
     delta = bound.op_time(dataclasses.replace(graph.ops[op], variant=variant)) - bound.op_time(
         graph.ops[op])
     assert chosen == pytest.approx(plain + delta) and chosen != plain
@@ -254,7 +254,7 @@ def test_a_planned_trainer_scales_its_link_for_the_gpu_its_device_emulates(
     with PlannedTrainer(model, planned, device, budget) as trainer:
         assert trainer.stats.link_bandwidth is not None  # the estimate
         _steps_like_eager(trainer, model, eager, (x, y), seen, STEPS + 1)
-        modelled = model_seconds(planned.graph, cost_model_for("v100-nvlink"))
+        modelled = compute_floor(planned.graph, cost_model_for("v100-nvlink"))
         want = graph_link("v100-nvlink", modelled, min(seen))
         assert trainer.stats.link_bandwidth == pytest.approx(want)
         assert (device.link("d2h").bandwidth, device.link("h2d").bandwidth) == \
@@ -268,7 +268,7 @@ def test_a_shared_link_keeps_its_share_when_scaled() -> None:
     link = LinkCalibration(device, lambda g: "v100-pcie")
     graph = _graph(64)
     got = link.observe([(0, 0.2)], graph)
-    whole = graph_link("v100-pcie", model_seconds(graph, cost_model_for("v100-pcie")), 0.2)
+    whole = graph_link("v100-pcie", compute_floor(graph, cost_model_for("v100-pcie")), 0.2)
     assert got == pytest.approx((whole[0] * 0.5, whole[1] * 0.25))
 
 

@@ -6,8 +6,9 @@ would take on the GPU, the emulated link must run at
 
     emulated_bw = link_bw * model_seconds / cpu_seconds
 
-where ``model_seconds`` is the graph's compute as the planning cost model prices it (the sum
-of its op times, each op once: the in-core step's compute) and ``cpu_seconds`` the same ops
+where ``model_seconds`` is the graph's compute as the planning cost model prices it
+(``outcore.policies.auto.compute_floor``: the sum of its op times, each op once, with the
+schedule's kernels) and ``cpu_seconds`` the same ops
 measured here, inside a step of the plan (``Executor.run(timed=True)``; the first run of each
 op, so a recompute does not count twice).
 
@@ -41,7 +42,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -64,17 +64,6 @@ def first_run_seconds(op_seconds: Sequence[tuple[int, float]]) -> float:
             seen.add(op)
             total += seconds
     return total
-
-
-def model_seconds(graph: Any, cost: Any, variants: Mapping[int, str] | None = None) -> float:
-    """The graph's compute as ``cost`` prices it: the sum of its op times, each op once,
-    with ``variants`` (op id -> the kernel a schedule chose) priced as the simulator and
-    the executor run them."""
-    bound = cost.bind(graph) if hasattr(cost, "bind") else cost
-    ops = list(graph.ops)
-    for op, variant in (variants or {}).items():
-        ops[op] = dataclasses.replace(ops[op], variant=variant)
-    return float(sum(bound.op_time(op) for op in ops))
 
 
 def graph_link(gpu: str, modelled: float, measured: float) -> tuple[float, float]:
@@ -118,6 +107,26 @@ class LinkCalibration:
         """Whether ``device`` has a link scaled from a GPU profile to recalibrate."""
         return getattr(device, "emulates", None) is not None and hasattr(device, "set_bandwidth")
 
+    @classmethod
+    def for_device(cls, device: Any, gpu_for: Callable[[Any], str],
+                   first: Any) -> LinkCalibration | None:
+        """The calibration of ``device``'s link, its estimate set from the first planned
+        step ``first`` (a ``PlannedStep``); None for a device it does not apply to."""
+        if not cls.applies(device):
+            return None
+        link = cls(device, gpu_for)
+        link.estimate(first.graph, first.schedule.variants)
+        return link
+
+    def run(self, executor: Any, planned: Any, batch: Any, **options: Any) -> Any:
+        """``executor.run(batch, **options)`` for one sub-batch of ``planned``; timed, and
+        the link set from it (``observe``), while the calibration is ``pending``."""
+        if not self.pending:
+            return executor.run(batch, **options)
+        result = executor.run(batch, timed=True, **options)
+        self.observe(result.op_seconds, planned.graph, planned.schedule.variants)
+        return result
+
     @property
     def pending(self) -> bool:
         """Whether the next one-sub-batch step should run timed."""
@@ -131,11 +140,12 @@ class LinkCalibration:
         computes nothing, or a dtype no profile prices)."""
         from outcore.cost.profiles import THIS_CPU
         from outcore.planned import cost_model_for
+        from outcore.policies.auto import compute_floor
 
         try:
             with warnings.catch_warnings():  # a dtype the profile lacks: its nearest peak
                 warnings.simplefilter("ignore")
-                here = model_seconds(graph, cost_model_for(THIS_CPU, graph), variants)
+                here = compute_floor(graph, cost_model_for(THIS_CPU, graph), variants)
         except OutcoreError:  # no estimate: the link stays as it was made
             return None
         return self._set(graph, variants, here, "")
@@ -158,9 +168,10 @@ class LinkCalibration:
     def _set(self, graph: Any, variants: Mapping[int, str] | None, here: float,
              how: str) -> tuple[float, float] | None:
         from outcore.planned import cost_model_for
+        from outcore.policies.auto import compute_floor
 
         gpu = self.gpu_for(graph)
-        modelled = model_seconds(graph, cost_model_for(gpu, graph), variants)
+        modelled = compute_floor(graph, cost_model_for(gpu, graph), variants)
         if not (modelled > 0 and here > 0 and math.isfinite(here)):
             return self.bandwidth  # nothing to scale by: the link stays
         d2h, h2d = graph_link(gpu, modelled, here)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,10 +159,11 @@ class _Timing:
         return t
 
 
-def _resolve_ops(graph: Graph, schedule: Schedule) -> list[Op]:
-    """The graph's ops with the schedule's chosen variants applied."""
+def with_variants(graph: Graph, variants: Mapping[int, str]) -> list[Op]:
+    """The graph's ops with ``variants`` (op id -> the kernel a schedule chose) applied, as
+    the simulator and the executor run them."""
     ops = list(graph.ops)
-    for oid, variant in schedule.variants.items():
+    for oid, variant in variants.items():
         if not 0 <= oid < len(ops):
             raise ScheduleError(f"schedule.variants names unknown op {oid}")
         ops[oid] = dataclasses.replace(ops[oid], variant=variant)
@@ -193,7 +194,7 @@ def simulate(graph: Graph, schedule: Schedule, cost_model: CostModel, *,
     if schedule.sub_batches < 1:
         raise ScheduleError(f"schedule.sub_batches must be >= 1, got {schedule.sub_batches}")
     model: CostModel = cost_model.bind(graph)
-    ops = _resolve_ops(graph, schedule)
+    ops = with_variants(graph, schedule.variants)
     timing = _Timing(graph, schedule, model, ops)
     replay = Replay(graph, schedule, lambda oid: model.workspace(ops[oid]))
     lifetimes: list[Lifetime] = []

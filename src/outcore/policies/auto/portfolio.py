@@ -220,11 +220,16 @@ class PortfolioResult:
         return lines
 
 
-def compute_floor(graph: Graph, cost: Any) -> float:
-    """The sum of ``cost``'s op times over ``graph``'s ops: no schedule of this graph on
-    framework kernels simulates faster (each op runs at least once on the compute stream)."""
+def compute_floor(graph: Graph, cost: Any, variants: Mapping[int, str] | None = None) -> float:
+    """The sum of ``cost``'s op times over ``graph``'s ops, each once: no schedule of this
+    graph on framework kernels simulates faster (each op runs at least once on the compute
+    stream). With ``variants`` (op id -> a schedule's chosen kernel) those ops are priced
+    as they run (``outcore.sim.simulator.with_variants``)."""
+    from outcore.sim.simulator import with_variants
+
     bound = cost.bind(graph) if hasattr(cost, "bind") else cost
-    return float(sum(bound.op_time(op) for op in graph.ops))
+    ops = with_variants(graph, variants) if variants else graph.ops
+    return float(sum(bound.op_time(op) for op in ops))
 
 
 def run_portfolio(graph: Graph, ctx: PolicyContext, candidates: Sequence[str],

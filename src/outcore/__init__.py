@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from outcore import zoo
     from outcore.compile_backend import backend
     from outcore.compiled import inductor_backend
-    from outcore.trainer import compile
+    from outcore.compiling import compile
 
 __version__ = "0.1.0"
 
@@ -77,7 +77,7 @@ def capture(model: Any, loss_fn: Callable[..., Any] | None, example_batch: Any, 
 
 def __getattr__(name: str) -> Any:  # lazy: `import outcore` does not import torch
     if name == "compile":
-        from outcore.trainer import compile
+        from outcore.compiling import compile
 
         return compile
     if name == "backend":

@@ -9,12 +9,14 @@
     >>> trainer.stats.measured_peak <= trainer.budget
     True
 
-``plan`` and ``PlannedStep`` live in ``outcore.planned`` (torch-free); ``compile``, ``Trainer``
-and ``TrainerStats`` in ``outcore.trainer``. This module gathers them.
+``plan`` and ``PlannedStep`` live in ``outcore.planned`` (torch-free); ``compile`` in
+``outcore.compiling``; ``Trainer`` and ``TrainerStats`` in ``outcore.trainer``. This module
+gathers them.
 """
 
 from __future__ import annotations
 
+from outcore.compiling import compile
 from outcore.planned import (
     DEFAULT_GPU,
     DEFAULT_POLICY,
@@ -25,7 +27,7 @@ from outcore.planned import (
     policies,
 )
 from outcore.planned_trainer import PlannedTrainer
-from outcore.trainer import Trainer, TrainerStats, compile
+from outcore.trainer import Trainer, TrainerStats
 
 __all__ = ["DEFAULT_GPU", "DEFAULT_POLICY", "MACHINE", "PlannedStep", "PlannedTrainer",
            "Trainer", "TrainerStats", "compile", "cost_model_for", "plan", "policies"]

@@ -5,8 +5,9 @@
 2. The executor's keep-all step against eager PyTorch on a ResNet-18-sized model on this CPU
    (ResNet-18 topology and width, 112x112 images, batch 4): median of repeats, alternating
    the two so that machine noise hits both; target within 5%. The executor runs without
-   its memory tracker (``measure=False``), as a training run on a device without a capacity
-   to enforce can; the tracked step is printed beside it. glibc's malloc is told to keep
+   its memory tracker (``measure=False``), as a Trainer's steps after the first of a batch
+   shape do on the CPU and CUDA (``Executor.needs_measuring``); the tracked step is printed
+   beside it. glibc's malloc is told to keep
    freed memory (``--keep-heap``, default on) for both: otherwise every step of keep-all,
    which frees nothing until the step ends, pays fresh page faults for its whole footprint,
    an artefact of emulating device memory with the host's allocator.

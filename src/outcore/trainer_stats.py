@@ -31,6 +31,10 @@ class TrainerStats:
     for its later steps (a planned step allocates the same every time). On
     ``"cpu-emulated"`` it is ``tensor_peak``: the step's tensors counted at the dispatcher
     (``MemoryTracker``; the emulated device enforces its capacity on that count).
+    ``tensor_peak`` on ``"cpu"`` and ``"cuda"``: counted on the first step of each batch
+    shape and reported for its later steps, which run without the tracker
+    (``Executor.needs_measuring``; ``trainer.executor.measure_every_step = True`` counts
+    every step).
 
     ``link_bandwidth``: on ``"cpu-emulated"`` with a link scaled from a GPU profile, the
     (d2h, h2d) bytes/s it is set to, so copies take the share of this model's compute they

@@ -5,7 +5,12 @@ code under ``torch.no_grad()``:
 
 * device memory is measured by a fresh ``MemoryTracker`` per step (the device's capacity,
   if any, is enforced by it); the step's static tensors (parameters, buffers, batch) are
-  counted first, so the measured peak is comparable with ``plan.memory.predicted_peak``;
+  counted first, so the measured peak is comparable with ``plan.memory.predicted_peak``.
+  On a real device (``tracker_is_memory`` False: the plain CPU, CUDA) a step on batch
+  shapes whose counted step fitted the capacity runs without the tracker (its Python
+  dispatch costs ~10 us an op, 2-3x a small model's eager step) and reports that proven
+  peak (``needs_measuring``): the schedule allocates the same tensors, of sizes fixed by the
+  shapes, in the same order every step;
 * random ops save the RNG state in forward and replay it when recomputed;
 * only when the whole step has succeeded are the results applied: parameter gradients are
   accumulated into ``.grad`` (as ``loss.backward()`` does) and BatchNorm running statistics
@@ -60,6 +65,20 @@ class StepResult:
     #: batch tensor index (flat, as the graph's inputs) -> its gradient, for the batch
     #: tensors that require one
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: False: the step ran without the tracker and ``peak_bytes`` is the peak a counted step
+    #: of this schedule on the same batch shapes measured (``Executor.needs_measuring``), or
+    #: 0 when ``run(measure=False)`` was asked for with none counted
+    peak_measured: bool = True
+
+
+#: Batch shape keys whose proven peak an Executor keeps (``Executor.needs_measuring``).
+PROVEN_SHAPES = 8
+
+
+def batch_key(leaves: list[torch.Tensor]) -> tuple[Any, ...]:
+    """What fixes a step's allocations besides its schedule: each batch tensor's shape,
+    strides, dtype and device (strides: a channels-last batch makes other copies)."""
+    return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in leaves)
 
 
 #: How the capture names the gradient of the batch's i-th tensor (``input:<i>``).
@@ -229,6 +248,10 @@ class Executor:
         notify = grad_hook.tensors if grad_hook is not None else frozenset()
         self.generated: GeneratedStep = generate(graph, schedule, self.impls, notify)
         self.capacity: int | None = self.device.capacity
+        #: ``batch_key`` -> the tracker's peak of a counted step on those shapes
+        self.proven: dict[tuple[Any, ...], int] = {}
+        #: True: count every step with the tracker, even once a counted one proved its peak
+        self.measure_every_step = False
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)}
                               | set(schedule.host_static))
         self._held = frozenset(schedule.host_static)
@@ -250,8 +273,20 @@ class Executor:
         notify = self.grad_hook.tensors if self.grad_hook is not None else frozenset()
         self.generated = generate(self.graph, self.schedule, self.impls, notify)
 
+    def needs_measuring(self, key: tuple[Any, ...]) -> bool:
+        """Whether a step on batch shapes ``key`` (``batch_key``) runs under the tracker:
+        always on a device whose memory is the tracker's count (``tracker_is_memory``: the
+        emulated device) or with ``measure_every_step``; on a real device until a counted
+        step on those shapes proved a peak within the capacity (read at each step: a
+        lowered capacity counts again)."""
+        if self.measure_every_step or getattr(self.device, "tracker_is_memory", True):
+            return True
+        peak = self.proven.get(key)
+        return peak is None or (self.capacity is not None and peak > self.capacity)
+
     def run(self, batch: Any, *, apply: bool = True, grad_scale: float = 1.0,
-            timed: bool = False, measure: bool = True, loss_scale: float = 1.0) -> StepResult:
+            timed: bool = False, measure: bool | None = None,
+            loss_scale: float = 1.0) -> StepResult:
         """Execute one step on ``batch = (x, y)``; see the module docstring for guarantees.
 
         ``timed=True`` also records the wall time of every instruction, from its start to
@@ -259,15 +294,23 @@ class Executor:
         (one per instruction); ``StepResult.op_seconds`` lists the Computes among them as
         (op id, seconds): a profile taken inside a real step.
         ``StepResult.transfers`` is the device's transfer statistics for this step, when
-        the device keeps them (``stats()``). ``measure=False`` runs without the memory
-        tracker (``peak_bytes`` is then 0); only allowed on a device without a capacity to
-        enforce. ``loss_scale`` seeds the backward with that value instead of 1 (loss
-        scaling: the gradients come out multiplied by it).
+        the device keeps them (``stats()``). ``measure``: None (default) counts the step
+        with the memory tracker when ``needs_measuring`` says so, else reports the proven
+        peak (``StepResult.peak_measured`` False); True always counts; False never (then
+        ``peak_bytes`` is the proven peak, or 0), refused where a capacity is to enforce
+        and no counted step on these shapes proved it. ``loss_scale`` seeds the backward
+        with that value instead of 1 (loss scaling: the gradients come out multiplied by
+        it).
         """
-        if not measure and self.capacity is not None:
-            raise OutcoreError("measure=False would skip enforcing the device's capacity; "
-                               "use a device without one (e.g. device='cpu')")
         leaves = self.step.batch_tensors(batch)
+        key = batch_key(leaves)
+        if measure is None:
+            measure = self.needs_measuring(key)
+        elif not measure and self.capacity is not None and (
+                self.proven.get(key, self.capacity + 1) > self.capacity):
+            raise OutcoreError("measure=False would skip enforcing the device's capacity; "
+                               "use a device without one (e.g. device='cpu'), or count one "
+                               "step of these batch shapes first")
         _check_input_leaves(leaves)
         values = self.step.static_values(self.graph, batch, loss_scale)
         tracker = MemoryTracker(self.capacity)
@@ -301,7 +344,10 @@ class Executor:
                 self.device.drop_host(tid)
             tracker.close()
         end = time.perf_counter()
-        result = StepResult(loss=torch.zeros(()), peak_bytes=tracker.peak, seconds=end - start)
+        if measure:
+            self._prove(key, tracker.peak)
+        result = StepResult(loss=torch.zeros(()), seconds=end - start, peak_measured=measure,
+                            peak_bytes=tracker.peak if measure else self.proven.get(key, 0))
         after = self.device.stats()
         if before is not None and after is not None:
             result.transfers = after - before
@@ -312,6 +358,14 @@ class Executor:
         if apply:
             self.apply(result, outputs, grad_scale, inputs=leaves)
         return result
+
+    def _prove(self, key: tuple[Any, ...], peak: int) -> None:
+        """Keep ``peak`` as the proven peak of steps on ``key`` (at most ``PROVEN_SHAPES``
+        keys, the oldest out first)."""
+        self.proven.pop(key, None)
+        self.proven[key] = peak
+        while len(self.proven) > PROVEN_SHAPES:
+            del self.proven[next(iter(self.proven))]
 
     def _timings(self, marks: list[float], end: float, result: StepResult) -> None:
         instructions = self.schedule.instructions

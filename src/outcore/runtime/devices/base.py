@@ -21,6 +21,11 @@ Contract, in schedule terms:
 
 ``capacity`` (bytes, None: unbounded) is read-only to callers: the executor reads it to size
 its per-step ``MemoryTracker``; devices may expose it as a property of their own tracker.
+``tracker_is_memory``: True where the tracker's count *is* the device's memory (the emulated
+device: every step runs under the tracker); False on a real device (the plain CPU, CUDA), where
+the tracker checks the budget, so the executor need not count again the steps of a schedule
+whose peak a counted step already proved (``Executor.needs_measuring``). A device without
+the attribute is counted on every step.
 ``stats()`` returns the transfer statistics since creation (``TransferStats``; the executor
 subtracts two of them for one step), or None on a device that keeps none.
 """
@@ -63,6 +68,8 @@ class SyncCPUDevice:
     """
 
     name = "cpu"
+    #: the host's RAM is this device's memory; the tracker checks the budget on it
+    tracker_is_memory = False
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = capacity

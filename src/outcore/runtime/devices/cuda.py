@@ -154,6 +154,8 @@ class CudaDevice:
     """
 
     name = "cuda"
+    #: the GPU's allocator holds the memory; the tracker checks the budget on it
+    tracker_is_memory = False
 
     def __init__(self, capacity: int | None = None, *, index: int | None = None,
                  host_pool_bytes: int = DEFAULT_HOST_POOL_BYTES, host_limit: int | None = None,

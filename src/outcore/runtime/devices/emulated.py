@@ -90,6 +90,8 @@ class EmulatedDevice:
     """
 
     name = "cpu-emulated"
+    #: the emulated memory is the tracker's count: every step is counted (and enforced)
+    tracker_is_memory = True
 
     def __init__(self, capacity: int | None, bandwidth_d2h: float, bandwidth_h2d: float,
                  latency_s: float = 0.0, slowdown: float = 1.0,

@@ -124,3 +124,11 @@ def test_the_trainer_on_cpu_counts_the_first_step_and_keeps_its_peak():
     assert trainer.executor.device.tracker.allocations == 0
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, expected[n]), n
+
+
+def test_replaced_kernels_are_counted_again():
+    _, _, batch, executor, _ = _executor("mlp", SyncCPUDevice)
+    executor.run(batch)
+    assert not executor.run(batch).peak_measured
+    executor.replace_ops({0: executor.kernel(0)})
+    assert executor.run(batch).peak_measured, "another kernel may allocate otherwise"

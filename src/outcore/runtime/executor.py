@@ -268,8 +268,10 @@ class Executor:
         return target
 
     def replace_ops(self, impls: dict[int, Callable[..., Any]]) -> None:
-        """Run ``impls[oid]`` for op ``oid`` from now on (the step's code is generated again)."""
+        """Run ``impls[oid]`` for op ``oid`` from now on (the step's code is generated again;
+        other kernels may allocate otherwise, so no peak counted before is taken as proven)."""
         self.impls.update(impls)
+        self.proven.clear()
         notify = self.grad_hook.tensors if self.grad_hook is not None else frozenset()
         self.generated = generate(self.graph, self.schedule, self.impls, notify)
 

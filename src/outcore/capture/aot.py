@@ -7,7 +7,9 @@ never allocates activations) and converts it to the plain-data IR in ``outcore.g
 Calling conventions (``outcore.capture.batching``): ``(x, y)`` with ``loss_fn(model(x), y)``,
 a dict batch (``model(**batch)``), or ``loss_fn=None`` for a model that returns its own loss.
 Data-dependent Python control flow (``.item()``, ``if tensor:``) is specialised on the
-example's values with guards checked at every step (``outcore.capture.specialize``).
+example's values with guards checked at every step (``outcore.capture.specialize``). The
+model's own ``torch.utils.checkpoint`` calls are traced as plain calls: outcore plans what to
+recompute (``outcore.capture.checkpoints``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from outcore.capture import module_paths
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
+from outcore.capture.checkpoints import plain_checkpoints
 from outcore.capture.closed_over import lifted
 from outcore.capture.convert import build_graph
 from outcore.capture.layouts import repair_layouts
@@ -30,6 +33,7 @@ from outcore.capture.step import CapturedStep
 from outcore.capture.wrappers import check_initialized, check_wrappers
 from outcore.errors import CaptureError
 from outcore.graph.ir import Graph
+from outcore.log import info
 
 
 def _existing_fake_mode(values: list[Any]) -> FakeTensorMode | None:
@@ -150,6 +154,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                 stack.enter_context(_faked(step, mode))
                 args = tuple(mode.from_tensor(t) for t in tensors)
             stack.enter_context(module_paths.recording(model))
+            flattened = stack.enter_context(plain_checkpoints())
             joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ
@@ -161,6 +166,10 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         for mod, training in modes:
             mod.training = training
     graph.meta["fake"] = is_fake
+    if flattened.calls:
+        graph.meta["user_checkpoints"] = True
+        info("the model's torch.utils.checkpoint calls were traced as plain calls: outcore "
+             "plans what to recompute (values and gradients as eager's)")
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,

@@ -63,7 +63,7 @@ def test_a_capacity_lowered_under_the_proven_peak_is_enforced_again():
     executor.run(batch)
     before = {n: p.grad.clone() for n, p in model.named_parameters()}
     executor.capacity = peak - 1
-    assert executor.needs_measuring(batch_key(executor.step.batch_tensors(batch)))
+    assert all(executor.needs_measuring(key) for key in executor.proven)
     with pytest.raises(DeviceOutOfMemory):
         executor.run(batch)
     for n, p in model.named_parameters():
@@ -132,3 +132,62 @@ def test_replaced_kernels_are_counted_again():
     assert not executor.run(batch).peak_measured
     executor.replace_ops({0: executor.kernel(0)})
     assert executor.run(batch).peak_measured, "another kernel may allocate otherwise"
+
+
+def _at_capacity_of_first_step(executor, batch):
+    executor.run(batch)
+    executor.capacity = executor.proven[next(iter(executor.proven))]
+
+
+def test_a_batch_sliced_from_a_larger_tensor_is_counted_again():
+    # the tracker counts the batch's whole storage: a slice of a larger tensor holds more
+    _, _, batch, executor, _ = _executor("mlp", SyncCPUDevice)
+    _at_capacity_of_first_step(executor, batch)
+    x, y = batch
+    larger = torch.cat([x, torch.randn(64 * x.shape[0], *x.shape[1:])])
+    with pytest.raises(DeviceOutOfMemory):
+        executor.run((larger[: x.shape[0]], y))
+
+
+def test_parameters_made_views_of_one_vector_are_counted_again():
+    model, _, batch, executor, _ = _executor("mlp", SyncCPUDevice)
+    _at_capacity_of_first_step(executor, batch)
+    params = list(model.parameters())
+    population = torch.randn(4, sum(p.numel() for p in params))
+    torch.nn.utils.vector_to_parameters(population[0], params)  # each a view of one row
+    with pytest.raises(DeviceOutOfMemory):
+        executor.run(batch)
+
+
+def test_a_batch_whose_tensors_stop_sharing_a_storage_is_counted_again():
+    # a denoising autoencoder stepped on (x, x), then on (x + noise, x): one tensor more
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 64))
+    x = torch.randn(32, 64)
+    trainer = outcore.compile(model, torch.nn.functional.mse_loss, (x, x), budget=None,
+                              device="cpu")
+    trainer.step(x, x)
+    trainer.executor.capacity = trainer.stats.tensor_peak
+    trainer.step(x, x)
+    with pytest.raises(DeviceOutOfMemory):
+        trainer.step(x + 0.1 * torch.randn_like(x), x)
+
+
+def test_measure_every_step_on_the_class_reaches_every_executor(monkeypatch):
+    monkeypatch.setattr(Executor, "measure_every_step", True)
+    _, _, batch, executor, _ = _executor("mlp", SyncCPUDevice)
+    assert all(executor.run(batch).peak_measured for _ in range(STEPS))
+
+
+def test_sub_batched_steps_say_whether_every_part_was_counted():
+    from outcore.runtime.subbatch import run_sub_batches
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+    graph = capture(model, torch.nn.functional.cross_entropy, (x[:4], y[:4]))
+    executor = Executor(graph, lower(graph, baseline.offload_all(graph)), SyncCPUDevice())
+    first, second = (run_sub_batches(executor, (x, y), 2) for _ in range(2))
+    assert first.peak_measured and not second.peak_measured
+    assert first.peak_bytes == second.peak_bytes > 0

@@ -6,11 +6,13 @@ code under ``torch.no_grad()``:
 * device memory is measured by a fresh ``MemoryTracker`` per step (the device's capacity,
   if any, is enforced by it); the step's static tensors (parameters, buffers, batch) are
   counted first, so the measured peak is comparable with ``plan.memory.predicted_peak``.
-  On a real device (``tracker_is_memory`` False: the plain CPU, CUDA) a step on batch
-  shapes whose counted step fitted the capacity runs without the tracker (its Python
-  dispatch costs ~10 us an op, 2-3x a small model's eager step) and reports that proven
-  peak (``needs_measuring``): the schedule allocates the same tensors, of sizes fixed by the
-  shapes, in the same order every step;
+  On a real device (``tracker_is_memory`` False: the plain CPU, CUDA) a step whose counted
+  twin fitted the capacity runs without the tracker (its Python dispatch costs ~10 us an
+  op, 2-3x a small model's eager step) and reports that proven peak (``needs_measuring``).
+  Twins have the same batch shapes, strides and dtypes (``batch_key``) and the same
+  static storages: sizes and sharing of the batch's, parameters', buffers' and constants'
+  storages, which the tracker counts whole (``storage_key``). The schedule then allocates
+  the same tensors in the same order, so the tracker would count the same peak;
 * random ops save the RNG state in forward and replay it when recomputed;
 * only when the whole step has succeeded are the results applied: parameter gradients are
   accumulated into ``.grad`` (as ``loss.backward()`` does) and BatchNorm running statistics
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,9 +78,24 @@ PROVEN_SHAPES = 8
 
 
 def batch_key(leaves: list[torch.Tensor]) -> tuple[Any, ...]:
-    """What fixes a step's allocations besides its schedule: each batch tensor's shape,
+    """What fixes the bytes a step allocates besides its schedule: each batch tensor's shape,
     strides, dtype and device (strides: a channels-last batch makes other copies)."""
     return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in leaves)
+
+
+def storage_key(tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
+    """How the tracker counts a step's static tensors (batch, parameters, buffers,
+    constants): per tensor its storage's bytes, or ``-1 - i`` when it shares the storage of
+    the ``i``-th (counted once). At equal shapes a batch sliced from a larger tensor, a
+    parameter viewing a flat vector, a constant rebound to a row of a matrix, or two batch
+    tensors that stop being one change it, and the step's peak with it."""
+    first: dict[int, int] = {}
+    out: list[int] = []
+    for t in tensors:
+        storage = t.untyped_storage()
+        at = first.setdefault(storage._cdata, len(out))
+        out.append(storage.nbytes() if at == len(out) else -1 - at)
+    return tuple(out)
 
 
 #: How the capture names the gradient of the batch's i-th tensor (``input:<i>``).
@@ -248,10 +265,8 @@ class Executor:
         notify = grad_hook.tensors if grad_hook is not None else frozenset()
         self.generated: GeneratedStep = generate(graph, schedule, self.impls, notify)
         self.capacity: int | None = self.device.capacity
-        #: ``batch_key`` -> the tracker's peak of a counted step on those shapes
+        #: (``batch_key``, ``storage_key``) -> the tracker's peak of a counted step on them
         self.proven: dict[tuple[Any, ...], int] = {}
-        #: True: count every step with the tracker, even once a counted one proved its peak
-        self.measure_every_step = False
         self._copied = sorted({i.tensor for i in schedule.instructions if isinstance(i, Offload)}
                               | set(schedule.host_static))
         self._held = frozenset(schedule.host_static)
@@ -275,12 +290,17 @@ class Executor:
         notify = self.grad_hook.tensors if self.grad_hook is not None else frozenset()
         self.generated = generate(self.graph, self.schedule, self.impls, notify)
 
+    #: True: count every step with the tracker, even once a counted one proved its peak; on
+    #: the class (``Executor.measure_every_step = True``) for every executor, on an
+    #: instance (``trainer.executor``) for that plan's
+    measure_every_step: bool = False
+
     def needs_measuring(self, key: tuple[Any, ...]) -> bool:
-        """Whether a step on batch shapes ``key`` (``batch_key``) runs under the tracker:
-        always on a device whose memory is the tracker's count (``tracker_is_memory``: the
-        emulated device) or with ``measure_every_step``; on a real device until a counted
-        step on those shapes proved a peak within the capacity (read at each step: a
-        lowered capacity counts again)."""
+        """Whether a step with ``key`` (its ``batch_key`` and the ``storage_key`` of its
+        static tensors) runs under the tracker: always on a device whose memory is the
+        tracker's count (``tracker_is_memory``: the emulated device) or with
+        ``measure_every_step``; on a real device until a counted step with that key proved
+        a peak within the capacity (read at each step: a lowered capacity counts again)."""
         if self.measure_every_step or getattr(self.device, "tracker_is_memory", True):
             return True
         peak = self.proven.get(key)
@@ -305,7 +325,10 @@ class Executor:
         it).
         """
         leaves = self.step.batch_tensors(batch)
-        key = batch_key(leaves)
+        _check_input_leaves(leaves)
+        values = self.step.static_values(self.graph, batch, loss_scale)
+        key = (batch_key(leaves),
+               storage_key(v for t, v in values.items() if t not in self._held))
         if measure is None:
             measure = self.needs_measuring(key)
         elif not measure and self.capacity is not None and (
@@ -313,8 +336,6 @@ class Executor:
             raise OutcoreError("measure=False would skip enforcing the device's capacity; "
                                "use a device without one (e.g. device='cpu'), or count one "
                                "step of these batch shapes first")
-        _check_input_leaves(leaves)
-        values = self.step.static_values(self.graph, batch, loss_scale)
         tracker = MemoryTracker(self.capacity)
         self.device.tracker = tracker
         hook = self.grad_hook

@@ -70,9 +70,10 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
     denominator for NLL with ``ignore_index`` or class weights); the weights are computed,
     and a loss that cannot be split refused, before anything runs. Returns a StepResult
     whose loss is ``sum_i w_i * L_i`` (the full batch's) and whose peak is the largest
-    sub-batch peak. Gradients reach ``.grad`` only when every sub-batch succeeded, in one
-    commit; buffer updates of a sub-batch are applied as it ends (as BatchNorm would on that
-    many samples) and restored if a later one fails.
+    sub-batch peak (``peak_measured``: every sub-batch's was counted). Gradients reach
+    ``.grad`` only when every sub-batch succeeded, in one commit; buffer updates of a
+    sub-batch are applied as it ends (as BatchNorm would on that many samples) and restored
+    if a later one fails.
     """
     dims = executor.graph.meta.get("batch_dims")
     subs = split_batch(batch, parts, dims)
@@ -107,7 +108,8 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
     loss = torch.stack(losses).sum() if losses else torch.zeros_like(results[0].loss)
     executor.apply_grads(sums)
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results), grads=sums,
-                      seconds=sum(r.seconds for r in results))
+                      seconds=sum(r.seconds for r in results),
+                      peak_measured=all(r.peak_measured for r in results))
 
 
 def _accumulate(sums: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],

@@ -188,6 +188,9 @@ def test_sub_batched_steps_say_whether_every_part_was_counted():
     x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
     graph = capture(model, torch.nn.functional.cross_entropy, (x[:4], y[:4]))
     executor = Executor(graph, lower(graph, baseline.offload_all(graph)), SyncCPUDevice())
-    first, second = (run_sub_batches(executor, (x, y), 2) for _ in range(2))
-    assert first.peak_measured and not second.peak_measured
-    assert first.peak_bytes == second.peak_bytes > 0
+    proved = run_sub_batches(executor, (x, y), 2)  # the second part: the first's twin
+    assert not proved.peak_measured and len(executor.proven) == 1
+    executor.measure_every_step = True
+    counted = run_sub_batches(executor, (x, y), 2)
+    assert counted.peak_measured
+    assert counted.peak_bytes == proved.peak_bytes > 0

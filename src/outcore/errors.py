@@ -227,5 +227,12 @@ class EvalModeWarning(OutcoreWarning):
     computed (as ``loss.backward()`` would); evaluation belongs under ``torch.no_grad()``."""
 
 
+class CheckpointWarning(OutcoreWarning):
+    """The model checkpoints a region itself (``torch.utils.checkpoint``), traced as a plain
+    call (``outcore.capture.checkpoints``), where eager's recompute computes something else:
+    a BatchNorm in a region updates its running statistics twice a step in eager and once
+    here; ``preserve_rng_state=False`` makes eager's recompute draw new random numbers."""
+
+
 class ProfileDtypeWarning(OutcoreWarning):
     """A hardware profile has no peak for a dtype; the nearest dtype it has prices it."""

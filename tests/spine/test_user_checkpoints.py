@@ -130,3 +130,159 @@ def test_a_failed_capture_restores_torchs_checkpoint():
     assert torch_checkpoint._checkpoint_without_reentrant_generator.__module__ == (
         "torch.utils.checkpoint")
     assert "apply" not in torch_checkpoint.CheckpointFunction.__dict__
+
+
+def _eager_calls(reentrant: bool) -> int:
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        return torch.tanh(x).sum()
+
+    torch_checkpoint.checkpoint(body, torch.randn(3, requires_grad=True),
+                                use_reentrant=reentrant).backward()
+    return len(calls)
+
+
+def test_other_threads_keep_torchs_checkpoint_while_a_capture_is_open():
+    import threading
+
+    seen: list[int] = []
+    with plain_checkpoints():
+        worker = threading.Thread(
+            target=lambda: seen.extend(_eager_calls(r) for r in (True, False)))
+        worker.start()
+        worker.join()
+    assert seen == [2, 2], "another thread's eager checkpoint must recompute as torch's does"
+
+
+def test_overlapping_captures_on_two_threads_restore_torchs_checkpoint():
+    import threading
+
+    entered, main_left = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with plain_checkpoints():
+            entered.set()
+            main_left.wait()
+
+    first = plain_checkpoints()
+    first.__enter__()
+    worker = threading.Thread(target=other)
+    worker.start()
+    entered.wait()
+    first.__exit__(None, None, None)  # A leaves while B is still open
+    main_left.set()
+    worker.join()
+    assert "apply" not in torch_checkpoint.CheckpointFunction.__dict__
+    assert _eager_calls(True) == _eager_calls(False) == 2
+
+
+class Region(nn.Module):
+    """A checkpointed region with a configurable call: context_fn, output shape, flags."""
+
+    def __init__(self, reentrant: bool, out: str = "tensor", **kwargs):
+        super().__init__()
+        self.stem, self.a, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+        self.reentrant, self.out, self.kwargs = reentrant, out, kwargs
+
+    def body(self, u):
+        y = torch.tanh(self.a(u))
+        return {"tensor": y, "dict": {"y": y}, "list": [y], "nested": (y, (y * 2,))}[self.out]
+
+    def forward(self, x):
+        out = torch_checkpoint.checkpoint(self.body, self.stem(x), use_reentrant=self.reentrant,
+                                          **self.kwargs)
+        if self.out == "dict":
+            out = out["y"]
+        elif self.out == "list":
+            out = out[0]
+        elif self.out == "nested":
+            out = out[0] + out[1][0]
+        return self.head(out.float())
+
+
+def _as_eager(model: nn.Module) -> None:
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, F.cross_entropy, BATCH, budget=None, device="cpu")
+    torch.manual_seed(3)
+    loss = trainer.step(*BATCH)
+    expected, grads = eager_grads(reference, 3)
+    assert torch.equal(loss, expected)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        assert (p.grad is None) == (g is None)
+        if g is not None:
+            assert torch.equal(p.grad, g)
+
+
+def test_a_context_fns_forward_context_applies_as_in_eager():
+    def bf16():
+        return (torch.autocast("cpu", dtype=torch.bfloat16),
+                torch.autocast("cpu", dtype=torch.bfloat16))
+
+    _as_eager(Region(False, context_fn=bf16))
+
+
+def test_selective_checkpointing_contexts_train_as_eager():
+    def policy(ctx, op, *args, **kwargs):
+        return (torch_checkpoint.CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.addmm.default
+                else torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE)
+
+    _as_eager(Region(False, context_fn=lambda: (
+        torch_checkpoint.create_selective_checkpoint_contexts(policy))))
+
+
+def test_an_invalid_determinism_check_is_refused_as_in_eager():
+    with pytest.raises(Exception, match="determinism_check"):
+        capture(Region(False, determinism_check="bogus"), F.cross_entropy, BATCH)
+
+
+@pytest.mark.parametrize("out", ["dict", "list", "nested"])
+def test_reentrant_outputs_carry_gradients_only_where_eager_does(out):
+    # eager's autograd.Function tracks a tensor or a tuple's own tensors: nothing else
+    _as_eager(Region(True, out=out))
+
+
+def test_reentrant_without_grad_inputs_warns_as_eager():
+    model = net(False, True, first_checkpointed=True)
+    model[0][0].requires_grad_(False)
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        capture(model, F.cross_entropy, BATCH)
+
+
+def test_batchnorm_in_a_checkpointed_model_is_announced_and_updated_once():
+    from outcore.errors import CheckpointWarning
+
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(torch_checkpoint.checkpoint(
+                lambda u: torch.relu(self.bn(self.a(u))), x, use_reentrant=False))
+
+    model = Normed()
+    with pytest.warns(CheckpointWarning, match="running statistics"):
+        trainer = outcore.compile(model, F.cross_entropy, BATCH, budget=None, device="cpu")
+    trainer.step(*BATCH)
+    assert int(model.bn.num_batches_tracked) == 1, "once a step, as without checkpointing"
+
+
+def test_preserve_rng_state_false_is_announced():
+    from outcore.errors import CheckpointWarning
+
+    with pytest.warns(CheckpointWarning, match="preserve_rng_state=False"):
+        capture(Region(False, preserve_rng_state=False), F.cross_entropy, BATCH)
+
+
+def test_composable_checkpoint_is_traced_as_a_plain_call():
+    from torch.distributed._composable import checkpoint as composable
+
+    plain = capture(net(False, False), F.cross_entropy, BATCH)
+    model = net(False, False)
+    composable(model[1])
+    composable(model[2])
+    checkpointed = capture(model, F.cross_entropy, BATCH)
+    assert len(checkpointed.ops) == len(plain.ops)
+    assert checkpointed.meta["user_checkpoints"] is True

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from outcore.capture import module_paths
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
-from outcore.capture.checkpoints import plain_checkpoints
+from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
 from outcore.capture.convert import build_graph
 from outcore.capture.layouts import repair_layouts
@@ -33,7 +33,6 @@ from outcore.capture.step import CapturedStep
 from outcore.capture.wrappers import check_initialized, check_wrappers
 from outcore.errors import CaptureError
 from outcore.graph.ir import Graph
-from outcore.log import info
 
 
 def _existing_fake_mode(values: list[Any]) -> FakeTensorMode | None:
@@ -168,8 +167,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     graph.meta["fake"] = is_fake
     if flattened.calls:
         graph.meta["user_checkpoints"] = True
-        info("the model's torch.utils.checkpoint calls were traced as plain calls: outcore "
-             "plans what to recompute (values and gradients as eager's)")
+        announce_checkpoints(model, flattened)
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,

@@ -286,3 +286,21 @@ def test_composable_checkpoint_is_traced_as_a_plain_call():
     checkpointed = capture(model, F.cross_entropy, BATCH)
     assert len(checkpointed.ops) == len(plain.ops)
     assert checkpointed.meta["user_checkpoints"] is True
+
+
+def test_batchnorm_outside_every_region_is_not_announced():
+    from outcore.errors import CheckpointWarning
+
+    class NormedOutside(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            h = self.bn(self.a(x))
+            return self.head(torch_checkpoint.checkpoint(torch.tanh, h, use_reentrant=False))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        graph = capture(NormedOutside(), F.cross_entropy, BATCH)
+    assert graph.meta["user_checkpoints"] is True

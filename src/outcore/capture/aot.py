@@ -167,7 +167,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     graph.meta["fake"] = is_fake
     if flattened.calls:
         graph.meta["user_checkpoints"] = True
-        announce_checkpoints(model, flattened)
+        announce_checkpoints(flattened)
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,

@@ -23,7 +23,9 @@ that thread, as a plain call, with what eager's first forward of the region does
   or in a list or dict, are detached, as eager gives them no gradient.
 
 Invariant: the loss, the gradients and the random stream are eager's, with these
-exceptions (``Flattened`` records when each may apply, and ``capture`` announces it):
+exceptions (``Flattened`` records when the first two apply, and ``capture`` announces them
+with a ``CheckpointWarning``; a BatchNorm inside a region is seen by a global forward
+pre-hook held only while the region's function runs on the capturing thread):
 
 * eager's recompute runs a region's BatchNorm a second time, so its running statistics are
   updated twice a step; the plain call updates them once, as the model without checkpointing
@@ -73,6 +75,8 @@ class Flattened:
     calls: int = 0
     #: a region was checkpointed with ``preserve_rng_state=False``
     fresh_draws: bool = False
+    #: a BatchNorm that updates running statistics ran inside a region
+    batchnorm: bool = False
 
 
 _LOCK = threading.Lock()
@@ -87,6 +91,26 @@ def _here() -> Flattened | None:
     """The innermost ``Flattened`` of this thread, or None when it has no context open."""
     stack = getattr(_LOCAL, "open", None)
     return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _watching_batchnorm(seen: Flattened) -> Iterator[None]:
+    """Set ``seen.batchnorm`` when a BatchNorm updating its running statistics runs on this
+    thread inside the block (a global forward pre-hook, removed when the block ends; it
+    returns None, so the forward is the same)."""
+    thread = threading.get_ident()
+
+    def hook(module: torch.nn.Module, _args: Any) -> None:
+        if (threading.get_ident() == thread
+                and isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                and module.training and module.track_running_stats):
+            seen.batchnorm = True
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _requires_grad(args: tuple[Any, ...]) -> bool:
@@ -115,10 +139,11 @@ def _reentrant_apply(function: Callable[..., Any], preserve: bool, *args: Any) -
     seen.calls += 1
     seen.fresh_draws |= not preserve
     torch_checkpoint.check_backward_validity(args)  # eager's warning
-    if not _requires_grad(args):
-        with torch.no_grad():  # eager's outputs require no grad here (module doc)
-            return function(*args)
-    return _as_function_outputs(function(*args))
+    with _watching_batchnorm(seen):
+        if not _requires_grad(args):
+            with torch.no_grad():  # eager's outputs require no grad here (module doc)
+                return function(*args)
+        return _as_function_outputs(function(*args))
 
 
 def _non_reentrant_generator(fn: Callable[..., Any], preserve_rng_state: bool = True,
@@ -139,7 +164,7 @@ def _non_reentrant_generator(fn: Callable[..., Any], preserve_rng_state: bool = 
     seen.calls += 1
     seen.fresh_draws |= not preserve_rng_state
     forward_context, _recompute_context = context_fn()
-    with forward_context:
+    with forward_context, _watching_batchnorm(seen):
         yield  # checkpoint() runs the function between its two next() calls
 
 
@@ -167,7 +192,7 @@ def _restore() -> None:
     _set_generator(_TORCH_GENERATOR)
 
 
-def announce_checkpoints(model: torch.nn.Module, seen: Flattened) -> None:
+def announce_checkpoints(seen: Flattened) -> None:
     """Say that the model's checkpoints were traced as plain calls, with a
     ``CheckpointWarning`` where eager's recompute computes something else (module doc)."""
     from outcore.errors import CheckpointWarning
@@ -180,13 +205,11 @@ def announce_checkpoints(model: torch.nn.Module, seen: Flattened) -> None:
                  "it draws random numbers (dropout), eager's recompute draws new ones, so "
                  "eager's gradients belong to other masks than its loss; outcore's step "
                  "draws once and computes the gradients of its loss", CheckpointWarning)
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-           and m.track_running_stats for m in model.modules()):
-        announce("the model checkpoints regions itself (torch.utils.checkpoint) and has "
-                 "BatchNorm layers in training mode: where one runs inside a checkpointed "
-                 "region, eager's recompute updates its running statistics a second time "
-                 "each step; outcore's step updates them once, as the model without "
-                 "checkpointing does", CheckpointWarning)
+    if seen.batchnorm:
+        announce("a BatchNorm runs inside a region the model checkpoints itself "
+                 "(torch.utils.checkpoint): eager's recompute updates its running statistics "
+                 "a second time each step; outcore's step updates them once, as the model "
+                 "without checkpointing does", CheckpointWarning)
 
 
 @contextlib.contextmanager

@@ -250,19 +250,26 @@ def test_reentrant_without_grad_inputs_warns_as_eager():
         capture(model, F.cross_entropy, BATCH)
 
 
+class Normed(nn.Module):
+    """A BatchNorm inside the checkpointed region, or before it (``inside=False``)."""
+
+    def __init__(self, inside: bool):
+        super().__init__()
+        self.a, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
+        self.inside = inside
+
+    def forward(self, x):
+        if self.inside:
+            region, h = (lambda u: torch.relu(self.bn(self.a(u)))), x
+        else:
+            region, h = torch.tanh, self.bn(self.a(x))
+        return self.head(torch_checkpoint.checkpoint(region, h, use_reentrant=False))
+
+
 def test_batchnorm_in_a_checkpointed_model_is_announced_and_updated_once():
     from outcore.errors import CheckpointWarning
 
-    class Normed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
-
-        def forward(self, x):
-            return self.head(torch_checkpoint.checkpoint(
-                lambda u: torch.relu(self.bn(self.a(u))), x, use_reentrant=False))
-
-    model = Normed()
+    model = Normed(inside=True)
     with pytest.warns(CheckpointWarning, match="running statistics"):
         trainer = outcore.compile(model, F.cross_entropy, BATCH, budget=None, device="cpu")
     trainer.step(*BATCH)
@@ -291,16 +298,7 @@ def test_composable_checkpoint_is_traced_as_a_plain_call():
 def test_batchnorm_outside_every_region_is_not_announced():
     from outcore.errors import CheckpointWarning
 
-    class NormedOutside(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.bn, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
-
-        def forward(self, x):
-            h = self.bn(self.a(x))
-            return self.head(torch_checkpoint.checkpoint(torch.tanh, h, use_reentrant=False))
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", CheckpointWarning)
-        graph = capture(NormedOutside(), F.cross_entropy, BATCH)
+        graph = capture(Normed(inside=False), F.cross_entropy, BATCH)
     assert graph.meta["user_checkpoints"] is True

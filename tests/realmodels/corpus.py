@@ -201,6 +201,29 @@ _S2S = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 1, "decoder_layers
         "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2}
 
 
+#: Mixture-of-experts causal LMs: transformers 5 routes each token to its top-k experts and
+#: runs them with ``torch._grouped_mm`` (float32 here: its fake-tensor rule refused that
+#: before ``outcore.capture.eager_meta``). Qwen2-MoE adds a shared expert; the aux-loss
+#: Mixtral returns the router's load-balancing loss in its loss.
+_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+MOE = [
+    Case("hf_mixtral", "hf", _hf("MixtralForCausalLM", "MixtralConfig", num_local_experts=4,
+                                 **_DEC, **_MOE), _tokens(), None),
+    Case("hf_mixtral_aux", "hf", _hf("MixtralForCausalLM", "MixtralConfig", num_local_experts=4,
+                                     output_router_logits=True, router_aux_loss_coef=0.02,
+                                     **_DEC, **_MOE), _tokens(), None),
+    Case("hf_qwen2_moe", "hf", _hf("Qwen2MoeForCausalLM", "Qwen2MoeConfig", num_experts=4,
+                                   shared_expert_intermediate_size=32, **_DEC, **_MOE),
+         _tokens(), None),
+    Case("hf_qwen3_moe", "hf", _hf("Qwen3MoeForCausalLM", "Qwen3MoeConfig", num_experts=4,
+                                   head_dim=8, **_DEC, **_MOE), _tokens(), None),
+    Case("hf_olmoe", "hf", _hf("OlmoeForCausalLM", "OlmoeConfig", num_experts=4, **_DEC,
+                               **_MOE), _tokens(), None),
+    Case("hf_gpt_oss", "hf", _hf("GptOssForCausalLM", "GptOssConfig", num_local_experts=4,
+                                 head_dim=8, **_DEC, **_MOE), _tokens(), None),
+]
+
+
 def _audio_features() -> Any:
     return {"input_features": torch.randn(2, 16, 32),
             "labels": torch.randint(3, VOCAB, (2, 6))}
@@ -267,6 +290,7 @@ HF = [
                                   num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
                                   num_labels=3, mask_time_prob=0.0, layerdrop=0.0),
          _wave, None),  # LayerDrop draws in Python (`if torch.rand(()) < p`): see the report
+    *MOE,
 ]
 
 CORPUS: list[Case] = [*TORCHVISION, *TIMM, *HF]
@@ -286,8 +310,9 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 #: lifted constants and stochastic depth (Swin), drop-path and layer scale (timm ViT), a model
 #: returning its own loss from a dict batch whose mask torch.compile builds otherwise (Llama),
 #: value specialisation of ``.item()`` checks (BART), an audio encoder (wav2vec2; its graph
-#: breaks under torch.compile are covered by tests/api/test_backend.py, faster). Token ids are
-#: the integer inputs.
+#: breaks under torch.compile are covered by tests/api/test_backend.py, faster), mixture-of-
+#: experts routing through ``torch._grouped_mm`` (Mixtral with its router loss, Qwen2-MoE's
+#: shared expert, gpt-oss). Token ids are the integer inputs.
 DEFAULT_PAIRS: list[tuple[str, str]] = [
     ("tv_densenet", "outcore-auto"), ("tv_densenet", "recompute-cheap"),
     ("tv_swin", "offload-all"), ("tv_swin", "backend"),
@@ -296,4 +321,6 @@ DEFAULT_PAIRS: list[tuple[str, str]] = [
     ("hf_llama", "outcore-auto"), ("hf_llama", "superneurons"), ("hf_llama", "backend"),
     ("hf_bart", "recompute-cheap"), ("hf_bart", "superneurons"),
     ("hf_wav2vec2", "offload-all"),
+    ("hf_mixtral_aux", "outcore-auto"), ("hf_qwen2_moe", "offload-all"),
+    ("hf_gpt_oss", "recompute-cheap"),
 ]

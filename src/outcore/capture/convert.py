@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -396,14 +397,31 @@ def _node_error(node: fx.Node, what: str) -> CaptureError:
         "outcore with this message.")
 
 
+def _grouped_mm_flops(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: Any,
+                      out_val: torch.Tensor, **kwargs: Any) -> float:
+    """FLOPs of ``aten._grouped_mm`` (torch's registry has no formula: a mixture of experts'
+    matmuls would count one per output element). Each output element is a dot product over
+    ``mat_a``'s last dimension, except for two 2D operands, whose groups split that
+    dimension: ``(M, K) x (K, N)`` makes ``(groups, M, N)`` from ``2 M K N`` FLOPs."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        return 2.0 * mat_a.size(0) * mat_a.size(1) * mat_b.size(1)
+    return 2.0 * out_val.numel() * mat_a.size(-1)
+
+
+#: FLOP formulas for ops torch's ``flop_registry`` lacks, keyed like it (overload packets).
+_MORE_FLOPS: dict[Any, Callable[..., float]] = {torch.ops.aten._grouped_mm: _grouped_mm_flops}
+
+
 def fx_flops(node: fx.Node) -> float:
-    """FLOPs of an FX call node from torch's flop registry (matmul, conv, attention), read
-    off its arguments' ``meta["val"]``; else one per output element."""
+    """FLOPs of an FX call node from torch's flop registry (matmul, conv, attention) or
+    ``_MORE_FLOPS``, read off its arguments' ``meta["val"]``; else one per output element."""
     from torch.utils.flop_counter import flop_registry
 
     packet = getattr(node.target, "overloadpacket", None)
     args = fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
     kwargs = fx.node.map_arg(node.kwargs, lambda n: n.meta.get("val"))
+    if packet in _MORE_FLOPS:
+        return float(_MORE_FLOPS[packet](*args, **kwargs, out_val=node.meta["val"]))
     if packet in flop_registry:
         try:
             return float(flop_registry[packet](*args, **kwargs, out_val=node.meta["val"]))

@@ -198,7 +198,10 @@ def _way_out(exc: BaseException) -> str:
                 "read in Python (.item(), an `if` on a tensor) but not on a shape made inside "
                 "an op. Keep the shapes fixed: torch.where(mask, t, 0) or t * mask (and "
                 "mask.sum() where a mean over the selected elements is meant), masked_fill, "
-                "or select the rows in the data loader; otherwise train this model eagerly.")
+                "or select the rows in the data loader; a mixture of experts keeps them fixed "
+                "by sorting the tokens by expert and running F.grouped_mm over the groups "
+                "(offs: the running count per expert), as Hugging Face transformers 5 does; "
+                "otherwise train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
     if "entirely functional graph" in text and "_constant" in text:

@@ -72,6 +72,10 @@ reading its batch directly, met them.
   mode is on and any weight or state requires grad, where it takes the differentiable
   one-layer LSTM (the one the original itself takes for an input that requires grad).
 
+* fake-tensor rules stricter than eager's kernels are widened to what eager accepts
+  (``outcore.capture.eager_meta``: ``_grouped_mm`` on float32 / float16, the experts of
+  Hugging Face's mixture-of-experts models).
+
 Invariants: without dropout, out of training or with one layer, ``_rnn_helper`` is the
 original unchanged; per-layer outputs and final hidden states are the original's, in its
 order (per layer, then per direction). Everything is restored when the last open context
@@ -201,6 +205,9 @@ def eager_decompositions() -> dict[Any, Callable[..., Any]]:
 def _patch() -> None:
     from torch._decomp import decompositions as d
 
+    from outcore.capture import eager_meta
+
+    eager_meta.patch()
     _ORIGINALS.update(_rnn_helper=d._rnn_helper,
                       select_one_layer_lstm_function=d.select_one_layer_lstm_function)
     d._rnn_helper = _layer_by_layer(_ORIGINALS["_rnn_helper"])
@@ -222,6 +229,9 @@ def _patch() -> None:
 def _restore() -> None:
     from torch._decomp import decompositions as d
 
+    from outcore.capture import eager_meta
+
+    eager_meta.restore()
     for name, fn in _ORIGINALS.items():
         setattr(d, name, fn)
     _ORIGINALS.clear()

@@ -1,7 +1,8 @@
 """Paper-scale sizing of real models with fake tensors: capture, plan and simulate.
 
-torchvision ResNet-50 and ViT-B/16 at batch 64 (224 px), GPT-2 124M and a Llama-style 1B
-config at sequence 2048 (batch 1): each model is built under ``FakeTensorMode`` (nothing is
+torchvision ResNet-50 and ViT-B/16 at batch 64 (224 px), GPT-2 124M, a Llama-style 1B
+config at sequence 2048 (batch 1), and the mixture of experts OLMoE-1B-7B in bfloat16 at
+batch 4: each model is built under ``FakeTensorMode`` (nothing is
 allocated), captured, planned with outcore-auto at 50% of its in-core peak (or, when that is
 below what any plan can reach, at the least budget outcore-auto names), and the plan is
 simulated on the ``h100`` and ``a100`` profiles. Prints one row per (model, GPU).
@@ -54,8 +55,8 @@ def _vit(small: bool) -> tuple[Any, Any, Any]:
     return model, (torch.randn(64, 3, 224, 224), torch.randint(0, 1000, (64,))), F.cross_entropy
 
 
-def _tokens(seq: int, vocab: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, vocab, (1, seq))
+def _tokens(seq: int, vocab: int, batch: int = 1) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, vocab, (batch, seq))
     return {"input_ids": ids, "labels": ids}
 
 
@@ -88,9 +89,39 @@ def _llama(small: bool) -> tuple[Any, Any, Any]:
     return transformers.LlamaForCausalLM(cfg), _tokens(seq, cfg.vocab_size), None
 
 
+def _olmoe(small: bool) -> tuple[Any, Any, Any]:
+    import_torchvision()
+    import transformers
+
+    if small:
+        cfg = transformers.OlmoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=4, num_experts=4,
+                                       num_experts_per_tok=2, pad_token_id=0,
+                                       eos_token_id=1)
+        seq = 32
+    else:  # OLMoE-1B-7B: 64 experts, 8 per token, 6.9B parameters (1.3B active)
+        cfg = transformers.OlmoeConfig(vocab_size=50304, hidden_size=2048,
+                                       intermediate_size=1024, num_hidden_layers=16,
+                                       num_attention_heads=16, num_key_value_heads=16,
+                                       num_experts=64, num_experts_per_tok=8,
+                                       max_position_embeddings=4096, pad_token_id=1,
+                                       eos_token_id=50279)
+        seq = 2048
+    # bfloat16 at batch 4: in float32 at batch 1 its parameters and gradients (51.4 GiB) are
+    # all but 0.2 GiB of the peak, and no activation plan has anything to decide
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bfloat16 (``.to`` cannot swap fakes)
+    try:
+        model = transformers.OlmoeForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model, _tokens(seq, cfg.vocab_size, batch=1 if small else 4), None
+
+
 MODELS: dict[str, Callable[[bool], tuple[Any, Any, Any]]] = {
     "resnet50 b64": _resnet50, "vit_b_16 b64": _vit, "gpt2-124M s2048": _gpt2,
-    "llama-1B s2048": _llama}
+    "llama-1B s2048": _llama, "olmoe-1B-7B bf16 b4 s2048": _olmoe}
 
 
 @contextlib.contextmanager

@@ -204,7 +204,8 @@ _S2S = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 1, "decoder_layers
 #: Mixture-of-experts causal LMs: transformers 5 routes each token to its top-k experts and
 #: runs them with ``torch._grouped_mm`` (float32 here: its fake-tensor rule refused that
 #: before ``outcore.capture.eager_meta``). Qwen2-MoE adds a shared expert; the aux-loss
-#: Mixtral returns the router's load-balancing loss in its loss.
+#: Mixtral returns the router's load-balancing loss in its loss; DeepSeek-V3 has latent
+#: attention (MLA), a shared expert and group-limited routing.
 _MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
 MOE = [
     Case("hf_mixtral", "hf", _hf("MixtralForCausalLM", "MixtralConfig", num_local_experts=4,
@@ -221,6 +222,12 @@ MOE = [
                                **_MOE), _tokens(), None),
     Case("hf_gpt_oss", "hf", _hf("GptOssForCausalLM", "GptOssConfig", num_local_experts=4,
                                  head_dim=8, **_DEC, **_MOE), _tokens(), None),
+    Case("hf_deepseek_v3", "hf", _hf("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                                     n_routed_experts=4, n_shared_experts=1, n_group=1,
+                                     topk_group=1, first_k_dense_replace=0, q_lora_rank=None,
+                                     kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                     v_head_dim=8, **{**_DEC, "num_key_value_heads": 4},
+                                     **_MOE), _tokens(), None),
 ]
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from realmodel_fake_sizing import MODELS, size
 
 
-@pytest.mark.parametrize("name", ["resnet50 b64", "llama-1B s2048"])
+@pytest.mark.parametrize("name", ["resnet50 b64", "llama-1B s2048", "olmoe-1B-7B bf16 b4 s2048"])
 def test_fake_sizing_small(name):
     for row in size(name, small=True):
         assert row["peak"] == row["sim_peak"] <= row["budget"] < row["in_core"]

@@ -11,6 +11,7 @@ element's read with a whole list: "split_with_sizes(): ... found element of type
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +20,8 @@ from torch import nn
 
 import outcore
 from outcore.capture import capture
-from outcore.errors import CaptureError
+from outcore.errors import CaptureError, ReplanWarning
+from outcore.trainer_stats import MANY_RESPECIALISATIONS
 
 EXPERTS = 3
 Read = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
@@ -118,6 +120,26 @@ def test_new_counts_are_captured_again_not_run_on_the_old_split() -> None:
         counts.add(tuple(torch.bincount(chosen, minlength=EXPERTS).tolist()))
     assert len(counts) > 1  # the batches route differently
     assert trainer.stats.replans >= len(counts) - 1
+
+
+def test_captures_at_many_steps_are_announced_once_with_the_way_out() -> None:
+    """Routing by counts read with .tolist() fails the guard at almost every step; each
+    costs a capture and a plan, which the Trainer says once, with the fixed-shape way out."""
+    torch.manual_seed(0)
+    model = Routed("tolist 1-D")
+    batches = _batches(3 * MANY_RESPECIALISATIONS)
+    trainer = outcore.compile(model, nn.functional.mse_loss, batches[0], budget=None,
+                              device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches:
+            trainer.step(x, y)
+    notes = [w for w in caught if issubclass(w.category, ReplanWarning)]
+    assert trainer.stats.replans >= MANY_RESPECIALISATIONS
+    assert len(notes) == 1
+    message = str(notes[0].message)
+    assert f"again {MANY_RESPECIALISATIONS} times" in message
+    assert ".tolist() being [" in message and "fixed shapes" in message
 
 
 class ReadsOtherwiseWhenTraced(nn.Module):

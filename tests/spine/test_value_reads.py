@@ -161,6 +161,32 @@ def test_a_trace_that_reads_another_tensor_is_refused_not_answered() -> None:
         capture(ReadsOtherwiseWhenTraced(), nn.functional.mse_loss, batch)
 
 
+class Unreadable(nn.Module):
+    """Reads a value in a way no trace can: NumPy, or a format spec."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        if self.how == "numpy":
+            return h * float(h.detach().numpy().mean())
+        print(f"mean {h.mean():.3f}")
+        return h
+
+
+@pytest.mark.parametrize(("how", "advice"), [("numpy", r"\.tolist\(\)"),
+                                             ("format", r"without a spec \(f'\{t\}'\)")])
+def test_reads_no_trace_can_make_are_refused_with_what_to_write(how: str, advice: str) -> None:
+    """Both failed with "check that model(x) runs eagerly", which it does."""
+    batch = (torch.randn(2, 4), torch.randn(2, 4))
+    with pytest.raises(CaptureError, match=advice) as err:
+        capture(Unreadable(how), nn.functional.mse_loss, batch)
+    assert "run eagerly" not in str(err.value)
+
+
 def test_the_readers_are_restored_after_a_capture() -> None:
     from torch._subclasses.functional_tensor import FunctionalTensor
 

@@ -241,6 +241,18 @@ def _way_out(exc: BaseException) -> str:
                 "or select the rows in the data loader; otherwise train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
+    if ".numpy() is not supported for tensor subclasses" in text:
+        return ("The model or the loss turns a tensor into a NumPy array (.numpy()); outcore "
+                "traces the step on tensor subclasses, which have none. Compute it with "
+                "torch operations, or read the values with .tolist() (outcore specialises "
+                "the step on values read that way, and captures it again when they change).")
+    if "unsupported format string passed to" in text and "Tensor" in text:
+        return ("The model or the loss formats a tensor with a format spec (f'{t:.3f}', "
+                "'{:.3f}'.format(t)); outcore traces the step on tensor subclasses, which "
+                "cannot be formatted so, and a planned step does not run the forward's "
+                "Python again, so the text would not be printed at each step anyway. Print "
+                "outside the model (trainer.step returns the loss), or without a spec "
+                "(f'{t}').")
     if "entirely functional graph" in text and "_constant" in text:
         return ("The model or the loss changes in place a tensor that is neither a "
                 "parameter, a buffer nor part of the batch (a tensor the loss closes over, a "

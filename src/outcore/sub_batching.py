@@ -3,8 +3,11 @@
 moDNN (and outcore-auto, when it takes moDNN's plan) can run one step as ``k`` sub-batches
 with gradient accumulation. That changes what the step computes wherever the samples of a
 batch are coupled: BatchNorm normalises each sub-batch with its own statistics and updates
-its running statistics ``k`` times (``num_batches_tracked`` grows by ``k``). Without
-batch-coupled layers the accumulated gradients equal the full batch's only up to the order
+its running statistics ``k`` times (``num_batches_tracked`` grows by ``k``); any other
+buffer the forward updates (a step counter, an EMA of the inputs) is updated once per
+sub-batch too, ``k`` times per step, and a forward that reads it computes otherwise
+(``updated_buffers``: the note names them). Without batch-coupled layers and updated buffers
+the accumulated gradients equal the full batch's only up to the order
 of the floating-point sums, for a loss whose reduction over samples is read from the trace
 (``outcore.runtime.loss_split``: mean, sum, a sum divided by the batch size, NLL/cross
 entropy with ``ignore_index``, class weights or label smoothing; another loss is refused),
@@ -37,6 +40,18 @@ def batch_coupled_ops(graph: Graph) -> list[str]:
             if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
 
 
+#: the buffers ``torch.nn`` normalisation layers update (told apart by ``BATCH_COUPLED``)
+_NORM_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def updated_buffers(graph: Graph) -> list[str]:
+    """The buffers the step updates in place, but those of BatchNorm-like layers (their
+    running statistics): a step counter, an EMA, anything a forward changes with ``+=``."""
+    names = [t.source.removeprefix("update:model.") for t in graph.tensors
+             if t.source.startswith("update:")]
+    return [n for n in names if n.rsplit(".", 1)[-1] not in _NORM_BUFFERS]
+
+
 def allowed(policy: str, allow_sub_batches: bool | None) -> bool:
     """True when the user opted in: ``allow_sub_batches=True`` or the moDNN policy by name."""
     if allow_sub_batches is not None:
@@ -62,17 +77,28 @@ def refuse_below_bound(policy: str, limit: int, bound: int, can_split: bool) -> 
 def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
     """What splitting into ``parts`` sub-batches changes, for this graph."""
     coupled = batch_coupled_ops(graph)
+    updated = updated_buffers(graph)
+    they, them = ("they", "them") if len(updated) > 1 else ("it", "it")
+    others = (f"; the forward updates {_listed(updated, 'buffer')} once per sub-batch "
+              f"({parts} times per step), so {they} and the gradients of what reads {them} "
+              "differ from eager PyTorch's") if updated else ""
     if coupled:
-        shown = ", ".join(coupled[:3]) + (f" and {len(coupled) - 3} more" if len(coupled) > 3
-                                          else "")
         return (f"the batch is split into {parts} sub-batches (opted in): {len(coupled)} "
-                f"batch-coupled ops ({shown}) compute their statistics per sub-batch and "
-                f"update running statistics {parts} times per step, so gradients and "
-                "BatchNorm buffers differ from eager PyTorch's")
+                f"batch-coupled ops ({_listed(coupled, '')}) compute their statistics per "
+                f"sub-batch and update running statistics {parts} times per step, so "
+                f"gradients and BatchNorm buffers differ from eager PyTorch's{others}")
+    if updated:
+        return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
+                f"batch-coupled layers, but{others.removeprefix(';')}")
     return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
             "batch-coupled layers, so gradients equal the full batch's up to summation order "
             "(each sub-batch weighted as the traced loss reduces: 1/k for a mean, 1 for a "
             "sum, its share of the targets' count or weight for NLL/cross entropy)")
+
+
+def _listed(names: list[str], what: str) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{what}{'s' if what and len(names) > 1 else ''} {shown}".strip()
 
 
 def announce_split(graph: Graph, parts: int) -> str:

@@ -17,6 +17,9 @@ A step whose signature is not cached is captured and planned again under the sam
 and policy (``stats.replans`` counts those after the first; ``stats.cache_size`` bounds the
 cache, least recently used first out; a signature evicted and met again, or the
 ``MANY_SHAPES``-th one, raises a ``ReplanWarning`` once, with how to make fewer shapes).
+A step whose specialisation guard fails (``outcore.capture.specialize``: a value read in
+Python changed) is captured again too; the ``MANY_RESPECIALISATIONS``-th time, a
+``ReplanWarning`` says once what that costs (``respecialised_note``).
 With ``transfer_plans=True`` its plan is carried from a cached signature's instead of
 searched when the new graph has
 the same structure, is near in size, the schedule fits the budget there and simulates
@@ -52,6 +55,7 @@ with the model state fixed; data parallel (``outcore.distributed``) builds on it
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -100,7 +104,13 @@ from outcore.plan_transfer import PROMOTE_AFTER
 from outcore.planned import MACHINE, PlannedStep, cost_model_for, plan
 from outcore.runtime.executor import RngState, rng_state, set_rng_state
 from outcore.runtime.link_calibration import LinkCalibration
-from outcore.trainer_stats import MANY_SHAPES, TrainerStats, shapes_note
+from outcore.trainer_stats import (
+    MANY_RESPECIALISATIONS,
+    MANY_SHAPES,
+    TrainerStats,
+    respecialised_note,
+    shapes_note,
+)
 
 DEFAULT_CACHE_SIZE = 8
 
@@ -160,6 +170,7 @@ class Trainer:
         self.stats = TrainerStats()
         self._warned_eval = False
         self._warned_shapes = False
+        self._respecialisations = 0  # steps captured again after a failed guard
         self._evicted: set[Hashable] = set()  # signatures dropped from the full cache
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._current = self._entry(own_storage(plain_batch(example_batch)))
@@ -215,8 +226,10 @@ class Trainer:
         rng = rng_state()
         try:
             result = self._measured_run(entry, batch, scale)
-        except SpecializationMismatch:
+        except SpecializationMismatch as failed:
+            start = time.perf_counter()
             result = self._run_recaptured(batch, scale, rng)
+            self._respecialised(failed, time.perf_counter() - start)
         entry = self._current  # the entry that ran (a fresh one after a failed guard)
         self.stats.tensor_peak = result.peak_bytes
         self.stats.measured_peak = (result.peak_bytes if entry.allocator_peak is None
@@ -242,6 +255,13 @@ class Trainer:
         measured = measure(lambda: self._run(entry, batch, scale))
         entry.allocator_peak = held_before(entry.planned.graph) + measured.peak
         return measured.result
+
+    def _respecialised(self, failed: SpecializationMismatch, seconds: float) -> None:
+        """Count a capture after a failed guard; warn once at ``MANY_RESPECIALISATIONS``."""
+        self._respecialisations += 1
+        if self._respecialisations == MANY_RESPECIALISATIONS:
+            announce(respecialised_note(self._respecialisations, seconds, str(failed)),
+                     ReplanWarning, stacklevel=4)
 
     def _run_recaptured(self, batch: Any, scale: float,
                         rng: RngState) -> Any:

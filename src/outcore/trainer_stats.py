@@ -89,3 +89,20 @@ def shapes_note(cache_size: int, seen: int, evicted: bool) -> str:
             "(pad_to_multiple_of= in Hugging Face's collators) or bucket them by length, and "
             f"keep compile(..., cache_size=) (now {cache_size}) at least the number of shapes "
             "you train on.")
+
+
+#: steps captured again after a failed specialisation guard before the Trainer says so
+MANY_RESPECIALISATIONS = 3
+
+
+def respecialised_note(count: int, seconds: float, last: str) -> str:
+    """What the Trainer says, once, when values the model reads in Python keep changing:
+    each change costs a capture and a plan of the step (``outcore.capture.specialize``)."""
+    return (f"the step was captured and planned again {count} times because a tensor value "
+            f"the model reads in Python (.tolist(), .item(), an `if` on a tensor) changed "
+            f"({last.partition(';')[0]}); the last capture took {seconds:.1f} s besides the "
+            "step. Each step is still computed as eager would, but a model that routes by "
+            "values read this way (tokens per expert read with .tolist(), as Hugging "
+            "Face's JetMoe does) is captured again at almost every step: route with fixed "
+            "shapes (a capacity per expert, torch.where, index_add over all tokens) or "
+            "train it eagerly.")

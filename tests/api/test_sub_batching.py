@@ -86,6 +86,42 @@ def test_without_batch_coupled_layers_the_split_matches_eager_up_to_summation_or
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 
+class Counted(nn.Module):
+    """No batch-coupled layer, but buffers the forward updates: a step counter and an EMA of
+    the inputs that the forward reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = plain_net()
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("ema", torch.zeros(3, 16, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        self.ema.mul_(0.9).add_(x.detach().mean(0), alpha=0.1)
+        return self.net(x - self.ema)
+
+
+def test_buffers_the_forward_updates_are_said_to_differ_under_a_split():
+    """A split without batch-coupled layers was announced as equal to eager up to summation
+    order even when the forward updated buffers: they were updated once per sub-batch (the
+    counter k times a step, the EMA from each sub-batch's mean) and the gradients through
+    the EMA differed, silently."""
+    model = Counted()
+    reference = copy.deepcopy(model)
+    with pytest.warns(SubBatchWarning, match="updates buffers steps, ema once per sub-batch"):
+        trainer = outcore.compile(model, LOSS, BATCH, budget=under_bound(copy.deepcopy(model)),
+                                  device="cpu-emulated", allow_sub_batches=True)
+    parts = trainer.stats.sub_batches
+    assert parts > 1 and "differ from eager" in trainer.stats.notes[0]
+    assert "up to summation order" not in trainer.stats.notes[0]
+    trainer.step(*BATCH)
+    LOSS(reference(BATCH[0]), BATCH[1]).backward()
+    assert int(model.steps) == parts and int(reference.steps) == 1  # what the note says
+    assert not torch.allclose(model.net[0].weight.grad, reference.net[0].weight.grad)
+
+
 def test_plan_hands_policies_no_recapture_without_opt_in(monkeypatch):
     from outcore.policies import registry
 

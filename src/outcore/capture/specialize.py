@@ -15,6 +15,13 @@ padding mask). When a value is the same at every step, outcore specialises on it
    values.
 
 A fake capture (``fake=True``) has no values to specialise on: it keeps the CaptureError.
+
+Invariant: one read in the step's code is one guard, in the eager run and in every trace
+alike. The tensor subclasses tracing runs on override some readers (``FunctionalTensor`` and
+``FakeTensor`` implement ``tolist`` as one ``item()`` per element, ``FunctionalTensor`` its
+``__bool__`` as ``item()``), so the readers are patched on every class that defines one, and
+each replayed read is checked against its guard's reader and shape: a trace that reads in
+another order is refused, never answered with another read's value.
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._subclasses.fake_tensor  # loaded, so _reader_owners finds the classes tracing
+import torch._subclasses.functional_tensor  # runs on
 from torch import nn
 
 from outcore.errors import CaptureError
 
 #: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
-_READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+_READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__")
 
 _DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent",
                    "_local_scalar_dense", "nonzero", "item()")
@@ -42,31 +51,54 @@ class ScalarGuard:
 
     reader: str
     value: Any
+    #: the shape of the tensor read (a replayed read of another shape is another read)
+    shape: tuple[int, ...] = ()
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
         return bool(getattr(tensor, self.reader)() == self.value)
 
 
+def _reader_owners() -> list[type]:
+    """``torch.Tensor`` and every loaded subclass of it that defines a reader of its own."""
+    owners: list[type] = [torch.Tensor]
+    seen: set[type] = set()
+    todo = list(torch.Tensor.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        if any(name in vars(cls) for name in _READERS):
+            owners.append(cls)
+    return owners
+
+
 @contextlib.contextmanager
 def _patched(hook: Callable[[str, Callable[..., Any], torch.Tensor], Any]) -> Iterator[None]:
-    """Route every reader through ``hook(reader, original, tensor)`` for the duration."""
-    originals = {name: getattr(torch.Tensor, name) for name in _READERS}
+    """Route every reader through ``hook(reader, original, tensor)`` for the duration: on
+    ``torch.Tensor`` and on each subclass that overrides a reader (``_reader_owners``)."""
+    # (class, reader, its own attribute or None where it inherits torch's C method)
+    originals = [(cls, name, vars(cls).get(name))
+                 for cls in _reader_owners() for name in _READERS
+                 if cls is torch.Tensor or name in vars(cls)]
 
-    def make(name: str) -> Callable[..., Any]:
-        original = originals[name]
-
+    def make(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def reader(self: torch.Tensor) -> Any:
             return hook(name, original, self)
         return reader
 
     try:
-        for name in _READERS:
-            setattr(torch.Tensor, name, make(name))
+        for cls, name, own in originals:
+            setattr(cls, name, make(name, own if own is not None else getattr(cls, name)))
         yield
     finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+        for cls, name, own in originals:
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
 
 
 def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[ScalarGuard]:
@@ -82,7 +114,7 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
             value = original(tensor)
         finally:
             depth[0] -= 1
-        seen.append(ScalarGuard(name, value))
+        seen.append(ScalarGuard(name, value, tuple(tensor.shape)))
         return value
 
     buffers = [(b, b.detach().clone()) for b in step.buffers()]
@@ -106,7 +138,8 @@ def _same(value: Any) -> Any:
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {"__bool__": bool, "__int__": int,
-                                              "__index__": int, "__float__": float}
+                                              "__index__": int, "__float__": float,
+                                              "__complex__": complex}
 
 
 @contextlib.contextmanager
@@ -121,6 +154,13 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
                 "eagerly, so outcore cannot specialise on them; make the branch depend on "
                 "shapes or Python values, or use torch.where")
         guard = guards[len(sink)]
+        if name != guard.reader or tuple(tensor.shape) != guard.shape:
+            raise CaptureError(
+                f"while tracing, the model's read number {len(sink) + 1} of a tensor value was "
+                f".{name}() of a tensor of shape {tuple(tensor.shape)}, but when it ran "
+                f"eagerly it was .{guard.reader}() of one of shape {guard.shape}; outcore "
+                "cannot specialise on reads that differ between runs. Make the branch "
+                "depend on shapes or Python values, or use torch.where")
         sink.append(tensor.detach())
         return _CONVERT.get(name, _same)(guard.value)
 
@@ -204,6 +244,18 @@ def _way_out(exc: BaseException) -> str:
                 "otherwise train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
+    if ".numpy() is not supported for tensor subclasses" in text:
+        return ("The model or the loss turns a tensor into a NumPy array (.numpy()); outcore "
+                "traces the step on tensor subclasses, which have none. Compute it with "
+                "torch operations, or read the values with .tolist() (outcore specialises "
+                "the step on values read that way, and captures it again when they change).")
+    if "unsupported format string passed to" in text and "Tensor" in text:
+        return ("The model or the loss formats a tensor with a format spec (f'{t:.3f}', "
+                "'{:.3f}'.format(t)); outcore traces the step on tensor subclasses, which "
+                "cannot be formatted so, and a planned step does not run the forward's "
+                "Python again, so the text would not be printed at each step anyway. Print "
+                "outside the model (trainer.step returns the loss), or without a spec "
+                "(f'{t}').")
     if "entirely functional graph" in text and "_constant" in text:
         return ("The model or the loss changes in place a tensor that is neither a "
                 "parameter, a buffer nor part of the batch (a tensor the loss closes over, a "

@@ -27,13 +27,30 @@ operand eager refuses fails the first step with eager's message, before anything
 committed. The rule is a Python-dispatcher kernel (``OpOverload.py_kernels``), which the
 capture's export consults; a bare ``FakeTensorMode`` outside it still meets torch's rule.
 
-Invariants: the rule never accepts a call torch's rule would size differently (it only
-answers where torch's rule raises on the dtype); ``restore`` puts back exactly the kernel
-``patch`` replaced, and both run under ``traced_as_eager``'s lock.
+A second kind of divergence leaves capture working but the step off eager's values by a
+rounding: **layouts**. The Meta kernels of several elementwise backward and loss ops
+(``LAYOUT_FROM``: softplus, hardtanh (ReLU6), ELU, hardswish, hardsigmoid, logit, copysign,
+the MSE / smooth-L1 / Huber / BCE losses' backward, ``_log_softmax_backward_data``) are
+Python decompositions that lay the output out after another operand than eager's
+``TensorIterator`` does. Where the operands' layouts differ (a gradient arriving transposed
+meets a contiguous saved input), the traced output is contiguous and eager's is transposed,
+or the reverse. The step still runs (``outcore.runtime.layout`` copies the real output into
+the traced layout), but a later reduction (a bias's gradient: ``sum`` over the batch) then
+adds in another order: Qwen3-Next's ``dt_bias`` gradient was 2.5e-7 relative off eager's
+(``softplus_backward`` of a transposed gradient). While a step is traced these ops keep
+torch's rule for the shape and dtype and take the strides eager's iterator gives, from the
+operands it reads in its order (``compute_elementwise_output_strides``), so everything
+traced after them sees eager's layouts.
+
+Invariants: the dtype rule never accepts a call torch's rule would size differently (it only
+answers where torch's rule raises on the dtype); the layout rules change strides only, never
+a shape or dtype; ``restore`` puts back exactly the kernels ``patch`` replaced, and both run
+under ``traced_as_eager``'s lock.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +59,27 @@ from torch._C import DispatchKey
 
 #: Operand dtypes eager's ``_grouped_mm`` takes beyond torch's bfloat16-only rule.
 _WIDER = (torch.float32, torch.float16)
-_REPLACED: list[tuple[Any, Callable[..., Any]]] = []  # (op, torch's Meta kernel)
+#: ATen overload -> positions of the arguments eager's TensorIterator reads, in its order
+#: (the output's strides follow the first operand that orders two dimensions; module doc);
+#: no positions: eager's kernel returns a contiguous tensor.
+#: Each entry is checked against the eager kernel in tests/spine/test_eager_layouts.py.
+LAYOUT_FROM: dict[str, tuple[int, ...]] = {
+    "softplus_backward.default": (0, 1),
+    "hardtanh_backward.default": (0, 1),
+    "elu_backward.default": (0, 5),
+    "hardswish_backward.default": (0, 1),
+    "hardsigmoid_backward.default": (0, 1),
+    "logit_backward.default": (0, 1),
+    "copysign.Tensor": (0, 1),
+    "mse_loss_backward.default": (),  # these three: a contiguous gradient in eager
+    "smooth_l1_loss_backward.default": (),
+    "huber_loss_backward.default": (),
+    "binary_cross_entropy_backward.default": (1, 2, 0),
+    "_log_softmax_backward_data.default": (),  # eager's CPU kernel: always contiguous
+}
+#: (op, table, torch's rule): ``table`` is the op's ``py_kernels`` (key DispatchKey.Meta) or
+#: ``torch._decomp.decomposition_table`` (key the op), the two places fake tensors size it
+_REPLACED: list[tuple[Any, dict[Any, Any], Callable[..., Any]]] = []
 
 
 def _grouped_mm_rule(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,20 +110,80 @@ def _grouped_mm_rule(original: Callable[..., Any]) -> Callable[..., Any]:
     return rule
 
 
-def patch() -> None:
-    """Install the rules of the module doc (the caller holds ``traced_as_eager``'s lock)."""
-    op = torch.ops.aten._grouped_mm.default
-    original = op.py_kernels.get(DispatchKey.Meta)
-    if original is None:  # another torch: nothing to widen
-        return
-    _REPLACED.append((op, original))
-    op.py_kernels[DispatchKey.Meta] = _grouped_mm_rule(original)
+def _laid_out_as_eager(original: Callable[..., Any], positions: tuple[int, ...]
+                       ) -> Callable[..., Any]:
+    """A Meta kernel: ``original``'s output with the strides eager's TensorIterator gives
+    it from the arguments at ``positions`` (module doc); only the strides differ."""
+    from torch._prims_common import (
+        compute_elementwise_output_strides,
+        make_contiguous_strides_for,
+    )
+
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        operands = [args[i] for i in positions
+                    if i < len(args) and isinstance(args[i], torch.Tensor)]
+        if not isinstance(out, torch.Tensor) or any(o.dim() > out.dim() for o in operands):
+            return out
+        if operands:
+            strides = compute_elementwise_output_strides(
+                *(o.expand(out.shape) for o in operands))
+        else:
+            strides = make_contiguous_strides_for(out.shape)
+        if tuple(out.stride()) == tuple(strides):
+            return out
+        return out.new_empty_strided(out.shape, strides)
+
+    return rule
+
+
+def _replace(op: Any, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+             decomposed: bool = False) -> None:
+    """Swap ``op``'s Python Meta kernel for ``make(torch's kernel)``; with ``decomposed``
+    also its entry in torch's decomposition table, which fake tensors run instead of any
+    Meta kernel for an op outside ``torch._decomp.meta_table``. Nothing where torch has
+    neither (another torch)."""
+    from torch._decomp import decomposition_table
+
+    places: list[tuple[dict[Any, Any], Any]] = [(op.py_kernels, DispatchKey.Meta)]
+    if decomposed:
+        places.append((decomposition_table, op))
+    for table, key in places:
+        original = table.get(key)
+        if original is None:
+            continue
+        _REPLACED.append((op, table, original))
+        table[key] = make(original)
     op._dispatch_cache.clear()
 
 
+def _forget_cached() -> None:
+    """Drop the fake-tensor dispatch cache's entries for the ops ``patch`` replaces: the
+    cache (``FakeTensorMode.cache``, shared by every mode) keys on the op and its inputs'
+    metadata, not on the kernel that answered, so an output sized by the other rule would
+    be served again."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = {op for op, _, _ in _REPLACED}
+    for key in [k for k in FakeTensorMode.cache if k.key and k.key[0] in ops]:
+        FakeTensorMode.cache.pop(key, None)
+
+
+def patch() -> None:
+    """Install the rules of the module doc (the caller holds ``traced_as_eager``'s lock)."""
+    _replace(torch.ops.aten._grouped_mm.default, _grouped_mm_rule)
+    for name, positions in LAYOUT_FROM.items():
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        _replace(op, functools.partial(_laid_out_as_eager, positions=positions),
+                 decomposed=True)
+    _forget_cached()
+
+
 def restore() -> None:
-    """Put back the kernels ``patch`` replaced."""
-    for op, original in _REPLACED:
-        op.py_kernels[DispatchKey.Meta] = original
+    """Put back the kernels ``patch`` replaced (and forget what they sized)."""
+    _forget_cached()
+    for op, table, original in reversed(_REPLACED):
+        table[DispatchKey.Meta if table is op.py_kernels else op] = original
         op._dispatch_cache.clear()
     _REPLACED.clear()

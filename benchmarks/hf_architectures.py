@@ -1,0 +1,165 @@
+"""Every causal-LM architecture of the installed transformers, at a tiny size, through outcore.
+
+For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` the script builds a tiny config (two
+tries: the sizes below set on every field the config has, then only the core sizes with the
+layer pattern cut to the layers kept), runs one eager step, and where eager trains, one step
+through ``outcore.compile`` on ``cpu-emulated`` under ``--policy`` (default outcore-auto),
+halfway between the layer-wise lower bound and the in-core peak, compared with eager by the
+real-model corpus's harness (``tests/realmodels/harness.py``: the loss and every gradient
+bit-exact, the measured peak equal to the predicted one). The model runs one forward under
+``no_grad`` when built, so that first-call state (BigBird draws random numbers once) is
+set before the compared step in both copies.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_architectures.py [--only a,b] \\
+        [--policy outcore-auto] [--timeout 300]
+
+Prints one Markdown row per architecture (``ok``, ``FAIL: ...`` for outcore, ``skip`` where
+the tiny config does not train eagerly) and the counts. Exit status 1 if any row failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
+
+from corpus import Case
+from harness import check, in_core_peak
+from tv_compat import import_torchvision
+
+#: tiny sizes, set on every config field of that name (the first try)
+TINY: dict[str, Any] = {
+    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "max_position_embeddings": 64,
+    "d_model": 32, "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64,
+    "num_layers": 2, "num_heads": 4, "ffn_dim": 64, "d_ff": 64, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2, "layer_types": None}
+#: the second try: only these, and the config's own layer pattern cut to the layers kept
+LEAN = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "pad_token_id", "bos_token_id", "eos_token_id",
+        "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Timeout
+
+
+def _tokens() -> dict[str, torch.Tensor]:
+    ids = torch.randint(3, 60, (2, 12))
+    return {"input_ids": ids, "labels": ids}
+
+
+def _configs(model_type: str) -> list[Any]:
+    import transformers
+
+    cls = type(transformers.AutoConfig.for_model(model_type))
+    tries: list[Callable[[], Any]] = [
+        lambda: cls(**TINY),
+        lambda: cls(**{k: TINY[k] for k in LEAN}, num_hidden_layers=4)]
+    configs = []
+    for make in tries:
+        try:
+            configs.append(make())
+        except Exception:  # noqa: BLE001 - a config that refuses these sizes: next try
+            continue
+    return configs
+
+
+def _builder(model_cls: Any, config: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        model = model_cls(config)
+        with torch.no_grad():
+            torch.manual_seed(2)
+            model(**_tokens())  # first-call state, in both copies (module doc)
+        return model
+    return build
+
+
+def _case(model_type: str, class_name: str) -> Case | None:
+    """A corpus Case for the first tiny config that trains one eager step, else None."""
+    import transformers
+
+    model_cls = getattr(transformers, class_name)
+    for config in _configs(model_type):
+        case = Case(f"hf_{model_type}", "hf", _builder(model_cls, config), _tokens, None)
+        try:
+            model = case.build()
+            model(**case.batch()).loss.backward()
+            return case
+        except Exception:  # noqa: BLE001 - eager fails at this config: next one
+            continue
+    return None
+
+
+def run(model_type: str, class_name: str, policy: str, timeout: int) -> tuple[str, str]:
+    """(status, row) for one architecture; status is "ok", "fail" or "skip"."""
+    start = time.perf_counter()
+    signal.alarm(timeout)
+    try:
+        case = _case(model_type, class_name)
+        if case is None:
+            return "skip", (f"| {model_type} | {class_name} | - | skip (eager fails at the "
+                            "tiny sizes) |")
+        ops, _, budget = in_core_peak(case)
+        outcome = check(case, policy, budget)
+    except _Timeout:
+        return "fail", f"| {model_type} | {class_name} | - | FAIL: over {timeout} s |"
+    except Exception as exc:  # noqa: BLE001 - a failure of outcore is the row's result
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        return "fail", f"| {model_type} | {class_name} | - | FAIL: {text} |"
+    finally:
+        signal.alarm(0)
+    seconds = time.perf_counter() - start
+    if outcome.ok:
+        return "ok", f"| {model_type} | {class_name} | {ops} | ok ({seconds:.1f} s) |"
+    problems = "; ".join(outcome.problems)[:200]
+    return "fail", f"| {model_type} | {class_name} | {ops} | FAIL: {problems} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", default="", help="model types, comma-separated")
+    parser.add_argument("--policy", default="outcore-auto")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per architecture")
+    args = parser.parse_args()
+    import_torchvision()
+    import logging
+
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    logging.disable(logging.WARNING)
+    signal.signal(signal.SIGALRM, _alarm)
+    only = set(args.only.split(",")) if args.only else None
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"policy {args.policy}\n")
+    print("| model type | class | ops | result |\n|---|---|---|---|")
+    counts = {"ok": 0, "fail": 0, "skip": 0}
+    for model_type, class_name in sorted(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+        if only is not None and model_type not in only:
+            continue
+        status, row = run(model_type, class_name, args.policy, args.timeout)
+        counts[status] += 1
+        print(row, flush=True)
+    print(f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['skip']} skipped "
+          "(eager fails at the tiny sizes)")
+    sys.exit(1 if counts["fail"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,12 @@ than the machine has cores: oversubscribed OpenMP threads spin against each othe
 every test down. A test that needs a given thread count sets it itself (``one_thread``)."""
 
 import os
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # shared helpers: ``from exact import ...``
 
 os.environ.setdefault("OUTCORE_NO_CACHE", "1")
 

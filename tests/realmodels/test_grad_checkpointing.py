@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from exact import assert_grads_equal
 from torch import nn
 
 import outcore
@@ -31,10 +32,7 @@ def _grads_as_eager(model: nn.Module, batch: Any, loss_of: Any, budget: Any) -> 
                 else loss_of(reference(batch[0]), batch[1]))
     expected.backward()
     assert torch.equal(loss, expected.detach())
-    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert (p.grad is None) == (q.grad is None), name
-        if p.grad is not None:
-            assert torch.equal(p.grad, q.grad), name
+    assert_grads_equal(model, reference)
     assert trainer.planned.graph.meta.get("user_checkpoints") is True
     if budget is not None:
         assert trainer.stats.measured_peak <= budget

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from exact import assert_grads_equal
 from torch import nn
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -125,5 +126,4 @@ def test_transposed_gradient_step_equals_eager(act: Callable[..., torch.Tensor])
     expected = loss_fn(reference(x), y)
     expected.backward()
     assert torch.equal(loss, expected.detach())
-    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert torch.equal(p.grad, q.grad), name
+    assert_grads_equal(model, reference)

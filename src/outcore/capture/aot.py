@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from outcore.capture import module_paths
+from outcore.capture import module_paths, rebound
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
@@ -154,6 +154,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                 args = tuple(mode.from_tensor(t) for t in tensors)
             stack.enter_context(module_paths.recording(model))
             flattened = stack.enter_context(plain_checkpoints())
+            rebinds = stack.enter_context(rebound.watching())  # buffers the forward rebinds
             joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ
@@ -168,6 +169,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if flattened.calls:
         graph.meta["user_checkpoints"] = True
         announce_checkpoints(flattened)
+    rebound.announce_kept((model, loss_fn), rebinds)
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,

@@ -1,0 +1,117 @@
+"""Buffers the forward rebinds (``self.buf = tensor``) while a step is captured.
+
+A captured step carries what the forward does to a buffer *in place* (``buf.add_(1)``,
+BatchNorm's running statistics) into the model after every step: the traced graph returns
+the buffer's new value and the executor writes it back. A forward that *rebinds* a
+registered buffer (assigns a new tensor to its name: an exponential average
+``self.ema = 0.9 * self.ema + 0.1 * x.mean(0)``, I-BERT's running ``x_min`` / ``x_max``,
+timm ConViT's ``rel_indices`` cache) did nothing the graph could carry: the capture puts the
+model's own tensors back, so every later step read the buffer's value from before the first
+step, where eager reads the value the last step left (an average over 3 steps: the second
+step's loss 1.348 against eager's 1.538).
+
+While ``watching()`` is open on the capturing thread, ``nn.Module.__setattr__`` turns such a
+rebinding into an in-place update when it can: a new value of the buffer's shape, dtype and
+device that needs no gradient is copied into the buffer (under ``no_grad``), which the graph
+then carries like any in-place change. The buffer object stays the one the user registered
+(eager's module would hold the new object); its values are eager's after every step. A
+rebinding it cannot turn so (another shape: ConViT's cache grows from its placeholder to the
+sequence's size; a value that needs a gradient) is left as it was and listed: the capture
+announces it (``announce``), since after the step the module holds its old buffer.
+
+Invariants: outside ``watching()`` (and on other threads) ``__setattr__`` is torch's; a
+value is only ever copied into a buffer of its own shape, dtype and device; the original
+``__setattr__`` is restored when the last open context ends, also on an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from outcore.errors import OutcoreWarning
+from outcore.log import announce
+
+_LOCK = threading.Lock()
+_ACTIVE = [0]  # contexts open on any thread: patched while above 0
+_LOCAL = threading.local()  # .open: the Rebinds of this thread's open contexts
+_TORCH_SETATTR = nn.Module.__setattr__
+
+
+@dataclass
+class Rebinds:
+    """What the forward rebound while ``watching()`` was open: ``carried`` (turned into an
+    in-place update) and ``kept`` (left as they were), as ``(module, buffer name)``."""
+
+    carried: list[tuple[nn.Module, str]] = field(default_factory=list)
+    kept: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+def _can_copy(old: torch.Tensor, new: torch.Tensor) -> bool:
+    return (old.shape == new.shape and old.dtype == new.dtype and old.device == new.device
+            and not new.requires_grad)
+
+
+def _setattr(module: nn.Module, name: str, value: Any) -> None:
+    """``nn.Module.__setattr__``, a buffer's rebinding turned in place (module doc)."""
+    opened: list[Rebinds] = getattr(_LOCAL, "open", [])
+    buffers = module.__dict__.get("_buffers")
+    if opened and buffers is not None and name in buffers and isinstance(value, torch.Tensor):
+        old = buffers[name]
+        if isinstance(old, torch.Tensor) and old is not value:
+            if _can_copy(old, value):
+                with torch.no_grad():
+                    old.copy_(value)
+                opened[-1].carried.append((module, name))
+                return
+            opened[-1].kept.append((module, name))
+    _TORCH_SETATTR(module, name, value)
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[Rebinds]:
+    """Turn buffer rebindings on this thread into in-place updates while open (module
+    doc); yields what was rebound."""
+    seen = Rebinds()
+    with _LOCK:
+        if _ACTIVE[0] == 0:
+            nn.Module.__setattr__ = _setattr  # type: ignore[method-assign,assignment]
+        _ACTIVE[0] += 1
+    if not hasattr(_LOCAL, "open"):
+        _LOCAL.open = []
+    _LOCAL.open.append(seen)
+    try:
+        yield seen
+    finally:
+        _LOCAL.open.pop()
+        with _LOCK:
+            _ACTIVE[0] -= 1
+            if _ACTIVE[0] == 0:
+                nn.Module.__setattr__ = _TORCH_SETATTR  # type: ignore[method-assign]
+
+
+def announce_kept(roots: tuple[Any, ...], seen: Rebinds) -> None:
+    """An ``OutcoreWarning`` naming the buffers the forward rebound in a way the step cannot
+    carry (module doc), by their paths in ``roots`` (the model, the loss)."""
+    if not seen.kept:
+        return
+    paths: dict[int, str] = {}
+    for root in roots:
+        if isinstance(root, nn.Module):
+            for path, mod in root.named_modules():
+                paths.setdefault(id(mod), path)
+    names = sorted({f"{paths.get(id(mod), type(mod).__name__)}.{name}".lstrip(".")
+                    for mod, name in seen.kept})
+    announce(f"the forward assigns new tensors to the buffer(s) {', '.join(names[:5])} "
+             "(self.buf = ...) of another shape than theirs, or needing a gradient, which "
+             "the captured step cannot carry: after each step the module still holds the "
+             "buffer it had before the first. Where the buffer is a cache the forward "
+             "recomputes when it does not fit (timm ConViT's rel_indices), the step computes "
+             "what eager computes; otherwise keep the buffer's shape and update it in place "
+             "(self.buf.copy_(...)).", OutcoreWarning, stacklevel=4)

@@ -1,6 +1,8 @@
 """Every causal-LM architecture of the installed transformers, at a tiny size, through outcore.
 
-For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` the script builds a tiny config (two
+For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (``--mapping`` names another of
+transformers' task mappings taking token ids and labels: ``MODEL_FOR_MASKED_LM_MAPPING_NAMES``,
+``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``, ...) the script builds a tiny config (two
 tries: the sizes below set on every field the config has, then only the core sizes with the
 layer pattern cut to the layers kept), runs one eager step, and where eager trains, one step
 through ``outcore.compile`` on ``cpu-emulated`` under ``--policy`` (default outcore-auto),
@@ -11,7 +13,7 @@ bit-exact, the measured peak equal to the predicted one). The model runs one for
 set before the compared step in both copies.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_architectures.py [--only a,b] \\
-        [--policy outcore-auto] [--timeout 300]
+        [--policy outcore-auto] [--timeout 300] [--mapping MODEL_FOR_MASKED_LM_MAPPING_NAMES]
 
 Prints one Markdown row per architecture (``ok``, ``FAIL: ...`` for outcore, ``skip`` where
 the tiny config does not train eagerly) and the counts. Exit status 1 if any row failed.
@@ -51,6 +53,9 @@ LEAN = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
         "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
+MAX_PARAMETERS = 5_000_000
+
+
 class _Timeout(Exception):
     pass
 
@@ -65,9 +70,9 @@ def _tokens() -> dict[str, torch.Tensor]:
 
 
 def _configs(model_type: str) -> list[Any]:
-    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    cls = type(transformers.AutoConfig.for_model(model_type))
+    cls = CONFIG_MAPPING[model_type]
     tries: list[Callable[[], Any]] = [
         lambda: cls(**TINY),
         lambda: cls(**{k: TINY[k] for k in LEAN}, num_hidden_layers=4)]
@@ -78,6 +83,18 @@ def _configs(model_type: str) -> list[Any]:
         except Exception:  # noqa: BLE001 - a config that refuses these sizes: next try
             continue
     return configs
+
+
+def _tiny(model_cls: Any, config: Any) -> bool:
+    """Whether the model has at most ``MAX_PARAMETERS`` parameters (built on the meta
+    device, nothing allocated): a config whose sub-configs keep their full sizes (BLT's
+    byte models) would fill this machine's memory."""
+    try:
+        with torch.device("meta"):
+            model = model_cls(config)
+    except Exception:  # noqa: BLE001 - the real build will say why
+        return True
+    return sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS
 
 
 def _builder(model_cls: Any, config: Any) -> Callable[[], nn.Module]:
@@ -96,6 +113,8 @@ def _case(model_type: str, class_name: str) -> Case | None:
 
     model_cls = getattr(transformers, class_name)
     for config in _configs(model_type):
+        if not _tiny(model_cls, config):
+            continue
         case = Case(f"hf_{model_type}", "hf", _builder(model_cls, config), _tokens, None)
         try:
             model = case.build()
@@ -111,10 +130,13 @@ def run(model_type: str, class_name: str, policy: str, timeout: int) -> tuple[st
     start = time.perf_counter()
     signal.alarm(timeout)
     try:
-        case = _case(model_type, class_name)
+        try:
+            case = _case(model_type, class_name)
+        except _Timeout:
+            return "skip", f"| {model_type} | {class_name} | - | skip (eager over {timeout} s) |"
         if case is None:
             return "skip", (f"| {model_type} | {class_name} | - | skip (eager fails at the "
-                            "tiny sizes) |")
+                            "tiny sizes, or they are not tiny) |")
         ops, _, budget = in_core_peak(case)
         outcome = check(case, policy, budget)
     except _Timeout:
@@ -136,6 +158,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="model types, comma-separated")
     parser.add_argument("--policy", default="outcore-auto")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per architecture")
+    parser.add_argument("--mapping", default="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                        help="a task mapping of transformers.models.auto.modeling_auto")
     args = parser.parse_args()
     import_torchvision()
     import logging
@@ -147,10 +171,10 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _alarm)
     only = set(args.only.split(",")) if args.only else None
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"policy {args.policy}\n")
+          f"policy {args.policy}, {args.mapping}\n")
     print("| model type | class | ops | result |\n|---|---|---|---|")
     counts = {"ok": 0, "fail": 0, "skip": 0}
-    for model_type, class_name in sorted(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+    for model_type, class_name in sorted(getattr(modeling_auto, args.mapping).items()):
         if only is not None and model_type not in only:
             continue
         status, row = run(model_type, class_name, args.policy, args.timeout)

@@ -37,6 +37,22 @@ class Averaged(nn.Module):
         return self.linear(x - self.ema) * self.low
 
 
+class ReadsTheOldBuffer(nn.Module):
+    """Keeps the buffer it replaces and reads both afterwards: the old tensor must keep its
+    values through the forward (an in-place copy at the rebinding would change them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.register_buffer("avg", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        before = self.avg
+        self.avg = before * 0.5 + x.detach().mean(0) * 0.5
+        self.avg = self.avg + 1.0  # rebound twice: the last value is carried
+        return self.linear(x - before) * self.avg.sum()
+
+
 class CountingLoss(nn.Module):
     """A loss module whose buffer counts the steps by rebinding, and weighs the loss."""
 
@@ -69,7 +85,7 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("build", [Averaged, SizedOnFirstUse])
+@pytest.mark.parametrize("build", [Averaged, ReadsTheOldBuffer, SizedOnFirstUse])
 @pytest.mark.parametrize("counting", [False, True], ids=["loss fn", "loss module"])
 def test_rebound_buffers_train_as_eager_step_after_step(build: type[nn.Module],
                                                         counting: bool) -> None:
@@ -93,6 +109,8 @@ def test_rebound_buffers_train_as_eager_step_after_step(build: type[nn.Module],
         if build is Averaged:  # the carried buffers hold eager's values
             assert torch.equal(model.ema, reference.ema)
             assert torch.equal(model.low, reference.low)
+        if build is ReadsTheOldBuffer:
+            assert torch.equal(model.avg, reference.avg)
         if counting:
             assert torch.equal(loss_fn.seen, ref_loss.seen)
 
@@ -114,6 +132,7 @@ def test_setattr_is_torchs_outside_a_capture_and_on_other_threads() -> None:
     original = nn.Module.__setattr__
     model = Averaged()
     seen = []
+    registered = model.ema
     with rebound.watching():
         assert nn.Module.__setattr__ is not original
 
@@ -125,6 +144,6 @@ def test_setattr_is_torchs_outside_a_capture_and_on_other_threads() -> None:
         thread.start()
         thread.join()
     assert nn.Module.__setattr__ is original
-    assert seen[0] is model.ema  # rebound, not copied into the old buffer
+    assert seen[0] is model.ema and model.ema is not registered  # torch's plain rebinding
     model.low = torch.zeros(())
     assert float(model.low) == 0.0

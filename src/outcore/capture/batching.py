@@ -45,6 +45,7 @@ from torch.utils._pytree import (
     tree_unflatten,
 )
 
+from outcore.capture import rebound
 from outcore.capture.closed_over import Traced, held_outside
 from outcore.errors import CaptureError, ReplanWarning
 from outcore.log import announce
@@ -284,6 +285,7 @@ class TrainingStep(nn.Module):
                 device_type, dtype = self.autocast
                 with torch.autocast(device_type, dtype=dtype):
                     loss = step_loss(self.model, self.loss_fn, batch)
+        rebound.settle()  # buffers the forward rebound: carried in place (capture/rebound.py)
         return (loss, *(self.guard_sink or ()))
 
 

@@ -10,18 +10,23 @@ model's own tensors back, so every later step read the buffer's value from befor
 step, where eager reads the value the last step left (an average over 3 steps: the second
 step's loss 1.348 against eager's 1.538).
 
-While ``watching()`` is open on the capturing thread, ``nn.Module.__setattr__`` turns such a
-rebinding into an in-place update when it can: a new value of the buffer's shape, dtype and
-device that needs no gradient is copied into the buffer (under ``no_grad``), which the graph
-then carries like any in-place change. The buffer object stays the one the user registered
-(eager's module would hold the new object); its values are eager's after every step. A
-rebinding it cannot turn so (another shape: ConViT's cache grows from its placeholder to the
-sequence's size; a value that needs a gradient) is left as it was and listed: the capture
-announces it (``announce``), since after the step the module holds its old buffer.
+While ``watching()`` is open on the capturing thread, ``nn.Module.__setattr__`` notes the
+buffer each rebinding replaces (the first time per buffer) and rebinds as eager does, so the
+rest of the forward reads what eager reads (the old tensor, held elsewhere, keeps its old
+values). At the end of the traced step ``settle()`` (``TrainingStep.forward``) puts the
+original buffer back and, when the last value has the buffer's shape, dtype and device and
+needs no gradient, copies it in (under ``no_grad``): an in-place update the graph carries
+like any other. The buffer object stays the one the user registered (eager's module would
+hold the new object); its values are eager's after every step. A rebinding it cannot carry
+so (another shape: ConViT's cache grows from its placeholder to the sequence's size; a value
+that needs a gradient) leaves the buffer as it was and is listed: the capture announces it
+(``announce_kept``), since after the step the module holds its old buffer.
 
 Invariants: outside ``watching()`` (and on other threads) ``__setattr__`` is torch's; a
-value is only ever copied into a buffer of its own shape, dtype and device; the original
-``__setattr__`` is restored when the last open context ends, also on an exception.
+value is only ever copied into a buffer of its own shape, dtype and device, after the
+forward; after ``settle()`` every buffer the forward rebound is the registered object again;
+the original ``__setattr__`` is restored when the last open context ends, also on an
+exception.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class Rebinds:
 
     carried: list[tuple[nn.Module, str]] = field(default_factory=list)
     kept: list[tuple[nn.Module, str]] = field(default_factory=list)
+    #: rebound since the last ``settle``: (id(module), name) -> (module, name, buffer before)
+    pending: dict[tuple[int, str], tuple[nn.Module, str, torch.Tensor]] = field(
+        default_factory=dict)
 
 
 def _can_copy(old: torch.Tensor, new: torch.Tensor) -> bool:
@@ -59,19 +67,36 @@ def _can_copy(old: torch.Tensor, new: torch.Tensor) -> bool:
 
 
 def _setattr(module: nn.Module, name: str, value: Any) -> None:
-    """``nn.Module.__setattr__``, a buffer's rebinding turned in place (module doc)."""
+    """``nn.Module.__setattr__``, noting the buffer a rebinding replaces (module doc)."""
     opened: list[Rebinds] = getattr(_LOCAL, "open", [])
     buffers = module.__dict__.get("_buffers")
     if opened and buffers is not None and name in buffers and isinstance(value, torch.Tensor):
         old = buffers[name]
         if isinstance(old, torch.Tensor) and old is not value:
-            if _can_copy(old, value):
-                with torch.no_grad():
-                    old.copy_(value)
-                opened[-1].carried.append((module, name))
-                return
-            opened[-1].kept.append((module, name))
+            opened[-1].pending.setdefault((id(module), name), (module, name, old))
     _TORCH_SETATTR(module, name, value)
+
+
+def settle() -> None:
+    """At the end of a traced step: each buffer the forward rebound is the registered one
+    again, holding the forward's last value where it can (module doc). Nothing outside
+    ``watching()``."""
+    opened: list[Rebinds] = getattr(_LOCAL, "open", [])
+    if not opened:
+        return
+    seen = opened[-1]
+    for module, name, original in seen.pending.values():
+        last = module._buffers.get(name)
+        if last is original:
+            continue
+        module._buffers[name] = original
+        if isinstance(last, torch.Tensor) and _can_copy(original, last):
+            with torch.no_grad():
+                original.copy_(last)
+            seen.carried.append((module, name))
+        else:
+            seen.kept.append((module, name))
+    seen.pending.clear()
 
 
 @contextlib.contextmanager

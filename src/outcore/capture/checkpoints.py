@@ -63,6 +63,8 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_map
 
+from outcore.capture.patching import SharedPatch
+
 #: Modules holding their own reference to the non-reentrant generator, patched when loaded.
 GENERATOR_COPIES = ("torch.distributed._composable.checkpoint_activation",)
 
@@ -79,9 +81,6 @@ class Flattened:
     batchnorm: bool = False
 
 
-_LOCK = threading.Lock()
-_ACTIVE = [0]  # contexts open on any thread: the names stay replaced while above 0
-_LOCAL = threading.local()  # .open: this thread's Flattened stack
 #: torch's own, taken when this module is imported (before any replacement)
 _TORCH_APPLY = torch.autograd.Function.__dict__["apply"]  # CheckpointFunction inherits it
 _TORCH_GENERATOR = torch_checkpoint._checkpoint_without_reentrant_generator
@@ -89,7 +88,7 @@ _TORCH_GENERATOR = torch_checkpoint._checkpoint_without_reentrant_generator
 
 def _here() -> Flattened | None:
     """The innermost ``Flattened`` of this thread, or None when it has no context open."""
-    stack = getattr(_LOCAL, "open", None)
+    stack = _PATCH.current()
     return stack[-1] if stack else None
 
 
@@ -192,6 +191,10 @@ def _restore() -> None:
     _set_generator(_TORCH_GENERATOR)
 
 
+#: torch's checkpoint names replaced while any context is open; this thread's Flattened stack
+_PATCH: SharedPatch[Flattened] = SharedPatch(_install, _restore)
+
+
 def announce_checkpoints(seen: Flattened) -> None:
     """Say that the model's checkpoints were traced as plain calls, with a
     ``CheckpointWarning`` where eager's recompute computes something else (module doc)."""
@@ -216,19 +219,5 @@ def announce_checkpoints(seen: Flattened) -> None:
 def plain_checkpoints() -> Iterator[Flattened]:
     """Run this thread's ``torch.utils.checkpoint`` calls as plain calls while open (module
     doc); yields what it flattened."""
-    seen = Flattened()
-    with _LOCK:
-        if _ACTIVE[0] == 0:
-            _install()
-        _ACTIVE[0] += 1
-    if not hasattr(_LOCAL, "open"):
-        _LOCAL.open = []
-    _LOCAL.open.append(seen)
-    try:
+    with _PATCH.opened(Flattened()) as seen:
         yield seen
-    finally:
-        _LOCAL.open.pop()
-        with _LOCK:
-            _ACTIVE[0] -= 1
-            if _ACTIVE[0] == 0:
-                _restore()

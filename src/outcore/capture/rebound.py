@@ -32,7 +32,6 @@ exception.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,25 +39,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from outcore.capture.patching import SharedPatch
 from outcore.errors import OutcoreWarning
 from outcore.log import announce
 
-_LOCK = threading.Lock()
-_ACTIVE = [0]  # contexts open on any thread: patched while above 0
-_LOCAL = threading.local()  # .open: the Rebinds of this thread's open contexts
 _TORCH_SETATTR = nn.Module.__setattr__
+
+
+def _install() -> None:
+    nn.Module.__setattr__ = _setattr  # type: ignore[method-assign,assignment]
+
+
+def _uninstall() -> None:
+    nn.Module.__setattr__ = _TORCH_SETATTR  # type: ignore[method-assign]
 
 
 @dataclass
 class Rebinds:
-    """What the forward rebound while ``watching()`` was open: ``carried`` (turned into an
-    in-place update) and ``kept`` (left as they were), as ``(module, buffer name)``."""
+    """What the forward rebound while ``watching()`` was open: ``kept``, the rebindings that
+    could not be carried (``(module, buffer name)``), and ``pending``, those not settled."""
 
-    carried: list[tuple[nn.Module, str]] = field(default_factory=list)
     kept: list[tuple[nn.Module, str]] = field(default_factory=list)
     #: rebound since the last ``settle``: (id(module), name) -> (module, name, buffer before)
     pending: dict[tuple[int, str], tuple[nn.Module, str, torch.Tensor]] = field(
         default_factory=dict)
+
+
+_PATCH: SharedPatch[Rebinds] = SharedPatch(_install, _uninstall)
 
 
 def _can_copy(old: torch.Tensor, new: torch.Tensor) -> bool:
@@ -68,7 +75,7 @@ def _can_copy(old: torch.Tensor, new: torch.Tensor) -> bool:
 
 def _setattr(module: nn.Module, name: str, value: Any) -> None:
     """``nn.Module.__setattr__``, noting the buffer a rebinding replaces (module doc)."""
-    opened: list[Rebinds] = getattr(_LOCAL, "open", [])
+    opened = _PATCH.current()
     buffers = module.__dict__.get("_buffers")
     if opened and buffers is not None and name in buffers and isinstance(value, torch.Tensor):
         old = buffers[name]
@@ -81,7 +88,7 @@ def settle() -> None:
     """At the end of a traced step: each buffer the forward rebound is the registered one
     again, holding the forward's last value where it can (module doc). Nothing outside
     ``watching()``."""
-    opened: list[Rebinds] = getattr(_LOCAL, "open", [])
+    opened = _PATCH.current()
     if not opened:
         return
     seen = opened[-1]
@@ -93,7 +100,6 @@ def settle() -> None:
         if isinstance(last, torch.Tensor) and _can_copy(original, last):
             with torch.no_grad():
                 original.copy_(last)
-            seen.carried.append((module, name))
         else:
             seen.kept.append((module, name))
     seen.pending.clear()
@@ -103,22 +109,8 @@ def settle() -> None:
 def watching() -> Iterator[Rebinds]:
     """Turn buffer rebindings on this thread into in-place updates while open (module
     doc); yields what was rebound."""
-    seen = Rebinds()
-    with _LOCK:
-        if _ACTIVE[0] == 0:
-            nn.Module.__setattr__ = _setattr  # type: ignore[method-assign,assignment]
-        _ACTIVE[0] += 1
-    if not hasattr(_LOCAL, "open"):
-        _LOCAL.open = []
-    _LOCAL.open.append(seen)
-    try:
+    with _PATCH.opened(Rebinds()) as seen:
         yield seen
-    finally:
-        _LOCAL.open.pop()
-        with _LOCK:
-            _ACTIVE[0] -= 1
-            if _ACTIVE[0] == 0:
-                nn.Module.__setattr__ = _TORCH_SETATTR  # type: ignore[method-assign]
 
 
 def announce_kept(roots: tuple[Any, ...], seen: Rebinds) -> None:

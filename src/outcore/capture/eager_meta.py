@@ -42,6 +42,18 @@ torch's rule for the shape and dtype and take the strides eager's iterator gives
 operands it reads in its order (``compute_elementwise_output_strides``), so everything
 traced after them sees eager's layouts.
 
+The same holds for the ops of ``outcore.capture.layouts.KNOWN_RULES`` (batch norm's forward
+and backward, ``native_layer_norm_backward``, ``native_dropout_backward``), whose real
+kernels lay an output out otherwise than torch's Meta kernel. ``layouts.repair_layouts`` used
+to mend them after the trace with a copy into the traced layout; values were right, but the
+rest of the graph had been traced, and then ran, in the other layout, so its reductions
+summed in another order than eager's: BatchNorm1d over a sequence (``Linear -> transpose ->
+BatchNorm1d -> transpose``, 4 x 32 x 64) had every gradient off eager's in the last bits, and
+FocalNet's last-stage biases (``LayerNorm`` over a channels-last map, its gradient arriving
+from the pool contiguous) by one float32 ulp. While a step is traced these ops now return
+the real kernel's layout for that output (``_output_as_eager``, the table's own rule), so the
+trace is eager's from there on and ``repair_layouts`` finds nothing to mend.
+
 Invariants: the dtype rule never accepts a call torch's rule would size differently (it only
 answers where torch's rule raises on the dtype); the layout rules change strides only, never
 a shape or dtype; ``restore`` puts back exactly the kernels ``patch`` replaced, and both run
@@ -56,6 +68,9 @@ from typing import Any
 
 import torch
 from torch._C import DispatchKey
+
+from outcore.capture.layouts import KNOWN_RULES
+from outcore.runtime.layout import same_layout
 
 #: Operand dtypes eager's ``_grouped_mm`` takes beyond torch's bfloat16-only rule.
 _WIDER = (torch.float32, torch.float16)
@@ -119,6 +134,7 @@ def _laid_out_as_eager(original: Callable[..., Any], positions: tuple[int, ...]
         make_contiguous_strides_for,
     )
 
+    @functools.wraps(original)  # the route fake tensors take (``_replace``) stays torch's
     def rule(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
         operands = [args[i] for i in positions
@@ -137,12 +153,45 @@ def _laid_out_as_eager(original: Callable[..., Any], positions: tuple[int, ...]
     return rule
 
 
+def _output_as_eager(original: Callable[..., Any], index: int,
+                     real_of: Callable[[list[Any]], tuple[int, ...]]) -> Callable[..., Any]:
+    """A Meta kernel: ``original``'s outputs, output ``index`` with the strides the real
+    kernel gives it (``real_of`` of the positional arguments: ``layouts.KNOWN_RULES``).
+    Only a fake or meta output is replaced (a real tensor keeps its values)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    @functools.wraps(original)  # the route fake tensors take (``_replace``) stays torch's
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        many = isinstance(out, (tuple, list))
+        parts = list(out) if many else [out]
+        t = parts[index] if index < len(parts) else None
+        if not isinstance(t, torch.Tensor) or not (isinstance(t, FakeTensor) or t.is_meta):
+            return out
+        try:
+            strides = real_of(list(args))
+        except (IndexError, AttributeError):  # called otherwise than the rule reads it
+            return out
+        if same_layout(strides, tuple(t.shape), tuple(t.stride())):
+            return out
+        parts[index] = t.new_empty_strided(t.shape, strides)
+        return type(out)(parts) if many else parts[0]
+
+    return rule
+
+
 def _replace(op: Any, make: Callable[[Callable[..., Any]], Callable[..., Any]],
              decomposed: bool = False) -> None:
     """Swap ``op``'s Python Meta kernel for ``make(torch's kernel)``; with ``decomposed``
     also its entry in torch's decomposition table, which fake tensors run instead of any
     Meta kernel for an op outside ``torch._decomp.meta_table``. Nothing where torch has
-    neither (another torch)."""
+    neither (another torch).
+
+    A replacement must carry its original's ``__name__`` and ``__module__``
+    (``functools.wraps``): fake tensors run a table entry only when those name one of
+    ``torch._decomp.decompositions`` (``torch_decomp_decompositions``, cached per op for the
+    process), and otherwise take another route, which for ``_native_batch_norm_legit_
+    no_training`` records batch statistics eager's kernel never returns."""
     from torch._decomp import decomposition_table
 
     places: list[tuple[dict[Any, Any], Any]] = [(op.py_kernels, DispatchKey.Meta)]
@@ -176,6 +225,10 @@ def patch() -> None:
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
         _replace(op, functools.partial(_laid_out_as_eager, positions=positions),
+                 decomposed=True)
+    for name, (index, real_of) in KNOWN_RULES.items():
+        _replace(getattr(torch.ops.aten, name).default,
+                 functools.partial(_output_as_eager, index=index, real_of=real_of),
                  decomposed=True)
     _forget_cached()
 

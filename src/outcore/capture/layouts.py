@@ -4,14 +4,18 @@ Capture traces with fake tensors, whose strides come from PyTorch's meta kernels
 real kernels lay their output out otherwise (``KNOWN_RULES``: batch norm returns a tensor
 contiguous in its input's suggested memory format where the meta kernel keeps a transposed
 input's strides; ``native_layer_norm_backward`` returns a contiguous gradient;
-``native_dropout_backward`` follows the incoming gradient's layout where the meta kernel
-returns a contiguous one). The joint graph was decomposed for the fake layout, so a later
-``view`` of such an output fails on the real tensor.
+``native_dropout_backward`` is an elementwise product of the gradient and the mask, laid out
+by eager's TensorIterator, where the meta kernel returns a contiguous tensor). A graph
+decomposed for the fake layout would fail at a later ``view`` of such an output on the real
+tensor, and it would sum in another order than eager's.
 
-``repair_layouts(gm)`` rewrites the graph for each such output (whoever reads it: a layout
-propagates through elementwise ops to a view further on): the output is recorded with the
-layout the real kernel gives, and an explicit
-``relayout_copy`` node (a real op of the graph, planned and counted like any other) copies
+While a step is traced (``outcore.capture.traced_as_eager``) ``outcore.capture.eager_meta``
+gives these outputs the real kernel's layout from the rules below, so the whole trace is
+decomposed for eager's layouts. ``repair_layouts(gm)`` is the net behind that (a graph
+traced without those rules: a torch with no Python kernel to replace). It rewrites the graph
+for each such output (whoever reads it: a layout propagates through elementwise ops to a
+view further on): the output is recorded with the layout the real kernel gives, and an
+explicit ``relayout_copy`` node (a real op of the graph, planned and counted like any other) copies
 it into the layout the rest of the graph was traced for. Invariant afterwards: every traced
 value that a view relies on has the strides the real kernel gives it. Divergences not in
 the table are caught at run time by ``outcore.runtime.layout`` (correct values, one
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._prims_common import (
-    is_non_overlapping_and_dense_or_false,
+    compute_elementwise_output_strides,
     make_channels_last_strides_for,
     make_contiguous_strides_for,
     suggest_memory_format,
@@ -51,11 +55,12 @@ def _contiguous(t: torch.Tensor) -> Stride:
     return tuple(make_contiguous_strides_for(tuple(t.shape)))
 
 
-def _like(t: torch.Tensor) -> Stride:
-    """``empty_like(t)`` with preserve_format: t's strides when dense, else contiguous."""
-    if is_non_overlapping_and_dense_or_false(t):
-        return tuple(int(s) for s in t.stride())
-    return _contiguous(t)
+def _elementwise(*operands: torch.Tensor) -> Stride:
+    """The strides eager's TensorIterator gives the output of an elementwise op reading
+    ``operands`` in this order (each broadcast to the first one's shape)."""
+    shape = tuple(operands[0].shape)
+    return tuple(int(s) for s in compute_elementwise_output_strides(
+        *(o.expand(shape) for o in operands)))
 
 
 Rule = Callable[[list[Any]], Stride]
@@ -69,7 +74,7 @@ KNOWN_RULES: dict[str, tuple[int, Rule]] = {
     "native_batch_norm": (0, lambda a: _suggested(a[0])),
     "native_batch_norm_backward": (0, lambda a: _suggested(a[1])),
     "native_layer_norm_backward": (0, lambda a: _contiguous(a[1])),
-    "native_dropout_backward": (0, lambda a: _like(a[0])),
+    "native_dropout_backward": (0, lambda a: _elementwise(a[0], a[1])),  # grad * mask * scale
 }
 
 

@@ -401,7 +401,16 @@ class Executor:
                              for i, ins in enumerate(instructions) if isinstance(ins, Compute)]
 
     def _collect(self, outputs: dict[int, torch.Tensor], result: StepResult) -> None:
-        for role, tid, name in self.step.nodes.output_roles:
+        """``result`` filled from the step's outputs. Gradients come in the order the traced
+        backward made them (their producing op's position: autograd's engine order), so
+        that ``failsafe.commit`` sums a tied parameter's contributions as eager does."""
+        tensors = self.graph.tensors
+
+        def made(role: tuple[str, int, str]) -> int:
+            producer = tensors[role[1]].producer
+            return -1 if producer is None else producer
+
+        for role, tid, name in sorted(self.step.nodes.output_roles, key=made):
             if role == "loss":
                 result.loss = outputs[tid]
             elif role == "grad" and name.startswith(INPUT_PREFIX):

@@ -117,8 +117,11 @@ def _tied_summed(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.T
     """``grads`` with the gradients of names bound to one parameter (tied weights: an LM
     head sharing the embedding's) summed first, under the first name. Autograd sums a
     leaf's contributions before it accumulates them into ``.grad`` (``prior + (a + b)``);
-    adding them to ``.grad`` one by one rounds as ``(prior + a) + b``. With two uses the sum
-    is eager's to the bit (float addition commutes); with more, the order may differ."""
+    adding them to ``.grad`` one by one rounds as ``(prior + a) + b``. Autograd's engine adds
+    each contribution as it arrives (``((a + b) + c)``), so with three uses or more the order
+    matters: ``grads`` comes in the order the traced backward made them (the executor's
+    ``_collect``), which is the engine's, and is summed in it. Then BART's and T5's shared
+    embedding (four names, three uses) gets eager's gradient to the bit."""
     first: dict[int, str] = {}
     out: dict[str, torch.Tensor] = {}
     for name, g in grads.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from matrix_harness import clone_batch, eager_step
-from matrix_models import BY_NAME
+from matrix_models import BY_NAME, CASES
 from torch import fx
 
 import outcore
@@ -75,6 +75,15 @@ def test_batchnorm_over_a_transposed_activation_is_traced_in_the_real_layout() -
     """``eager_meta`` gives batch norm's outputs the real kernel's layout while tracing, so
     nothing is left for ``repair_layouts`` to mend."""
     case = BY_NAME["bn1d-transposed"]
+    assert _copies(outcore.capture(case.build(), case.loss_fn, case.example())) == 0
+
+
+@pytest.mark.parametrize("name", [case.name for case in CASES])
+def test_no_case_needs_a_copy_into_the_traced_layout(name: str) -> None:
+    """The class behind BatchNorm1d over a sequence: where the trace took another layout
+    than the real kernel, the ops after the mending copy ran (and summed) in another layout
+    than eager's. Every case of the matrix is now traced in the real kernels' layouts."""
+    case = BY_NAME[name]
     assert _copies(outcore.capture(case.build(), case.loss_fn, case.example())) == 0
 
 

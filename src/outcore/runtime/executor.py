@@ -257,6 +257,7 @@ class Executor:
         self.graph = graph
         self.schedule = schedule
         self.step = step
+        self._ordered_roles: list[tuple[str, int, str]] | None = None
         self.device: Device = device if device is not None else SyncCPUDevice()
         #: op id -> the callable run for it instead of its ATen kernel
         self.impls: dict[int, Callable[..., Any]] = {**kernel_impls(graph, schedule),
@@ -390,6 +391,21 @@ class Executor:
         while len(self.proven) > PROVEN_SHAPES:
             del self.proven[next(iter(self.proven))]
 
+    def _roles_in_order(self) -> list[tuple[str, int, str]]:
+        """The step's output roles in the order the traced step made them (their producing
+        op's position; gradients then come in autograd's engine order), so that
+        ``failsafe.commit`` sums a tied parameter's contributions as eager does. Computed
+        once per executor."""
+        if self._ordered_roles is None:
+            tensors = self.graph.tensors
+
+            def made(role: tuple[str, int, str]) -> int:
+                producer = tensors[role[1]].producer
+                return -1 if producer is None else producer
+
+            self._ordered_roles = sorted(self.step.nodes.output_roles, key=made)
+        return self._ordered_roles
+
     def _timings(self, marks: list[float], end: float, result: StepResult) -> None:
         instructions = self.schedule.instructions
         if len(marks) != len(instructions):
@@ -401,16 +417,8 @@ class Executor:
                              for i, ins in enumerate(instructions) if isinstance(ins, Compute)]
 
     def _collect(self, outputs: dict[int, torch.Tensor], result: StepResult) -> None:
-        """``result`` filled from the step's outputs. Gradients come in the order the traced
-        backward made them (their producing op's position: autograd's engine order), so
-        that ``failsafe.commit`` sums a tied parameter's contributions as eager does."""
-        tensors = self.graph.tensors
-
-        def made(role: tuple[str, int, str]) -> int:
-            producer = tensors[role[1]].producer
-            return -1 if producer is None else producer
-
-        for role, tid, name in sorted(self.step.nodes.output_roles, key=made):
+        """``result`` filled from the step's outputs (``_roles_in_order``)."""
+        for role, tid, name in self._roles_in_order():
             if role == "loss":
                 result.loss = outputs[tid]
             elif role == "grad" and name.startswith(INPUT_PREFIX):

@@ -8,7 +8,8 @@
   stack, so at a fork one branch is followed to its join before the next starts.
 
 Both DFS routes are applied to the forward ops, then to the backward ops; forward always
-comes first. Every route is a topological order (``is_topological`` checks it). Both are
+comes first. Every route is a topological order (``is_topological`` checks it) of the
+dependencies of ``dependencies``: data, and the traced order of random ops. Both are
 iterative, so 10,000-layer graphs do not hit Python's recursion limit.
 """
 
@@ -22,12 +23,18 @@ STRATEGIES = ("capture", "superneurons", "dfs")
 
 
 def dependencies(graph: Graph) -> tuple[list[list[int]], list[list[int]]]:
-    """(predecessors, successors) of every op: op B follows op A when B reads A's output."""
+    """(predecessors, successors) of every op: op B follows op A when B reads A's output,
+    and a random op follows the random op traced before it (each draws from the generator
+    where eager's program order leaves it: another order gives other dropout masks)."""
     preds: list[list[int]] = [[] for _ in graph.ops]
     succs: list[list[int]] = [[] for _ in graph.ops]
+    previous_random: int | None = None
     for op in graph.ops:
-        for tid in op.inputs:
-            producer = graph.tensors[tid].producer
+        before = [graph.tensors[tid].producer for tid in op.inputs]
+        if op.random:
+            before.append(previous_random)
+            previous_random = op.id
+        for producer in before:
             if producer is not None and producer not in preds[op.id]:
                 preds[op.id].append(producer)
                 succs[producer].append(op.id)

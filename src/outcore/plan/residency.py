@@ -38,7 +38,9 @@ The memory rule (written here only):
 The schedule's rules (each broken one is a ``Violation``, worded in ``outcore.plan.rules``):
 
 * a Compute names a known op; a recompute follows a first run of the op; every input is
-  resident and usable (not a base whose prefetch has not been waited for);
+  resident and usable (not a base whose prefetch has not been waited for); random ops run
+  first in the order they were traced (eager's program order: each draws from the
+  generator where eager's draws, so dropout masks are eager's);
 * a Free names a resident tensor, not while a prefetch of its storage is in flight, and not
   while an offload of its storage is in flight when it is that storage's base or its last
   resident tensor;
@@ -173,6 +175,7 @@ class Replay:
         self.on_host = [False] * n  # per storage: a completed (waited) host copy exists
         self.freed_at: dict[int, int] = {}
         self.ran = [False] * len(graph.ops)
+        self.last_random = -1  # the latest-traced random op run so far (its first Compute)
         self.live = 0  # bytes of the resident storages
         self.n_resident = 0
         self.host = 0
@@ -262,6 +265,11 @@ class Replay:
         broken = None
         if ins.recompute and not self.ran[ins.op]:
             broken = Violation(i, NONE, rules.recompute_before_run(op.name))
+        elif op.random and not ins.recompute:
+            if ins.op < self.last_random:
+                broken = Violation(i, NONE, rules.random_out_of_order(
+                    op.name, graph.ops[self.last_random].name))
+            self.last_random = max(self.last_random, ins.op)
         resident, pending, storage_of = self.resident, self.pending, self.storage_of
         for tid in op.inputs:  # usable: resident, and not a base with a pending prefetch
             if broken is None and (not resident[tid] or (pending[tid] != _NOT

@@ -46,6 +46,12 @@ def recompute_before_run(op: str) -> str:
     return f"recompute of op {op!r} before it ever ran: compute it once before recomputing it"
 
 
+def random_out_of_order(op: str, later: str) -> str:
+    return (f"random op {op} first runs after random op {later}, which the step traced after "
+            "it: each would draw other numbers from the generator than eager's (dropout masks "
+            "differ); run random ops in their traced order (outcore.graph.order keeps it)")
+
+
 def reads_pending_prefetch(op: str, name: str, prefetch_at: int) -> str:
     return (f"Compute of op {op!r} reads {name!r} while its prefetch is in flight (Prefetch "
             f"at instruction {prefetch_at}); add Wait({name!r}, 'h2d') before this Compute")

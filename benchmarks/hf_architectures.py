@@ -2,15 +2,16 @@
 
 For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (``--mapping`` names another of
 transformers' task mappings taking token ids and labels: ``MODEL_FOR_MASKED_LM_MAPPING_NAMES``,
-``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``, ...) the script builds a tiny config (two
+``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``, ...) the script builds a tiny config (three
 tries: the sizes below set on every field the config has, then only the core sizes with the
-layer pattern cut to the layers kept), runs one eager step, and where eager trains, one step
-through ``outcore.compile`` on ``cpu-emulated`` under ``--policy`` (default outcore-auto),
-halfway between the layer-wise lower bound and the in-core peak, compared with eager by the
-real-model corpus's harness (``tests/realmodels/harness.py``: the loss and every gradient
-bit-exact, the measured peak equal to the predicted one). The model runs one forward under
-``no_grad`` when built, so that first-call state (BigBird draws random numbers once) is
-set before the compared step in both copies.
+layer pattern cut to the layers kept, then the first without ``num_hidden_layers``), runs one
+eager step, and where eager trains, one step through ``outcore.compile`` on ``cpu-emulated``
+under ``--policy`` (default outcore-auto), halfway between the layer-wise lower bound and
+the in-core peak, compared with eager by the real-model corpus's harness
+(``tests/realmodels/harness.py``: the loss and every gradient bit-exact, the measured peak
+equal to the predicted one). The model runs one forward under ``no_grad`` when built, so
+that first-call state (BigBird draws random numbers once) is set before the compared step in
+both copies.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_architectures.py [--only a,b] \\
         [--policy outcore-auto] [--timeout 300] [--mapping MODEL_FOR_MASKED_LM_MAPPING_NAMES]
@@ -46,7 +47,13 @@ TINY: dict[str, Any] = {
     "moe_intermediate_size": 32, "n_routed_experts": 4, "max_position_embeddings": 64,
     "d_model": 32, "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64,
     "num_layers": 2, "num_heads": 4, "ffn_dim": 64, "d_ff": 64, "pad_token_id": 0,
-    "bos_token_id": 1, "eos_token_id": 2, "layer_types": None}
+    "bos_token_id": 1, "eos_token_id": 2, "layer_types": None,
+    # encoder-decoders: T5's family reads the decoder's start token, BART's family sizes
+    # each side apart, Marian and FSMT their vocabularies
+    "decoder_start_token_id": 0, "num_decoder_layers": 2, "encoder_layers": 2,
+    "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "decoder_vocab_size": 64,
+    "src_vocab_size": 64, "tgt_vocab_size": 64, "d_kv": 8}
 #: the second try: only these, and the config's own layer pattern cut to the layers kept
 LEAN = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
         "num_key_value_heads", "head_dim", "pad_token_id", "bos_token_id", "eos_token_id",
@@ -75,7 +82,10 @@ def _configs(model_type: str) -> list[Any]:
     cls = CONFIG_MAPPING[model_type]
     tries: list[Callable[[], Any]] = [
         lambda: cls(**TINY),
-        lambda: cls(**{k: TINY[k] for k in LEAN}, num_hidden_layers=4)]
+        lambda: cls(**{k: TINY[k] for k in LEAN}, num_hidden_layers=4),
+        # ProphetNet refuses ``num_hidden_layers`` and sizes each side apart
+        lambda: cls(**{k: v for k, v in TINY.items() if k != "num_hidden_layers"},
+                    num_encoder_layers=2)]
     configs = []
     for make in tries:
         try:

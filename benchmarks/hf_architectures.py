@@ -22,10 +22,7 @@ the tiny config does not train eagerly) and the counts. Exit status 1 if any row
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,10 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
 
+import sweep_row
+from sweep_row import Skip
+
 from corpus import Case
-from harness import check, in_core_peak
 from tv_compat import import_torchvision
 
 #: tiny sizes, set on every config field of that name (the first try)
@@ -61,14 +61,6 @@ LEAN = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
 
 
 MAX_PARAMETERS = 5_000_000
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise _Timeout
 
 
 def _tokens() -> dict[str, torch.Tensor]:
@@ -135,39 +127,17 @@ def _case(model_type: str, class_name: str) -> Case | None:
     return None
 
 
-def run(model_type: str, class_name: str, policy: str, timeout: int) -> tuple[str, str]:
-    """(status, row) for one architecture; status is "ok", "fail" or "skip"."""
-    start = time.perf_counter()
-    signal.alarm(timeout)
-    try:
-        try:
-            case = _case(model_type, class_name)
-        except _Timeout:
-            return "skip", f"| {model_type} | {class_name} | - | skip (eager over {timeout} s) |"
+def _make(model_type: str, class_name: str) -> Callable[[], Case]:
+    def make() -> Case:
+        case = _case(model_type, class_name)
         if case is None:
-            return "skip", (f"| {model_type} | {class_name} | - | skip (eager fails at the "
-                            "tiny sizes, or they are not tiny) |")
-        ops, _, budget = in_core_peak(case)
-        outcome = check(case, policy, budget)
-    except _Timeout:
-        return "fail", f"| {model_type} | {class_name} | - | FAIL: over {timeout} s |"
-    except Exception as exc:  # noqa: BLE001 - a failure of outcore is the row's result
-        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        return "fail", f"| {model_type} | {class_name} | - | FAIL: {text} |"
-    finally:
-        signal.alarm(0)
-    seconds = time.perf_counter() - start
-    if outcome.ok:
-        return "ok", f"| {model_type} | {class_name} | {ops} | ok ({seconds:.1f} s) |"
-    problems = "; ".join(outcome.problems)[:200]
-    return "fail", f"| {model_type} | {class_name} | {ops} | FAIL: {problems} |"
+            raise Skip("eager fails at the tiny sizes, or they are not tiny")
+        return case
+    return make
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", default="", help="model types, comma-separated")
-    parser.add_argument("--policy", default="outcore-auto")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per architecture")
+    parser = sweep_row.arguments(__doc__, "model types")
     parser.add_argument("--mapping", default="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
                         help="a task mapping of transformers.models.auto.modeling_auto")
     args = parser.parse_args()
@@ -178,21 +148,15 @@ def main() -> None:
     from transformers.models.auto import modeling_auto
 
     logging.disable(logging.WARNING)
-    signal.signal(signal.SIGALRM, _alarm)
     only = set(args.only.split(",")) if args.only else None
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"policy {args.policy}, {args.mapping}\n")
     print("| model type | class | ops | result |\n|---|---|---|---|")
-    counts = {"ok": 0, "fail": 0, "skip": 0}
-    for model_type, class_name in sorted(getattr(modeling_auto, args.mapping).items()):
-        if only is not None and model_type not in only:
-            continue
-        status, row = run(model_type, class_name, args.policy, args.timeout)
-        counts[status] += 1
-        print(row, flush=True)
-    print(f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['skip']} skipped "
-          "(eager fails at the tiny sizes)")
-    sys.exit(1 if counts["fail"] else 0)
+    mapping = sorted(getattr(modeling_auto, args.mapping).items())
+    sweep_row.run_all(((f"| {model_type} | {class_name} |", _make(model_type, class_name))
+                       for model_type, class_name in mapping
+                       if only is None or model_type in only),
+                      args.policy, args.timeout, " (eager fails at the tiny sizes)")
 
 
 if __name__ == "__main__":

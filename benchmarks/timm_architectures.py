@@ -16,33 +16,24 @@ Prints one Markdown row per family and the counts; exit status 1 if any row fail
 
 from __future__ import annotations
 
-import argparse
-import signal
+import functools
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
 
+import sweep_row
+
 from corpus import Case
-from harness import check, in_core_peak
 from tv_compat import import_torchvision
 
 PATTERNS = ("*atto*", "*femto*", "*pico*", "*nano*", "*tiny*")
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise _Timeout
 
 
 def _case(name: str, max_parameters: int) -> Case | None:
@@ -70,32 +61,6 @@ def _case(name: str, max_parameters: int) -> Case | None:
     return case
 
 
-def run(name: str, policy: str, timeout: int, max_parameters: int) -> tuple[str, str]:
-    """(status, row) for one model: "ok", "fail" or "skip"."""
-    start = time.perf_counter()
-    signal.alarm(timeout)
-    try:
-        try:
-            case = _case(name, max_parameters)
-        except _Timeout:
-            return "skip", f"| {name} | - | skip (eager over {timeout} s) |"
-        except Exception as exc:  # noqa: BLE001 - eager fails: not outcore's row
-            return "skip", f"| {name} | - | skip (eager: {type(exc).__name__}) |"
-        if case is None:
-            return "skip", f"| {name} | - | skip (over {max_parameters} parameters) |"
-        ops, _, budget = in_core_peak(case)
-        outcome = check(case, policy, budget)
-    except _Timeout:
-        return "fail", f"| {name} | - | FAIL: over {timeout} s |"
-    except Exception as exc:  # noqa: BLE001 - a failure of outcore is the row's result
-        return "fail", f"| {name} | - | FAIL: {type(exc).__name__}: {str(exc)[:200]} |"
-    finally:
-        signal.alarm(0)
-    if outcome.ok:
-        return "ok", f"| {name} | {ops} | ok ({time.perf_counter() - start:.1f} s) |"
-    return "fail", f"| {name} | {ops} | FAIL: {'; '.join(outcome.problems)[:200]} |"
-
-
 def families(names: list[str]) -> Callable[[str], bool]:
     """A filter passing the first name of each family (the name's first word)."""
     seen: set[str] = set()
@@ -110,30 +75,19 @@ def families(names: list[str]) -> Callable[[str], bool]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", default="", help="model names, comma-separated")
-    parser.add_argument("--policy", default="outcore-auto")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per model")
-    parser.add_argument("--max-parameters", type=int, default=30_000_000)
-    args = parser.parse_args()
+    args = sweep_row.arguments(__doc__, "model names", max_parameters=30_000_000).parse_args()
     import_torchvision()
     import timm
 
-    signal.signal(signal.SIGALRM, _alarm)
     names = (args.only.split(",") if args.only else
              sorted({n for pattern in PATTERNS for n in timm.list_models(pattern)}))
     print(f"timm {timm.__version__}, torch {torch.__version__}, policy {args.policy}\n")
     print("| model | ops | result |\n|---|---|---|")
-    counts = {"ok": 0, "fail": 0, "skip": 0}
     first = families(names)
-    for name in names:
-        if not args.only and not first(name):
-            continue
-        status, row = run(name, args.policy, args.timeout, args.max_parameters)
-        counts[status] += 1
-        print(row, flush=True)
-    print(f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['skip']} skipped")
-    sys.exit(1 if counts["fail"] else 0)
+    too_big = f"over {args.max_parameters} parameters"
+    sweep_row.run_all(((f"| {name} |", sweep_row.eager_or_skip(
+        functools.partial(_case, name, args.max_parameters), too_big))
+        for name in names if args.only or first(name)), args.policy, args.timeout)
 
 
 if __name__ == "__main__":

@@ -6,25 +6,24 @@ its first digit or underscore) when it has at most ``--max-parameters`` paramete
 pretrained weights' count) and trains one eager step at batch 2 with 10 classes: images of
 64 px (the model's own size where it fixes one: ViT 224, MaxViT 224, Inception-v3 299), segmentation
 maps of 64 px (the loss of ``out`` plus half that of ``aux`` where the model has an auxiliary
-head), clips of 8 frames of 64 px (MViT 16 of 224, S3D 16 of 112). Then one step through
+head), clips of 8 frames of 64 px (MViT and S3D 16 of 224). Segmentation backbones are built
+without their pretrained weights too (``weights_backbone=None``). Then one step through
 ``outcore.compile`` on ``cpu-emulated`` under ``--policy`` (default outcore-auto), halfway
 between the layer-wise lower bound and the in-core peak, compared with eager by the
 real-model corpus's harness (``tests/realmodels/harness.py``: the loss, every gradient and
 every buffer bit-exact, the measured peak equal to the predicted).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torchvision_architectures.py \\
-        [--only a,b] [--policy outcore-auto] [--timeout 300] [--max-parameters 30000000]
+        [--only a,b] [--policy outcore-auto] [--timeout 300] [--max-parameters 40000000]
 
 Prints one Markdown row per family and the counts; exit status 1 if any row failed.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import re
-import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,26 +32,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realmodels"))
 
+import sweep_row
+
 from corpus import Case
-from harness import check, in_core_peak
 from tv_compat import import_torchvision
 
-#: image or clip sizes a builder fixes (the rest take 64 px images, 8 x 64 px clips)
+#: image or clip sizes the builders whose names start so fix (the rest take 64 px images,
+#: 8 x 64 px clips)
 SIZES: dict[str, tuple[int, ...]] = {
     "vit": (224, 224), "maxvit": (224, 224), "inception": (299, 299),
-    "mvit": (16, 224, 224), "s3d": (16, 112, 112),
+    "mvit": (16, 224, 224), "s3d": (16, 224, 224),
 }
 KINDS = ("classification", "segmentation", "video")
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise _Timeout
 
 
 def family(name: str) -> str:
@@ -77,7 +71,7 @@ def _classification_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
 
 
 def _batch(kind: str, name: str) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    fixed = SIZES.get(family(name))
+    fixed = next((size for prefix, size in SIZES.items() if name.startswith(prefix)), None)
     if kind == "video":
         frames, height, width = fixed or (8, 64, 64)
         return lambda: (torch.randn(2, 3, frames, height, width), torch.randint(0, 10, (2,)))
@@ -92,8 +86,10 @@ def _case(kind: str, name: str, max_parameters: int) -> Case | None:
     """A corpus Case for ``name`` when it is small enough and trains one eager step."""
     tv = import_torchvision()
 
+    extra = {"weights_backbone": None} if kind == "segmentation" else {}
+
     def build() -> nn.Module:
-        return tv.models.get_model(name, weights=None, num_classes=10)
+        return tv.models.get_model(name, weights=None, num_classes=10, **extra)
 
     if _parameters(name) > max_parameters:
         return None
@@ -104,33 +100,6 @@ def _case(kind: str, name: str, max_parameters: int) -> Case | None:
     model.train()
     loss_fn(model(x), y).backward()
     return case
-
-
-def run(kind: str, name: str, policy: str, timeout: int,
-        max_parameters: int) -> tuple[str, str]:
-    """(status, row) for one model: "ok", "fail" or "skip"."""
-    start = time.perf_counter()
-    signal.alarm(timeout)
-    try:
-        try:
-            case = _case(kind, name, max_parameters)
-        except _Timeout:
-            return "skip", f"| {name} | {kind} | - | skip (eager over {timeout} s) |"
-        except Exception as exc:  # noqa: BLE001 - eager fails: not outcore's row
-            return "skip", f"| {name} | {kind} | - | skip (eager: {type(exc).__name__}) |"
-        if case is None:
-            return "skip", f"| {name} | {kind} | - | skip (over {max_parameters} parameters) |"
-        ops, _, budget = in_core_peak(case)
-        outcome = check(case, policy, budget)
-    except _Timeout:
-        return "fail", f"| {name} | {kind} | - | FAIL: over {timeout} s |"
-    except Exception as exc:  # noqa: BLE001 - a failure of outcore is the row's result
-        return "fail", f"| {name} | {kind} | - | FAIL: {type(exc).__name__}: {str(exc)[:200]} |"
-    finally:
-        signal.alarm(0)
-    if outcome.ok:
-        return "ok", f"| {name} | {kind} | {ops} | ok ({time.perf_counter() - start:.1f} s) |"
-    return "fail", f"| {name} | {kind} | {ops} | FAIL: {'; '.join(outcome.problems)[:200]} |"
 
 
 def _parameters(name: str) -> int:
@@ -157,14 +126,8 @@ def models() -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", default="", help="builder names, comma-separated")
-    parser.add_argument("--policy", default="outcore-auto")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per model")
-    parser.add_argument("--max-parameters", type=int, default=30_000_000)
-    args = parser.parse_args()
+    args = sweep_row.arguments(__doc__, "builder names", max_parameters=40_000_000).parse_args()
     tv = import_torchvision()
-    signal.signal(signal.SIGALRM, _alarm)
     chosen = models()
     if args.only:
         wanted = set(args.only.split(","))
@@ -172,13 +135,10 @@ def main() -> None:
             ("classification", n) for n in sorted(wanted - {n for _, n in chosen})]
     print(f"torchvision {tv.__version__}, torch {torch.__version__}, policy {args.policy}\n")
     print("| model | kind | ops | result |\n|---|---|---|---|")
-    counts = {"ok": 0, "fail": 0, "skip": 0}
-    for kind, name in chosen:
-        status, row = run(kind, name, args.policy, args.timeout, args.max_parameters)
-        counts[status] += 1
-        print(row, flush=True)
-    print(f"\n{counts['ok']} ok, {counts['fail']} failed, {counts['skip']} skipped")
-    sys.exit(1 if counts["fail"] else 0)
+    too_big = f"over {args.max_parameters} parameters"
+    sweep_row.run_all(((f"| {name} | {kind} |", sweep_row.eager_or_skip(
+        functools.partial(_case, kind, name, args.max_parameters), too_big))
+        for kind, name in chosen), args.policy, args.timeout)
 
 
 if __name__ == "__main__":

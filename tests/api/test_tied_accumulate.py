@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import outcore
+from outcore.trainer import Trainer
 
 
 class _TiedLM(nn.Module):
@@ -37,19 +38,23 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(n)]
 
 
+def _trainer(model: nn.Module, batch: tuple, how: str, lr: float = 0.1) -> Trainer:
+    """``how``: a policy (unbounded budget), or "weights" (the weights trainer, 10 MB)."""
+    if how == "weights":
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        return outcore.compile(model, F.cross_entropy, batch, optimizer=opt, budget="10MB",
+                               device="cpu-emulated")
+    return outcore.compile(model, F.cross_entropy, batch, budget=None, device="cpu-emulated",
+                           policy=how)
+
+
 @pytest.mark.parametrize("how", ["keep-all", "offload-all", "weights"])
 def test_tied_gradients_accumulate_as_eager(how: str) -> None:
     torch.manual_seed(0)
     model = _TiedLM()
     ref = copy.deepcopy(model)
     batches = _batches(3)
-    if how == "weights":
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        trainer = outcore.compile(model, F.cross_entropy, batches[0], optimizer=opt,
-                                  budget="10MB", device="cpu-emulated")
-    else:
-        trainer = outcore.compile(model, F.cross_entropy, batches[0], budget=None,
-                                  device="cpu-emulated", policy=how)
+    trainer = _trainer(model, batches[0], how)
     with trainer:
         for x, y in batches:
             trainer.step(x, y)
@@ -98,14 +103,7 @@ def test_three_uses_sum_in_autograds_order(how: str, one_thread) -> None:
         torch.manual_seed(seed)
         model = _SharedSeq2Seq()
         ref = copy.deepcopy(model)
-        if how == "weights":
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            trainer = outcore.compile(model, F.cross_entropy, batches[0], optimizer=opt,
-                                      budget="10MB", device="cpu-emulated")
-        else:
-            trainer = outcore.compile(model, F.cross_entropy, batches[0], budget=None,
-                                      device="cpu-emulated", policy=how)
-        with trainer:
+        with _trainer(model, batches[0], how, lr=0.0) as trainer:
             for (src, tgt), y in batches:
                 trainer.step((src, tgt), y)
                 F.cross_entropy(ref(src, tgt), y).backward()

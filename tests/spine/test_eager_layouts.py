@@ -149,7 +149,7 @@ def _stats(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return b.mean(-1, keepdim=True), b.var(-1, keepdim=True).add(1.0).rsqrt()
 
 
-def _bn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _bn() -> tuple[torch.Tensor, ...]:
     """batch norm's arguments after the input: weight, bias, running mean and variance"""
     return (torch.linspace(0.5, 1.5, CHANNELS), torch.linspace(-0.1, 0.1, CHANNELS),
             torch.zeros(CHANNELS), torch.ones(CHANNELS))
@@ -162,12 +162,12 @@ OUTPUT_CALLS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = 
         [True, True, True])[0],
     "native_dropout_backward": lambda a, b: aten.native_dropout_backward(a, b > 0.5, 2.0),
     "_native_batch_norm_legit_functional": lambda a, b:
-        aten._native_batch_norm_legit_functional(a, *_bn(a), True, 0.1, 1e-5)[0],
+        aten._native_batch_norm_legit_functional(a, *_bn(), True, 0.1, 1e-5)[0],
     "_native_batch_norm_legit": lambda a, b: aten._native_batch_norm_legit(
-        a, *_bn(a), True, 0.1, 1e-5)[0],
+        a, *_bn(), True, 0.1, 1e-5)[0],
     "_native_batch_norm_legit_no_training": lambda a, b:
-        aten._native_batch_norm_legit_no_training(a, *_bn(a), 0.1, 1e-5)[0],
-    "native_batch_norm": lambda a, b: aten.native_batch_norm(a, *_bn(a), True, 0.1, 1e-5)[0],
+        aten._native_batch_norm_legit_no_training(a, *_bn(), 0.1, 1e-5)[0],
+    "native_batch_norm": lambda a, b: aten.native_batch_norm(a, *_bn(), True, 0.1, 1e-5)[0],
     "native_batch_norm_backward": lambda a, b: aten.native_batch_norm_backward(
         a, b, torch.ones(CHANNELS), torch.zeros(CHANNELS), torch.ones(CHANNELS),
         torch.zeros(CHANNELS), torch.ones(CHANNELS), True, 1e-5, [True, True, True])[0],

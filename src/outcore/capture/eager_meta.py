@@ -51,7 +51,7 @@ summed in another order than eager's: BatchNorm1d over a sequence (``Linear -> t
 BatchNorm1d -> transpose``, 4 x 32 x 64) had every gradient off eager's in the last bits, and
 FocalNet's last-stage biases (``LayerNorm`` over a channels-last map, its gradient arriving
 from the pool contiguous) by one float32 ulp. While a step is traced these ops now return
-the real kernel's layout for that output (``_output_as_eager``, the table's own rule), so the
+the real kernel's layout for that output (``_laid_out_as_eager`` with the table's own rule), so the
 trace is eager's from there on and ``repair_layouts`` finds nothing to mend.
 
 Invariants: the dtype rule never accepts a call torch's rule would size differently (it only
@@ -70,7 +70,6 @@ import torch
 from torch._C import DispatchKey
 
 from outcore.capture.layouts import KNOWN_RULES
-from outcore.runtime.layout import same_layout
 
 #: Operand dtypes eager's ``_grouped_mm`` takes beyond torch's bfloat16-only rule.
 _WIDER = (torch.float32, torch.float16)
@@ -125,39 +124,49 @@ def _grouped_mm_rule(original: Callable[..., Any]) -> Callable[..., Any]:
     return rule
 
 
-def _laid_out_as_eager(original: Callable[..., Any], positions: tuple[int, ...]
-                       ) -> Callable[..., Any]:
-    """A Meta kernel: ``original``'s output with the strides eager's TensorIterator gives
-    it from the arguments at ``positions`` (module doc); only the strides differ."""
+#: the strides eager gives an op's output, from the op's positional arguments and torch's
+#: fake output (None: keep torch's)
+Strides = Callable[[tuple[Any, ...], torch.Tensor], "tuple[int, ...] | None"]
+
+
+def _iterator_strides(positions: tuple[int, ...]) -> Strides:
+    """``LAYOUT_FROM``'s rule: the strides eager's TensorIterator gives the output from the
+    arguments at ``positions``, in that order (none: a contiguous output)."""
     from torch._prims_common import (
         compute_elementwise_output_strides,
         make_contiguous_strides_for,
     )
 
-    @functools.wraps(original)  # the route fake tensors take (``_replace``) stays torch's
-    def rule(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
+    def strides(args: tuple[Any, ...], out: torch.Tensor) -> tuple[int, ...] | None:
         operands = [args[i] for i in positions
                     if i < len(args) and isinstance(args[i], torch.Tensor)]
-        if not isinstance(out, torch.Tensor) or any(o.dim() > out.dim() for o in operands):
-            return out
+        if any(o.dim() > out.dim() for o in operands):
+            return None
         if operands:
-            strides = compute_elementwise_output_strides(
-                *(o.expand(out.shape) for o in operands))
-        else:
-            strides = make_contiguous_strides_for(out.shape)
-        if tuple(out.stride()) == tuple(strides):
-            return out
-        return out.new_empty_strided(out.shape, strides)
+            return tuple(compute_elementwise_output_strides(
+                *(o.expand(out.shape) for o in operands)))
+        return tuple(make_contiguous_strides_for(out.shape))
 
-    return rule
+    return strides
 
 
-def _output_as_eager(original: Callable[..., Any], index: int,
-                     real_of: Callable[[list[Any]], tuple[int, ...]]) -> Callable[..., Any]:
-    """A Meta kernel: ``original``'s outputs, output ``index`` with the strides the real
-    kernel gives it (``real_of`` of the positional arguments: ``layouts.KNOWN_RULES``).
-    Only a fake or meta output is replaced (a real tensor keeps its values)."""
+def _real_kernel_strides(real_of: Callable[[list[Any]], tuple[int, ...]]) -> Strides:
+    """``layouts.KNOWN_RULES``' rule (``real_of`` of the positional arguments) as a
+    ``Strides``."""
+    def strides(args: tuple[Any, ...], out: torch.Tensor) -> tuple[int, ...] | None:
+        try:
+            return real_of(list(args))
+        except (IndexError, AttributeError):  # called otherwise than the rule reads it
+            return None
+
+    return strides
+
+
+def _laid_out_as_eager(original: Callable[..., Any], index: int,
+                       strides_of: Strides) -> Callable[..., Any]:
+    """A Meta kernel: ``original``'s outputs, output ``index`` with the strides eager gives
+    it (``strides_of``; module doc); only the strides differ, and only of a fake or meta
+    output (a real tensor keeps its values)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     @functools.wraps(original)  # the route fake tensors take (``_replace``) stays torch's
@@ -168,11 +177,8 @@ def _output_as_eager(original: Callable[..., Any], index: int,
         t = parts[index] if index < len(parts) else None
         if not isinstance(t, torch.Tensor) or not (isinstance(t, FakeTensor) or t.is_meta):
             return out
-        try:
-            strides = real_of(list(args))
-        except (IndexError, AttributeError):  # called otherwise than the rule reads it
-            return out
-        if same_layout(strides, tuple(t.shape), tuple(t.stride())):
+        strides = strides_of(args, t)
+        if strides is None or tuple(t.stride()) == strides:
             return out
         parts[index] = t.new_empty_strided(t.shape, strides)
         return type(out)(parts) if many else parts[0]
@@ -224,11 +230,13 @@ def patch() -> None:
     for name, positions in LAYOUT_FROM.items():
         packet, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet), overload)
-        _replace(op, functools.partial(_laid_out_as_eager, positions=positions),
+        _replace(op, functools.partial(_laid_out_as_eager, index=0,
+                                       strides_of=_iterator_strides(positions)),
                  decomposed=True)
     for name, (index, real_of) in KNOWN_RULES.items():
         _replace(getattr(torch.ops.aten, name).default,
-                 functools.partial(_output_as_eager, index=index, real_of=real_of),
+                 functools.partial(_laid_out_as_eager, index=index,
+                                   strides_of=_real_kernel_strides(real_of)),
                  decomposed=True)
     _forget_cached()
 

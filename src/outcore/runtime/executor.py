@@ -230,6 +230,12 @@ def kernel_impls(graph: Graph, schedule: Schedule) -> dict[int, Callable[..., An
                         for oid, variant in schedule.variants.items() if variant != FRAMEWORK}}
 
 
+def _made_at(graph: Graph, tid: int) -> int:
+    """The position of the op that made tensor ``tid`` (-1: none, an input)."""
+    producer = graph.tensors[tid].producer
+    return -1 if producer is None else producer
+
+
 class Executor:
     """Runs one Schedule of one captured Graph; reusable across steps.
 
@@ -257,7 +263,10 @@ class Executor:
         self.graph = graph
         self.schedule = schedule
         self.step = step
-        self._ordered_roles: list[tuple[str, int, str]] | None = None
+        #: the step's output roles in the order the traced step made them (their producing
+        #: op's position; gradients then come in autograd's engine order), so that
+        #: ``failsafe.commit`` sums a tied parameter's contributions as eager does
+        self._roles = sorted(step.nodes.output_roles, key=lambda role: _made_at(graph, role[1]))
         self.device: Device = device if device is not None else SyncCPUDevice()
         #: op id -> the callable run for it instead of its ATen kernel
         self.impls: dict[int, Callable[..., Any]] = {**kernel_impls(graph, schedule),
@@ -391,21 +400,6 @@ class Executor:
         while len(self.proven) > PROVEN_SHAPES:
             del self.proven[next(iter(self.proven))]
 
-    def _roles_in_order(self) -> list[tuple[str, int, str]]:
-        """The step's output roles in the order the traced step made them (their producing
-        op's position; gradients then come in autograd's engine order), so that
-        ``failsafe.commit`` sums a tied parameter's contributions as eager does. Computed
-        once per executor."""
-        if self._ordered_roles is None:
-            tensors = self.graph.tensors
-
-            def made(role: tuple[str, int, str]) -> int:
-                producer = tensors[role[1]].producer
-                return -1 if producer is None else producer
-
-            self._ordered_roles = sorted(self.step.nodes.output_roles, key=made)
-        return self._ordered_roles
-
     def _timings(self, marks: list[float], end: float, result: StepResult) -> None:
         instructions = self.schedule.instructions
         if len(marks) != len(instructions):
@@ -417,8 +411,8 @@ class Executor:
                              for i, ins in enumerate(instructions) if isinstance(ins, Compute)]
 
     def _collect(self, outputs: dict[int, torch.Tensor], result: StepResult) -> None:
-        """``result`` filled from the step's outputs (``_roles_in_order``)."""
-        for role, tid, name in self._roles_in_order():
+        """``result`` filled from the step's outputs, in ``_roles``' order."""
+        for role, tid, name in self._roles:
             if role == "loss":
                 result.loss = outputs[tid]
             elif role == "grad" and name.startswith(INPUT_PREFIX):

@@ -160,49 +160,6 @@ def test_an_op_without_a_shape_rule_is_named_with_why():
     assert "_ctc_loss" in message and "no shape rule" in message
 
 
-class ShapeFromValues(nn.Module):
-    """An op whose output's shape depends on the values of its input, inside the forward."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-        self.linear = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.linear(x)
-        if self.how == "bool-mask":
-            picked = h[h > 0]
-        elif self.how == "row-mask":
-            picked = h[x[:, 0] > 0]
-        elif self.how == "nonzero":
-            picked = h.index_select(0, (x[:, 0] > 0).nonzero().squeeze(1))
-        else:
-            picked = torch.masked_select(h, h > 0)
-        return h + picked.sum()
-
-
-@pytest.mark.parametrize("how", ["bool-mask", "row-mask", "nonzero", "masked-select"])
-def test_a_shape_made_from_values_is_refused_with_the_fixed_shape_way_out(how: str) -> None:
-    """t[mask], nonzero and masked_select make shapes from values inside an op: a real capture
-    cannot specialise on them (nothing is read in Python). Boolean-mask indexing and nonzero
-    were refused as "the eager step read none" with advice that specialising works on a real
-    capture; the refusal names the op and the fixed-shape rewrite."""
-    import outcore
-
-    model = ShapeFromValues(how)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    batch = (torch.randn(6, 4), torch.randn(6, 4))
-    with pytest.raises(CaptureError) as err:
-        outcore.compile(model, nn.functional.mse_loss, batch, budget=None,
-                        device="cpu-emulated")
-    message = str(err.value)
-    assert "no shape rule" in message and "read none" not in message
-    assert ("nonzero" if how != "masked-select" else "masked_select") in message
-    assert "torch.where(mask, t, 0)" in message and "t[mask]" in message
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    assert all(p.grad is None for p in model.parameters())
-
-
 @pytest.mark.parametrize("wrap", ["script", "trace", "compiled", "dataparallel"])
 def test_a_module_that_runs_elsewhere_is_refused_with_what_to_pass(wrap: str) -> None:
     """TorchScript, torch.compile'd and DataParallel modules hand their forward to another

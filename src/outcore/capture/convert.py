@@ -77,7 +77,7 @@ class _Builder:
         self.gm = gm
         self.tensors: list[Tensor] = []
         self.ops: list[Op] = []
-        self.storage_owner: dict[int, int] = {}
+        self.storage_owner: dict[Any, int] = {}
         self.on_cpu: list[bool] = []  # per tensor id: its value lives in host memory
         # The device type the step computes on, decided once from the traced values: the
         # first accelerator among them (placeholders come first in the joint graph, so every
@@ -86,7 +86,8 @@ class _Builder:
         self.map = NodeMap()
 
     def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
-                   producer: int | None, source: str = "") -> int:
+                   producer: int | None, source: str = "", storage_key: Any = None) -> int:
+        """``storage_key``: what identifies the storage (default: ``val``'s own storage)."""
         tid = len(self.tensors)
         if val.layout != torch.strided:
             raise CaptureError(
@@ -94,7 +95,7 @@ class _Builder:
                 "tensors only. nn.Embedding(sparse=True) / nn.EmbeddingBag(sparse=True) and "
                 "F.embedding(..., sparse=True) make sparse gradients: use sparse=False (the "
                 "gradient is then dense; SGD's update is the same)")
-        key = val.untyped_storage()._cdata
+        key = val.untyped_storage()._cdata if storage_key is None else storage_key
         base = self.storage_owner.setdefault(key, tid)
         nbytes = val.untyped_storage().nbytes() if base == tid else 0
         self.on_cpu.append(val.device.type == "cpu")
@@ -119,7 +120,10 @@ class _Builder:
             raise _node_error(node, f"reads the attribute {node.target!r}, a "
                               f"{type(value).__name__}, where a tensor constant was expected")
         val = node.meta.get("val", value)
-        tid = self.add_tensor(val, node.name, TensorKind.BUFFER, None, f"const:{node.target}")
+        # several get_attr nodes may read one constant (the forward's and the backward's
+        # uses): each its own fake value, but one real tensor, so one storage
+        tid = self.add_tensor(val, node.name, TensorKind.BUFFER, None, f"const:{node.target}",
+                              storage_key=("constant", str(node.target)))
         self.map.node_tensors[node] = tid
         self.map.constants[tid] = str(node.target)
 

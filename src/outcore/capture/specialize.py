@@ -16,6 +16,10 @@ padding mask). When a value is the same at every step, outcore specialises on it
 
 A fake capture (``fake=True``) has no values to specialise on: it keeps the CaptureError.
 
+Boolean masks that set a shape (``t[mask]``, ``nonzero``, ``masked_select``, ...) are
+specialised the same way, among the reads and in the same order (``outcore.capture.value_shapes``):
+the mask is the guard, and the trace indexes with the recorded positions.
+
 Invariant: one read in the step's code is one guard, in the eager run and in every trace
 alike. The tensor subclasses tracing runs on override some readers (``FunctionalTensor`` and
 ``FakeTensor`` implement ``tolist`` as one ``item()`` per element, ``FunctionalTensor`` its
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,27 +40,42 @@ import torch._subclasses.fake_tensor  # loaded, so _reader_owners finds the clas
 import torch._subclasses.functional_tensor  # runs on
 from torch import nn
 
+from outcore.capture.value_shapes import MASK_READER, ValueShapes
 from outcore.errors import CaptureError
 
 #: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
 _READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__")
 
 _DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent",
-                   "_local_scalar_dense", "nonzero", "item()")
+                   "_local_scalar_dense", "nonzero", "item()", "DynamicOutputShapeException")
 
 
 @dataclass(frozen=True)
 class ScalarGuard:
-    """One value the captured step was specialised on: how it was read and what it was."""
+    """One value the captured step was specialised on: how it was read and what it was.
+
+    A mask guard (``reader == MASK_READER``, ``outcore.capture.value_shapes``) holds the mask itself
+    as ``value`` and its recorded ``positions``."""
 
     reader: str
     value: Any
     #: the shape of the tensor read (a replayed read of another shape is another read)
     shape: tuple[int, ...] = ()
+    positions: tuple[torch.Tensor, ...] = field(default=(), compare=False)
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
+        if self.reader == MASK_READER:
+            return torch.equal(tensor.to(self.value.device), self.value)
         return bool(getattr(tensor, self.reader)() == self.value)
+
+    def describe(self) -> str:
+        """The read, for messages."""
+        if self.reader == MASK_READER:
+            return (f"a boolean mask of shape {self.shape} selecting "
+                    f"{int(self.value.sum())} elements (t[mask], nonzero, masked_select)")
+        return (f"a tensor value read with .{self.reader}() being {self.value!r} (of a "
+                f"tensor of shape {self.shape})")
 
 
 def _reader_owners() -> list[type]:
@@ -117,11 +136,17 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
         seen.append(ScalarGuard(name, value, tuple(tensor.shape)))
         return value
 
+    def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        found = torch.Tensor.nonzero(mask, as_tuple=True)
+        seen.append(ScalarGuard(MASK_READER, mask.detach().clone(), tuple(mask.shape),
+                                tuple(f.detach().clone() for f in found)))
+        return found
+
     buffers = [(b, b.detach().clone()) for b in step.buffers()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad(), _patched(hook):
+        with torch.no_grad(), _patched(hook), ValueShapes(positions):
             step(*args)
     finally:
         with torch.no_grad():
@@ -144,27 +169,35 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"__bool__": bool, "__int__": int,
 
 @contextlib.contextmanager
 def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[None]:
-    """Answer each read with the next recorded value; the tensor read goes to ``sink``."""
-    def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
+    """Answer each read with the next recorded value, each mask with its recorded positions;
+    the tensor read (the mask) goes to ``sink``."""
+    def next_guard(name: str, tensor: torch.Tensor) -> ScalarGuard:
         # the export traces the step more than once; TrainingStep.forward empties the sink
         # at the start of each pass, so the sink's length is the position in this pass
+        what = "boolean mask" if name == MASK_READER else f".{name}()"
         if len(sink) >= len(guards):
             raise CaptureError(
-                f"the model read more tensor values (.{name}()) while tracing than when it ran "
+                f"the model read more tensor values ({what}) while tracing than when it ran "
                 "eagerly, so outcore cannot specialise on them; make the branch depend on "
                 "shapes or Python values, or use torch.where")
         guard = guards[len(sink)]
         if name != guard.reader or tuple(tensor.shape) != guard.shape:
             raise CaptureError(
                 f"while tracing, the model's read number {len(sink) + 1} of a tensor value was "
-                f".{name}() of a tensor of shape {tuple(tensor.shape)}, but when it ran "
-                f"eagerly it was .{guard.reader}() of one of shape {guard.shape}; outcore "
-                "cannot specialise on reads that differ between runs. Make the branch "
-                "depend on shapes or Python values, or use torch.where")
+                f"{what} of a tensor of shape {tuple(tensor.shape)}, but when it ran "
+                f"eagerly it was {guard.describe()}; outcore cannot specialise on reads that "
+                "differ between runs. Make the branch depend on shapes or Python values, or "
+                "use torch.where")
         sink.append(tensor.detach())
-        return _CONVERT.get(name, _same)(guard.value)
+        return guard
 
-    with _patched(hook):
+    def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
+        return _CONVERT.get(name, _same)(next_guard(name, tensor).value)
+
+    def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return next_guard(MASK_READER, mask).positions
+
+    with _patched(hook), ValueShapes(positions):
         yield
     if len(sink) != len(guards):
         raise CaptureError("the traced step read fewer tensor values than the eager run; "
@@ -233,10 +266,12 @@ def _way_out(exc: BaseException) -> str:
     if "DynamicOutputShapeException" in text:
         return ("PyTorch has no shape rule for that op on fake tensors: the shape of what it "
                 "makes depends on its inputs' values (torch.compile breaks the graph there "
-                "too; F.ctc_loss is one such op). Boolean-mask indexing (t[mask]), "
-                "nonzero, masked_select and unique are such ops; outcore specialises on values "
-                "read in Python (.item(), an `if` on a tensor) but not on a shape made inside "
-                "an op. Keep the shapes fixed: torch.where(mask, t, 0) or t * mask (and "
+                "too; F.ctc_loss and unique are such ops). On a real capture outcore "
+                "specialises on boolean masks (t[mask], nonzero, masked_select, "
+                "torch.where(mask)) and on values read in Python (.item(), an `if` on a "
+                "tensor), capturing the step again when they change; it cannot with "
+                "fake=True, nor on a shape another op makes. Keep the shapes fixed: "
+                "torch.where(mask, t, 0) or t * mask (and "
                 "mask.sum() where a mean over the selected elements is meant), masked_fill, "
                 "or select the rows in the data loader; a mixture of experts keeps them fixed "
                 "by sorting the tokens by expert and running F.grouped_mm over the groups "

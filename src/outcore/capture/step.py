@@ -109,9 +109,9 @@ class CapturedStep:
             guard = self.guards[int(name)]
             if not guard.holds(outputs[tid]):
                 raise SpecializationMismatch(
-                    f"the step was specialised on a tensor value read with .{guard.reader}() "
-                    f"being {guard.value!r}, and this batch reads otherwise; capture it again "
-                    "for this batch (Trainer.step does so by itself)")
+                    f"the step was specialised on {guard.describe()}, and this batch reads "
+                    "otherwise; capture it again for this batch (Trainer.step does so by "
+                    "itself)")
 
     # -- binding real values -------------------------------------------------------------------
     def static_values(self, graph: Graph, batch: Any,

@@ -1,0 +1,195 @@
+"""Shapes set by tensor values inside an op: boolean masks and sizes given as tensors,
+specialised on their values.
+
+**Boolean masks.**
+
+``t[mask]``, ``t[mask] = v``, ``nonzero``, ``argwhere``, ``torch.where(mask)`` and
+``masked_select`` make (or take) as many elements as the mask holds ``True``: a shape that
+depends on values, which fake tensors cannot trace (``DynamicOutputShapeException``).
+DeBERTa's sequence-classification loss keeps the labels that are not negative that way, and so
+do hand-written losses that drop padding (``logits[labels != -100]``). outcore specialises on
+the mask as it does on values read in Python (``outcore.capture.specialize``):
+
+1. while the step runs eagerly, each such call's mask is recorded with its positions
+   (``mask.nonzero(as_tuple=True)``), in order, among the values read in Python;
+2. while it is traced, the call is rewritten to index with the recorded positions (long
+   tensors: a fixed shape), and the mask becomes a guard output of the step;
+3. every step compares each mask with the recorded one (``torch.equal``) before anything is
+   applied; a mask that differs makes the Trainer capture and plan the step again.
+
+Invariant: the rewritten call computes what the original computes, forward and backward.
+PyTorch itself indexes with ``mask.nonzero()`` wherever a boolean index meets ``index`` or
+``index_put``, and the positions of a mask are distinct, so the gradient's sums are the same
+additions (``tests/spine/test_mask_specialisation.py`` compares each form with eager, bit for
+bit). A call the rewrite does not know (a 0-d mask, an ``out=`` argument) is left as it is,
+and the capture fails as before, with its way out.
+
+**Sizes given as tensors.** ``torch.arange(n)``, ``torch.zeros(n, 4)``, ``x.new_full((n,),
+v)``, ``x.view(n, -1)`` with ``n`` a 0-d tensor read it in C++, where Python's readers are
+not seen (Longformer's ``torch.arange(max_num_global_attn_indices)``). Each 0-d tensor given
+to ``SIZE_TAKERS`` (not the tensor a method is called on) is read in Python first, with
+``int`` or ``float`` by its dtype, which is a value read like any other (a guard). The call
+then gets the number, as eager's C++ would have read it. ``tensor_split`` with a 1-D tensor
+of indices (``LIST_TAKERS``) gets them read with ``.tolist()``, one guard for the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+#: mask -> its positions (``nonzero(as_tuple=True)``), recorded or replayed
+Positions = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+
+#: ``ScalarGuard.reader`` of a mask guard
+MASK_READER = "mask"
+
+
+def _is_mask(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() > 0
+
+
+def _index_without_masks(index: Any, positions: Positions) -> Any:
+    """``index`` with each boolean tensor in it replaced by its positions (``None`` when it
+    holds none: not a call to rewrite)."""
+    if _is_mask(index):
+        return positions(index)
+    if not isinstance(index, tuple) or not any(_is_mask(i) for i in index):
+        return None
+    out: list[Any] = []
+    for item in index:
+        out.extend(positions(item) if _is_mask(item) else (item,))
+    return tuple(out)
+
+
+def _getitem(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    index = _index_without_masks(args[1], positions) if len(args) == 2 and not kwargs else None
+    return NotImplemented if index is None else torch.Tensor.__getitem__(args[0], index)
+
+
+def _setitem(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    index = _index_without_masks(args[1], positions) if len(args) == 3 and not kwargs else None
+    if index is None:
+        return NotImplemented
+    torch.Tensor.__setitem__(args[0], index, args[2])
+    return None
+
+
+def _mask_of(t: Any) -> torch.Tensor | None:
+    """The boolean mask ``nonzero(t)`` selects by (``t != 0`` for other dtypes)."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return None
+    return t if t.dtype == torch.bool else t != 0
+
+
+def _nonzero(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    if len(args) != 1 or set(kwargs) - {"as_tuple"} or (mask := _mask_of(args[0])) is None:
+        return NotImplemented
+    found = positions(mask)
+    return tuple(found) if kwargs.get("as_tuple", False) else torch.stack(found, dim=1)
+
+
+def _argwhere(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    if len(args) != 1 or kwargs or (mask := _mask_of(args[0])) is None:
+        return NotImplemented
+    return torch.stack(positions(mask), dim=1)
+
+
+def _where(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    """Only ``torch.where(condition)``, which is ``nonzero(condition, as_tuple=True)``."""
+    if len(args) != 1 or kwargs or (mask := _mask_of(args[0])) is None:
+        return NotImplemented
+    return tuple(positions(mask))
+
+
+def _masked_select(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    given = dict(zip(("input", "mask"), args, strict=False)) | kwargs
+    t, mask = given.get("input"), given.get("mask")
+    if set(given) != {"input", "mask"} or not isinstance(t, torch.Tensor) or not _is_mask(mask):
+        return NotImplemented
+    t, mask = torch.broadcast_tensors(t, mask)
+    return t[positions(mask)]
+
+
+def _number(t: torch.Tensor) -> int | float | bool:
+    """A 0-d tensor as C++ would read it, through Python's readers (so a read, a guard)."""
+    if t.dtype == torch.bool:
+        return bool(t)
+    return float(t) if t.dtype.is_floating_point else int(t)
+
+
+def _numbers(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return _number(value)
+    if isinstance(value, (list, tuple)) and any(
+            isinstance(v, torch.Tensor) and v.dim() == 0 for v in value):
+        return type(value)(_number(v) if isinstance(v, torch.Tensor) and v.dim() == 0 else v
+                           for v in value)
+    return value
+
+
+#: functions that read a 0-d tensor given as a size or a number in C++ (``_numbers``); for
+#: the Tensor methods the tensor they are called on is left as it is
+SIZE_TAKERS: frozenset[Any] = frozenset({
+    torch.arange, torch.linspace, torch.logspace, torch.zeros, torch.ones, torch.empty,
+    torch.full, torch.rand, torch.randn, torch.randint, torch.randperm, torch.eye,
+    torch.tril_indices, torch.triu_indices,
+    torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty,
+    torch.Tensor.new_full, torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.expand,
+    torch.Tensor.repeat, torch.Tensor.narrow})
+_METHODS = frozenset(f for f in SIZE_TAKERS if getattr(torch.Tensor, f.__name__, None) is f)
+
+
+#: functions that read a 1-D tensor of indices in C++ (``tensor_split``'s
+#: ``tensor_indices_or_sections``): read in Python with ``.tolist()`` instead
+LIST_TAKERS: frozenset[Any] = frozenset({torch.tensor_split, torch.Tensor.tensor_split})
+
+
+def _listed(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 1:
+        return value.tolist()
+    return _numbers(value)
+
+
+def _sizes_read(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    first = 1 if func in _METHODS or func in LIST_TAKERS else 0
+    read = _listed if func in LIST_TAKERS else _numbers
+    return ((*args[:first], *(read(a) for a in args[first:])),
+            {k: read(v) for k, v in kwargs.items()})
+
+
+_REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
+    torch.Tensor.__getitem__: _getitem,
+    torch.Tensor.__setitem__: _setitem,
+    torch.nonzero: _nonzero, torch.Tensor.nonzero: _nonzero,
+    torch.argwhere: _argwhere, torch.Tensor.argwhere: _argwhere,
+    torch.where: _where,
+    torch.masked_select: _masked_select, torch.Tensor.masked_select: _masked_select,
+}
+
+
+class ValueShapes(TorchFunctionMode):
+    """Rewrites the calls of the module doc: masks to index with ``positions(mask)``, 0-d
+    tensors given as sizes to numbers read in Python.
+
+    Inside ``__torch_function__`` this mode is off, so the rewritten call (and ``positions``)
+    run as plain PyTorch; Python's readers stay patched (``specialize._patched``)."""
+
+    def __init__(self, positions: Positions) -> None:
+        super().__init__()
+        self.positions = positions
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SIZE_TAKERS or func in LIST_TAKERS:
+            args, kwargs = _sizes_read(func, args, kwargs)
+        rewrite = _REWRITES.get(func)
+        if rewrite is not None:
+            out = rewrite(self.positions, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)

@@ -1,6 +1,7 @@
 """Boolean masks whose selected count sets a shape (``t[mask]``, ``t[mask] = v``, ``nonzero``,
 ``argwhere``, ``torch.where(mask)``, ``masked_select``) and sizes given as 0-d tensors
-(``torch.arange(n)``, ``x.new_zeros(n, 4)``, ``x.view(n, -1)``) are specialised on their values
+(``torch.arange(n)``, ``x.new_zeros(n, 4)``, ``x.view(n, -1)``, ``repeat_interleave`` by a
+tensor) are specialised on their values
 (``outcore.capture.value_shapes``): each form trains as eager does, bit for bit, step after
 step as the values change, and a mask that stays the same is captured once.
 
@@ -86,6 +87,18 @@ SIZES: dict[str, Form] = {
     "reshape(n, -1)": lambda h, x: h.reshape(-1, _all(x)) * 2,
     "narrow(0, 0, n)": lambda h, x: h.narrow(0, 0, _count(x)),
 }
+#: repeats given as a tensor: their sum is the output's size (``.tolist()``, one guard)
+REPEATS: dict[str, Form] = {
+    "repeat_interleave(t, repeats, dim=0)": lambda h, x: torch.repeat_interleave(
+        h, (x[:, 0] > 0).long() + 1, dim=0),
+    "Tensor.repeat_interleave(repeats)": lambda h, x: h.repeat_interleave(
+        (x.flatten() > 0).long()),
+    "repeat_interleave(t, 0-d repeats, dim=1)": lambda h, x: h.repeat_interleave(
+        _count(x), dim=1),
+    "repeat_interleave(repeats)": lambda h, x: h[torch.repeat_interleave(
+        (x[:, 0] > 0).long() + 1)],
+}
+SIZES.update(REPEATS)
 FORMS.update(SIZES)
 
 #: forms PyTorch traces with a fixed shape by itself (``index_put_`` of a scalar through a
@@ -133,7 +146,9 @@ def test_each_mask_form_trains_as_eager_as_the_masks_change(how: str) -> None:
     batches = _batches(3)
     graph = capture(model, F.mse_loss, batches[0])
     readers = [g.reader for g in graph.source.guards]
-    if how in SIZES:
+    if how in REPEATS:
+        assert readers == ["tolist"]  # the repeats, read in Python
+    elif how in SIZES:
         assert readers == ["__int__"]  # the size, read in Python as int(n)
     else:
         expected = [] if how in TRACED_AS_THEY_ARE else [MASK_READER] * FORMS_MASKS.get(how, 1)
@@ -240,3 +255,20 @@ def test_a_shape_from_values_no_mask_makes_is_still_refused_with_the_way_out() -
 def test_a_fake_capture_of_a_mask_is_refused() -> None:
     with pytest.raises(CaptureError, match="fake=True"):
         capture(Masked("t[row mask]"), F.mse_loss, _batches(1)[0], fake=True)
+
+
+def test_a_split_step_cannot_share_a_masks_positions_and_says_so() -> None:
+    """The positions are a constant of the batch's shape: moDNN's sub-batches cannot share
+    it, and its refusal names the specialised mask (it blamed the batch layout before)."""
+    from outcore.graph.bounds import reference_peaks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 16 * 16, 10))
+    batch = (torch.rand(32, 3, 16, 16), torch.randint(0, 10, (32,)))
+    budget = int(reference_peaks(capture(model, deberta_loss, batch)).layer_lower_bound * 0.7)
+    with pytest.raises(outcore.InfeasibleBudgetError, match="sub-batches cannot share") as err:
+        outcore.compile(model, deberta_loss, batch, budget=budget, device="cpu-emulated",
+                        policy="modnn")
+    assert "Pass the batch layout" not in str(err.value)
+    assert all(p.grad is None for p in model.parameters())

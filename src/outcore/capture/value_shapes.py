@@ -30,7 +30,9 @@ not seen (Longformer's ``torch.arange(max_num_global_attn_indices)``). Each 0-d 
 to ``SIZE_TAKERS`` (not the tensor a method is called on) is read in Python first, with
 ``int`` or ``float`` by its dtype, which is a value read like any other (a guard). The call
 then gets the number, as eager's C++ would have read it. ``tensor_split`` with a 1-D tensor
-of indices (``LIST_TAKERS``) gets them read with ``.tolist()``, one guard for the list.
+of indices (``LIST_TAKERS``) gets them read with ``.tolist()``, one guard for the list, and
+``repeat_interleave`` by a tensor of repeats becomes the ``index_select`` ATen runs, by an
+index made from the repeats read so.
 """
 
 from __future__ import annotations
@@ -161,6 +163,34 @@ def _sizes_read(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             {k: read(v) for k, v in kwargs.items()})
 
 
+def _repeated_index(counts: list[int], device: torch.device) -> torch.Tensor:
+    """``repeat_interleave(arange(len(counts)), counts)`` made in Python: a constant."""
+    return torch.tensor([i for i, c in enumerate(counts) for _ in range(c)],
+                        dtype=torch.long, device=device)
+
+
+def _repeat_interleave(positions: Positions, args: tuple, kwargs: dict) -> Any:
+    """``repeat_interleave`` by a tensor of repeats, read with ``.tolist()`` (a guard): the
+    ``index_select`` by the repeated index that ATen's own ``repeat_interleave`` runs, with
+    that index a constant. A step whose repeats changed selects with the old index (a valid
+    one: the input's shape is the same) and fails its guard before anything is applied;
+    ``output_size`` would instead make it raise."""
+    given = dict(zip(("input", "repeats", "dim"), args, strict=False)) | kwargs
+    if set(given) == {"input"} and isinstance(given["input"], torch.Tensor) and (
+            given["input"].dim() == 1):  # repeat_interleave(repeats): the index itself
+        return _repeated_index(given["input"].tolist(), given["input"].device)
+    t, repeats, dim = given.get("input"), given.get("repeats"), given.get("dim")
+    if (not isinstance(t, torch.Tensor) or not isinstance(repeats, torch.Tensor)
+            or repeats.dim() > 1 or set(given) - {"input", "repeats", "dim"}):
+        return NotImplemented
+    if dim is None:
+        t, dim = t.flatten(), 0
+    counts = repeats.tolist()
+    if isinstance(counts, int) or len(counts) == 1:  # one count for every element
+        counts = [counts if isinstance(counts, int) else counts[0]] * t.shape[dim]
+    return t.index_select(dim, _repeated_index(counts, t.device))
+
+
 _REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
     torch.Tensor.__getitem__: _getitem,
     torch.Tensor.__setitem__: _setitem,
@@ -168,6 +198,8 @@ _REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
     torch.argwhere: _argwhere, torch.Tensor.argwhere: _argwhere,
     torch.where: _where,
     torch.masked_select: _masked_select, torch.Tensor.masked_select: _masked_select,
+    torch.repeat_interleave: _repeat_interleave,
+    torch.Tensor.repeat_interleave: _repeat_interleave,
 }
 
 

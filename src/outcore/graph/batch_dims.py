@@ -171,6 +171,14 @@ def follow(full: Graph, sub: Graph, parts: int) -> BatchDims:
         if len(changed) > 1 or a.shape[d] != parts * b.shape[d]:
             raise _refuse(f"tensor {a.name!r} is {a.shape} at the full batch but {b.shape} with "
                           f"{parts} sub-batches: not one dimension scaled by {parts}")
+        if a.source.startswith("const:"):
+            raise BatchDimError(
+                f"the step's constant {a.name!r} changes shape with the batch ({a.shape} vs "
+                f"{b.shape}): it holds values the step was specialised on (a boolean mask's "
+                "positions: t[mask], nonzero, masked_select; outcore.capture.value_shapes), "
+                "which sub-batches cannot share. Give a budget that holds the whole batch, "
+                "or keep the shapes fixed (F.cross_entropy(..., ignore_index=-100), "
+                "torch.where(mask, t, 0))")
         if a.kind in (TensorKind.PARAMETER, TensorKind.BUFFER) or a.source.startswith("grad:"):
             raise _refuse(f"{a.kind} {a.name!r} changes shape with the batch ({a.shape} vs "
                           f"{b.shape}); sub-batches would not share it")

@@ -86,6 +86,8 @@ SIZES: dict[str, Form] = {
     "view(n, -1)": lambda h, x: h.view(_all(x), -1) * 2,
     "reshape(n, -1)": lambda h, x: h.reshape(-1, _all(x)) * 2,
     "narrow(0, 0, n)": lambda h, x: h.narrow(0, 0, _count(x)),
+    "t[n]": lambda h, x: h[_count(x) % 6],
+    "t[n, 1:]": lambda h, x: h[_count(x) % 6, 1:],
 }
 #: repeats given as a tensor: their sum is the output's size (``.tolist()``, one guard)
 REPEATS: dict[str, Form] = {

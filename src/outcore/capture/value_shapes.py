@@ -24,6 +24,10 @@ additions (``tests/spine/test_mask_specialisation.py`` compares each form with e
 bit). A call the rewrite does not know (a 0-d mask, an ``out=`` argument) is left as it is,
 and the capture fails as before, with its way out.
 
+A 0-d integer tensor used as an index (``w[expert_idx]``, as the experts loops of Hugging
+Face's gpt-oss family index their weights) is read as an ``int`` the same way as the sizes
+below.
+
 **Sizes given as tensors.** ``torch.arange(n)``, ``torch.zeros(n, 4)``, ``x.new_full((n,),
 v)``, ``x.view(n, -1)`` with ``n`` a 0-d tensor read it in C++, where Python's readers are
 not seen (Longformer's ``torch.arange(max_num_global_attn_indices)``). Each 0-d tensor given
@@ -54,16 +58,25 @@ def _is_mask(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.dim() > 0
 
 
+def _is_scalar_index(x: Any) -> bool:
+    """A 0-d integer tensor used as an index: eager reads it as an ``int`` (in C++)."""
+    return (isinstance(x, torch.Tensor) and x.dim() == 0 and not x.dtype.is_floating_point
+            and not x.dtype.is_complex and x.dtype != torch.bool)
+
+
 def _index_without_masks(index: Any, positions: Positions) -> Any:
-    """``index`` with each boolean tensor in it replaced by its positions (``None`` when it
-    holds none: not a call to rewrite)."""
-    if _is_mask(index):
-        return positions(index)
-    if not isinstance(index, tuple) or not any(_is_mask(i) for i in index):
+    """``index`` with each boolean tensor in it replaced by its positions and each 0-d integer
+    tensor by its value read in Python (``None`` when it holds neither: not a call to
+    rewrite)."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not any(_is_mask(i) or _is_scalar_index(i) for i in items):
         return None
     out: list[Any] = []
-    for item in index:
-        out.extend(positions(item) if _is_mask(item) else (item,))
+    for item in items:
+        if _is_mask(item):
+            out.extend(positions(item))
+        else:
+            out.append(int(item) if _is_scalar_index(item) else item)
     return tuple(out)
 
 

@@ -40,7 +40,7 @@ import torch._subclasses.fake_tensor  # loaded, so _reader_owners finds the clas
 import torch._subclasses.functional_tensor  # runs on
 from torch import nn
 
-from outcore.capture.value_shapes import MASK_READER, ValueShapes
+from outcore.capture.value_shapes import MASK_READER, ValueShapes, ctc_loss_traced
 from outcore.errors import CaptureError
 
 #: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
@@ -146,7 +146,7 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad(), _patched(hook), ValueShapes(positions):
+        with torch.no_grad(), _patched(hook), ValueShapes(positions), ctc_loss_traced():
             step(*args)
     finally:
         with torch.no_grad():
@@ -245,7 +245,7 @@ def _export(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...])
     from outcore.capture.traced_as_eager import traced_as_eager
 
     try:  # a tensor the step closes over becomes a constant (``closed_over``)
-        with traced_as_eager(), real_constants_allowed():
+        with traced_as_eager(), real_constants_allowed(), ctc_loss_traced():
             return aot_export_joint_with_descriptors(stack, step, args)
     except CaptureError:
         raise

@@ -11,6 +11,11 @@ class CaptureError(OutcoreError):
     """The training step could not be captured as a dataflow graph."""
 
 
+class HostRandomError(CaptureError):
+    """The step depends on numbers the model draws from NumPy's or Python's random generator
+    while it runs, which a captured step cannot draw again (``outcore.capture.host_random``)."""
+
+
 class GraphError(OutcoreError):
     """A Graph is malformed (dangling ids, cycles, bad JSON)."""
 

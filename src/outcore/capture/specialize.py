@@ -40,6 +40,7 @@ import torch._subclasses.fake_tensor  # loaded, so _reader_owners finds the clas
 import torch._subclasses.functional_tensor  # runs on
 from torch import nn
 
+from outcore.capture import host_random
 from outcore.capture.value_shapes import MASK_READER, ValueShapes, ctc_loss_traced
 from outcore.errors import CaptureError
 
@@ -209,7 +210,44 @@ def export_step(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, .
     """Export ``step(*args)`` as one joint graph; specialise on read values when needed.
 
     Returns the export and the guards it was specialised on (empty when it was not).
+    Numbers the step drew from NumPy's or Python's generators are checked: a step that
+    depends on them is refused (``outcore.capture.host_random``; a fake capture, which only
+    plans, is not checked).
     """
+    before = host_random.state()
+    result = _specialised(stack, step, args, fake, before)
+    after = host_random.state()
+    if fake or host_random.same(before, after):
+        return result
+    _refuse_host_draws_that_matter(step, args)
+    host_random.set_state(after)
+    return result
+
+
+def _refuse_host_draws_that_matter(step: nn.Module, args: tuple[Any, ...]) -> None:
+    """Export the step in ``host_random``'s two forced worlds; refuse unless both graphs are
+    the same."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    prints = []
+    sites: set[str] = set()
+    for world in (0, 1):  # outside the fake mode the first export keeps open
+        with unset_fake_temporarily(), contextlib.ExitStack() as scratch, \
+                host_random.forced(world, sites):
+            try:
+                joint, _ = _specialised(scratch, step, args, False, host_random.state())
+            except CaptureError as err:
+                raise host_random.refuse(sites) from err
+            prints.append(host_random.fingerprint(joint.graph_module))
+    if not host_random.same_graph(*prints):
+        raise host_random.refuse(sites)
+
+
+def _specialised(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...],
+                 fake: bool, drawn_from: host_random.HostState) -> tuple[Any, list[ScalarGuard]]:
+    """``export_step`` without the host-draw check; the eager run and the trace of a
+    specialised step each start from the generators' state ``drawn_from``, so both draw
+    what the first export drew."""
     first = contextlib.ExitStack()  # the export's modes stay entered only if it succeeds
     try:
         result = _export(first, step, args)
@@ -221,11 +259,13 @@ def export_step(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, .
     else:
         stack.enter_context(first)
         return result, []
+    host_random.set_state(drawn_from)
     guards = record_reads(step, args)
     if not guards:  # no value read in Python: a shape made inside an op (nonzero, t[mask])
         raise failure
     sink: list[torch.Tensor] = []
     setattr(step, "guard_sink", sink)  # noqa: B010 - read by TrainingStep.forward
+    host_random.set_state(drawn_from)
     try:
         with replaying(guards, sink):
             return _export(stack, step, args), guards

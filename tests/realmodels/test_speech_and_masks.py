@@ -1,0 +1,81 @@
+"""Hugging Face models that session 30's sweeps found refused or silently changed:
+
+* Wav2Vec2ForCTC's loss (``F.ctc_loss`` over labels concatenated by ``masked_select``) was
+  refused at capture; it trains as eager (``tests/spine/test_ctc_loss.py``);
+* with its default config (SpecAugment's ``mask_time_prob = 0.05``, drawn with NumPy) it
+  would have trained on one fixed mask: refused with the way out
+  (``tests/spine/test_host_random.py``);
+* DeBERTa-v2's sequence-classification loss (``(labels >= 0).nonzero()``) was refused at
+  capture; it trains as eager and is captured once (``tests/spine/test_mask_specialisation.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from exact import assert_grads_equal
+from torch import nn
+
+import outcore
+from outcore.errors import HostRandomError
+
+from corpus import _ENC, _hf
+
+_SPEECH = {"vocab_size": 16, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "intermediate_size": 64, "conv_dim": (16,) * 7,
+           "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}
+_OFF = {"mask_time_prob": 0.0, "mask_feature_prob": 0.0, "layerdrop": 0.0}
+
+
+def _audio() -> dict[str, torch.Tensor]:
+    return {"input_values": torch.randn(2, 4000),
+            "labels": torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]])}
+
+
+def _same_steps(model: nn.Module, batches: list[dict[str, Any]]) -> outcore.Trainer:
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, None, batches[0], budget=None, device="cpu-emulated")
+    for batch in batches:
+        for p in (*model.parameters(), *reference.parameters()):
+            p.grad = None
+        state = torch.get_rng_state()  # dropout: each side draws eager's masks
+        loss = trainer.step(batch)
+        torch.set_rng_state(state)
+        expected = reference(**batch).loss
+        expected.backward()
+        assert torch.equal(loss, expected.detach())
+        assert_grads_equal(model, reference)
+        assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+    return trainer
+
+
+def test_wav2vec2_ctc_trains_as_eager_with_specaugment_off() -> None:
+    torch.manual_seed(0)
+    model = _hf("Wav2Vec2ForCTC", "Wav2Vec2Config", **_SPEECH, **_OFF)()
+    trainer = _same_steps(model, [_audio() for _ in range(2)])
+    assert trainer.stats.captures == 1  # the same labels: the same lengths
+
+
+def test_wav2vec2_with_its_default_specaugment_is_refused_with_the_way_out() -> None:
+    torch.manual_seed(0)
+    model = _hf("Wav2Vec2ForCTC", "Wav2Vec2Config", **_SPEECH)()
+    assert model.config.mask_time_prob > 0
+    try:
+        outcore.compile(model, None, _audio(), budget=None, device="cpu-emulated")
+    except HostRandomError as err:
+        message = str(err)
+    else:
+        raise AssertionError("a SpecAugment mask drawn with NumPy was baked into the step")
+    assert "modeling_wav2vec2.py" in message and "mask_time_prob = 0.0" in message
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_deberta_v2_sequence_classification_is_captured_once() -> None:
+    torch.manual_seed(0)
+    model = _hf("DebertaV2ForSequenceClassification", "DebertaV2Config", **_ENC)()
+    batches = [{"input_ids": torch.randint(3, 60, (2, 12)), "labels": torch.randint(0, 2, (2,))}
+               for _ in range(3)]
+    trainer = _same_steps(model, batches)
+    assert trainer.stats.captures == 1

@@ -168,3 +168,34 @@ def test_a_specialised_step_that_draws(p: float) -> None:
     expected.backward()
     assert torch.equal(loss, expected.detach())
     assert_grads_equal(model, reference)
+
+
+class SeededBlocks(nn.Module):
+    """Seeds NumPy in its forward, then draws (BigBird's random attention blocks): the same
+    draws at every step in eager."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        np.random.seed(7)
+        rows = torch.from_numpy(np.random.permutation(x.shape[1])[:4].copy())
+        return self.linear(x[:, rows])
+
+
+def test_draws_after_the_step_seeds_the_generator_itself_are_accepted() -> None:
+    torch.manual_seed(0)
+    model = SeededBlocks()
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, F.mse_loss, (torch.randn(3, 10, 4), torch.randn(3, 4, 4)),
+                              budget=None, device="cpu")
+    for _ in range(2):
+        x, y = torch.randn(3, 10, 4), torch.randn(3, 4, 4)
+        for p in (*model.parameters(), *reference.parameters()):
+            p.grad = None
+        loss = trainer.step(x, y)
+        expected = F.mse_loss(reference(x), y)
+        expected.backward()
+        assert torch.equal(loss, expected.detach())
+        assert_grads_equal(model, reference)

@@ -24,6 +24,9 @@ What outcore does (``export_step`` in ``outcore.capture.specialize``):
    not used): the capture stands. When they differ, the capture is refused
    (``HostRandomError``, a ``CaptureError``) with the call sites and the way out.
 
+A step that seeds a generator itself before drawing (BigBird) draws the same numbers at
+every step: those draws are not forced, and the capture stands.
+
 The generators are left as the first export left them; later steps draw nothing from them
 (eager would draw at every step). Functions bound before the capture
 (``from numpy.random import rand``) and ``numpy.random.Generator`` objects are not forced;
@@ -157,25 +160,40 @@ PYTHON = tuple(_python_forced(False))
 def forced(world: int, sites: set[str]) -> Iterator[None]:
     """Answer the draws of ``NUMPY`` and ``PYTHON`` at the low (world 0) or high (world 1)
     end, the generators seeded by ``world`` for any other draw; each forced call's site
-    (file:line of its caller) goes to ``sites``. Everything is put back on exit."""
+    (file:line of its caller) goes to ``sites``. Once the step seeds a generator itself
+    (BigBird's ``np.random.seed(seed)`` before its random blocks), that generator's draws
+    are its own: the same at every step in eager, so not forced. Everything is put back on
+    exit."""
     high = world == 1
     saved = state()
     patched: list[tuple[Any, str, Any]] = []
+    seeded: set[Any] = set()  # the modules the step seeded: their draws are eager's own
 
-    def sited(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def sited(module: Any, fn: Callable[..., Any], original: Callable[..., Any]) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
+            if module in seeded:
+                return original(*args, **kwargs)
             frame = sys._getframe(1)
             sites.add(f"{frame.f_code.co_filename}:{frame.f_lineno}")
             return fn(*args, **kwargs)
         return call
+
+    def seeding(module: Any, original: Callable[..., Any]) -> Any:
+        def seed(*args: Any, **kwargs: Any) -> Any:
+            seeded.add(module)
+            return original(*args, **kwargs)
+        return seed
 
     try:
         np.random.seed(1 + world)
         random.seed(1 + world)
         for module, table in ((np.random, _numpy_forced(high)), (random, _python_forced(high))):
             for name, fn in table.items():
-                patched.append((module, name, getattr(module, name)))
-                setattr(module, name, sited(fn))
+                original = getattr(module, name)
+                patched.append((module, name, original))
+                setattr(module, name, sited(module, fn, original))
+            patched.append((module, "seed", module.seed))
+            module.seed = seeding(module, module.seed)
         yield
     finally:
         for module, name, original in reversed(patched):

@@ -199,3 +199,21 @@ def test_draws_after_the_step_seeds_the_generator_itself_are_accepted() -> None:
         expected.backward()
         assert torch.equal(loss, expected.detach())
         assert_grads_equal(model, reference)
+
+
+class OwnGenerator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.generator = torch.Generator().manual_seed(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + torch.randn(x.shape, generator=self.generator)
+
+
+def test_a_torch_generator_of_the_models_own_is_refused_with_the_way_out() -> None:
+    """It was refused as "reads the attribute '_opaque_obj0', a Generator, where a tensor
+    constant was expected", with advice to report the node kind."""
+    with pytest.raises(outcore.CaptureError, match="its own torch.Generator") as err:
+        outcore.compile(OwnGenerator(), F.mse_loss, _batch(), budget=None, device="cpu")
+    assert "leave out generator=" in str(err.value) and "_opaque_obj" not in str(err.value)

@@ -116,6 +116,12 @@ class _Builder:
     def constant(self, node: fx.Node) -> None:
         """A lifted tensor constant (``get_attr``): static, owned by the captured module."""
         value = _attr(self.gm, str(node.target))
+        if isinstance(value, torch.Generator):
+            raise CaptureError(
+                "the step draws random numbers with its own torch.Generator (generator=...), "
+                "which a captured step cannot carry from step to step. Draw from torch's default generator (leave out generator=; "
+                "outcore repeats its draws as eager does, seeded by torch.manual_seed), or "
+                "draw in the data loader and pass the numbers in the batch.")
         if not isinstance(value, torch.Tensor):
             raise _node_error(node, f"reads the attribute {node.target!r}, a "
                               f"{type(value).__name__}, where a tensor constant was expected")

@@ -214,6 +214,6 @@ class OwnGenerator(nn.Module):
 def test_a_torch_generator_of_the_models_own_is_refused_with_the_way_out() -> None:
     """It was refused as "reads the attribute '_opaque_obj0', a Generator, where a tensor
     constant was expected", with advice to report the node kind."""
-    with pytest.raises(outcore.CaptureError, match="its own torch.Generator") as err:
+    with pytest.raises(outcore.CaptureError, match=r"its own torch\.Generator") as err:
         outcore.compile(OwnGenerator(), F.mse_loss, _batch(), budget=None, device="cpu")
     assert "leave out generator=" in str(err.value) and "_opaque_obj" not in str(err.value)

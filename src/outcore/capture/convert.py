@@ -119,8 +119,9 @@ class _Builder:
         if isinstance(value, torch.Generator):
             raise CaptureError(
                 "the step draws random numbers with its own torch.Generator (generator=...), "
-                "which a captured step cannot carry from step to step. Draw from torch's default generator (leave out generator=; "
-                "outcore repeats its draws as eager does, seeded by torch.manual_seed), or "
+                "which a captured step cannot carry from step to step. Draw from torch's "
+                "default generator (leave out generator=; outcore repeats its draws as "
+                "eager does, seeded by torch.manual_seed), or "
                 "draw in the data loader and pass the numbers in the batch.")
         if not isinstance(value, torch.Tensor):
             raise _node_error(node, f"reads the attribute {node.target!r}, a "

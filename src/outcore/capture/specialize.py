@@ -1,7 +1,8 @@
 """Export a training step, specialising data-dependent Python control flow on its values.
 
 A model that reads a tensor's value in Python (``if mask.all():``, ``.item()``, ``int(t)``,
-``t.tolist()``) cannot be one static graph: tracing with fake tensors stops at
+``t.tolist()``, ``t.numpy()`` or ``np.asarray(t)``: DETR's Hungarian matching hands its cost
+matrix to SciPy) cannot be one static graph: tracing with fake tensors stops at
 ``aten._local_scalar_dense``. Hugging Face models do this on their inputs (BART checks its
 padding mask). When a value is the same at every step, outcore specialises on it:
 
@@ -45,10 +46,15 @@ from outcore.capture.value_shapes import MASK_READER, ValueShapes, ctc_loss_trac
 from outcore.errors import CaptureError
 
 #: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
-_READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__")
+_READERS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__",
+            "numpy", "__array__")
+#: readers whose value is a NumPy array (copied when recorded and when answered: the array
+#: eager returns shares the tensor's memory, and the model may write into it)
+_ARRAYS = ("numpy", "__array__")
 
 _DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent",
-                   "_local_scalar_dense", "nonzero", "item()", "DynamicOutputShapeException")
+                   "_local_scalar_dense", "nonzero", "item()", "DynamicOutputShapeException",
+                   ".numpy() is not supported for tensor subclasses")
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,12 @@ class ScalarGuard:
         """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
         if self.reader == MASK_READER:
             return torch.equal(tensor.to(self.value.device), self.value)
+        if self.reader in _ARRAYS:
+            import numpy as np
+
+            read = tensor.detach().cpu().numpy()
+            return read.shape == self.value.shape and bool(
+                np.array_equal(read.astype(self.value.dtype), self.value))
         return bool(getattr(tensor, self.reader)() == self.value)
 
     def describe(self) -> str:
@@ -105,7 +117,9 @@ def _patched(hook: Callable[[str, Callable[..., Any], torch.Tensor], Any]) -> It
                  if cls is torch.Tensor or name in vars(cls)]
 
     def make(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def reader(self: torch.Tensor) -> Any:
+        def reader(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if args or kwargs:  # numpy(force=True), __array__(dtype)
+                return hook(name, lambda t: original(t, *args, **kwargs), self)
             return hook(name, original, self)
         return reader
 
@@ -134,7 +148,8 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
             value = original(tensor)
         finally:
             depth[0] -= 1
-        seen.append(ScalarGuard(name, value, tuple(tensor.shape)))
+        kept = value.copy() if name in _ARRAYS else value
+        seen.append(ScalarGuard(name, kept, tuple(tensor.shape)))
         return value
 
     def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -165,7 +180,9 @@ def _same(value: Any) -> Any:
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {"__bool__": bool, "__int__": int,
                                               "__index__": int, "__float__": float,
-                                              "__complex__": complex}
+                                              "__complex__": complex,
+                                              "numpy": lambda a: a.copy(),
+                                              "__array__": lambda a: a.copy()}
 
 
 @contextlib.contextmanager
@@ -306,7 +323,7 @@ def _way_out(exc: BaseException) -> str:
     if "DynamicOutputShapeException" in text:
         return ("PyTorch has no shape rule for that op on fake tensors: the shape of what it "
                 "makes depends on its inputs' values (torch.compile breaks the graph there "
-                "too; F.ctc_loss and unique are such ops). On a real capture outcore "
+                "too; unique and bincount are such ops). On a real capture outcore "
                 "specialises on boolean masks (t[mask], nonzero, masked_select, "
                 "torch.where(mask)) and on values read in Python (.item(), an `if` on a "
                 "tensor), capturing the step again when they change; it cannot with "
@@ -319,11 +336,6 @@ def _way_out(exc: BaseException) -> str:
                 "otherwise train this model eagerly.")
     if any(marker in text for marker in _DATA_DEPENDENT):
         return _way_out_text(data_dependent=True)
-    if ".numpy() is not supported for tensor subclasses" in text:
-        return ("The model or the loss turns a tensor into a NumPy array (.numpy()); outcore "
-                "traces the step on tensor subclasses, which have none. Compute it with "
-                "torch operations, or read the values with .tolist() (outcore specialises "
-                "the step on values read that way, and captures it again when they change).")
     if "unsupported format string passed to" in text and "Tensor" in text:
         return ("The model or the loss formats a tensor with a format spec (f'{t:.3f}', "
                 "'{:.3f}'.format(t)); outcore traces the step on tensor subclasses, which "

@@ -6,7 +6,11 @@
   would have trained on one fixed mask: refused with the way out
   (``tests/spine/test_host_random.py``);
 * DeBERTa-v2's sequence-classification loss (``(labels >= 0).nonzero()``) was refused at
-  capture; it trains as eager and is captured once (``tests/spine/test_mask_specialisation.py``).
+  capture; it trains as eager and is captured once (``tests/spine/test_mask_specialisation.py``);
+* DETR's loss matches predictions to targets with SciPy's Hungarian solver on its cost matrix
+  (``np.asarray`` of a tensor): refused at capture ("``.numpy()`` is not supported"); the
+  read is specialised on now, so the step trains as eager and is captured again when the
+  matching's inputs change (``tests/spine/test_value_reads.py``).
 """
 
 from __future__ import annotations
@@ -79,3 +83,29 @@ def test_deberta_v2_sequence_classification_is_captured_once() -> None:
                for _ in range(3)]
     trainer = _same_steps(model, batches)
     assert trainer.stats.captures == 1
+
+
+def _detr() -> nn.Module:
+    import transformers
+
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 32],
+                                         depths=[1, 1, 1, 1], out_features=["stage4"])
+    return _hf("DetrForObjectDetection", "DetrConfig", use_timm_backbone=False,
+               backbone_config=backbone, use_pretrained_backbone=False, d_model=32,
+               encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+               decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+               num_queries=10, num_labels=3)()
+
+
+def _boxes() -> dict[str, Any]:
+    return {"pixel_values": torch.randn(2, 3, 64, 64),
+            "labels": [{"class_labels": torch.tensor([1, 2]),
+                        "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.3, 0.3, 0.1, 0.2]])},
+                       {"class_labels": torch.tensor([0]),
+                        "boxes": torch.tensor([[0.4, 0.6, 0.3, 0.2]])}]}
+
+
+def test_detr_hungarian_matching_trains_as_eager() -> None:
+    torch.manual_seed(0)
+    trainer = _same_steps(_detr(), [_boxes() for _ in range(2)])
+    assert trainer.stats.captures == 2  # the cost matrix changes with the images

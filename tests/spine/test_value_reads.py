@@ -194,3 +194,24 @@ def test_the_readers_are_restored_after_a_capture() -> None:
     assert {name: vars(FunctionalTensor).get(name) for name in before} == before
     assert "tolist" not in vars(torch.Tensor) and "item" not in vars(torch.Tensor)
     assert torch.tensor([1, 2]).tolist() == [1, 2]
+
+
+def test_a_model_that_read_values_is_captured_again_without_the_plain_trace(monkeypatch):
+    """A re-capture after a failed guard goes straight to the eager run and the replayed
+    trace: the plain trace, which only meets the read again, is skipped (a re-capture of
+    DETR's step took 1.6-2.1 s CPU with it, 1.2 s without)."""
+    import importlib
+
+    specialize = importlib.import_module("outcore.capture.specialize")
+    traces: list[int] = []
+    export = specialize._export
+    monkeypatch.setattr(specialize, "_export",
+                        lambda *a: traces.append(1) or export(*a))  # type: ignore[func-returns-value]
+    torch.manual_seed(0)
+    model, batches = Routed("tolist 1-D"), _batches(2)
+    first = capture(model, nn.functional.mse_loss, batches[0])
+    assert len(traces) == 2 and first.source.guards  # the plain trace failed, then replayed
+    again = capture(model, nn.functional.mse_loss, batches[1])
+    assert len(traces) == 3 and again.source.guards
+    capture(Routed("tolist 1-D"), nn.functional.mse_loss, batches[1])  # another model
+    assert len(traces) == 5

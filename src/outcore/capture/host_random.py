@@ -187,7 +187,9 @@ def forced(world: int, sites: set[str]) -> Iterator[None]:
     try:
         np.random.seed(1 + world)
         random.seed(1 + world)
-        for module, table in ((np.random, _numpy_forced(high)), (random, _python_forced(high))):
+        modules: tuple[tuple[Any, dict[str, Callable[..., Any]]], ...] = (
+            (np.random, _numpy_forced(high)), (random, _python_forced(high)))
+        for module, table in modules:
             for name, fn in table.items():
                 original = getattr(module, name)
                 patched.append((module, name, original))

@@ -80,7 +80,7 @@ from outcore.capture.python_state import (
     announce_side_effects,
     python_state,
 )
-from outcore.capture.step import SpecializationMismatch
+from outcore.capture.step import SpecializationMismatch, StaleSpecialization
 from outcore.errors import (
     CaptureError,
     EvalModeWarning,
@@ -276,6 +276,8 @@ class Trainer:
         set_rng_state(rng)
         try:
             return self._measured_run(entry, batch, scale)
+        except StaleSpecialization as again:  # it raises with this batch's own values too
+            raise again.raised from None
         except SpecializationMismatch as again:
             parts = entry.planned.plan.sub_batches
             raise CaptureError(

@@ -289,6 +289,25 @@ _PER_PART_DRAWS = ("moDNN's sub-batches draw dropout per sub-batch at this budge
                    "the full batch would raise the peak): the masks differ from eager's, and "
                    "outcore warns so (documented; the user opted into sub-batches)")
 
+def padded_labels(n: int, classes: int = 4) -> torch.Tensor:
+    """Labels with every third one padding (-100)."""
+    return torch.where(torch.arange(n) % 3 == 2, -100, labels(n, classes))
+
+
+def masked_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Drops the padded labels by a boolean mask (``outcore.capture.value_shapes``)."""
+    keep = y != -100
+    return F.cross_entropy(out[keep], y[keep])
+
+
+def ctc_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """CTC over (batch, time, classes) logits; padded targets, lengths as tensors up to the
+    first blank (``outcore.capture.eager_meta``'s rule for ``aten._ctc_loss``)."""
+    log_probs = out.log_softmax(-1).transpose(0, 1)
+    lengths = torch.full((out.shape[0],), out.shape[1], dtype=torch.long)
+    return F.ctc_loss(log_probs, y, lengths, (y > 0).long().cumprod(-1).sum(-1))
+
+
 CASES: list[Case] = [
     Case("mlp", lambda: _mlp(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                              nn.Linear(32, 4)),
@@ -361,6 +380,12 @@ CASES: list[Case] = [
     Case("embedding-bag", lambda: IntFeatures(bag=True),
          lambda: (torch.randint(0, 30, (8, 5)), labels(8)),
          xfail={"modnn": _COUPLED}),
+    Case("masked-loss", lambda: _mlp(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4)),
+         lambda: (torch.randn(16, 20), padded_labels(16)), loss_fn=masked_loss, tol=None,
+         every_policy=True),
+    Case("ctc-loss", lambda: _mlp(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 5)),
+         lambda: (torch.randn(4, 12, 6), torch.randint(0, 5, (4, 4))), loss_fn=ctc_loss,
+         tol=None, every_policy=True),
     Case("bf16", lambda: _mlp(nn.Linear(20, 32), nn.GELU(), nn.LayerNorm(32),
                               nn.Linear(32, 4)).to(torch.bfloat16),
          lambda: (torch.randn(16, 20, dtype=torch.bfloat16), labels(16)),

@@ -1,8 +1,7 @@
 """``F.ctc_loss`` (``nn.CTCLoss``, the loss of Wav2Vec2's, HuBERT's and every CTC head) trains
 as eager, bit for bit: its kernel is sized while a step is traced
-(``outcore.capture.eager_meta``); with concatenated targets its tensor lengths are read with
-``.tolist()`` as eager's ``ctc_loss`` reads them, and its reduction is ATen's
-(``value_shapes.ctc_loss_as_eager``); padded targets keep the lengths as tensors of the step.
+(``outcore.capture.eager_meta``), its tensor lengths are read with ``.tolist()`` as eager's
+``ctc_loss`` reads them, and its reduction is ATen's (``value_shapes.ctc_loss_as_eager``).
 
 Before session 30 every such step was refused at capture: fake tensors carry no shape rule for
 ``aten._ctc_loss`` (its saved ``log_alpha`` is as wide as the longest target).
@@ -126,23 +125,38 @@ def test_lengths_given_as_lists_need_no_specialising() -> None:
     assert alpha  # the saved log_alpha: batch x time x (2 x longest target + 1)
 
 
-def test_padded_targets_with_tensor_lengths_are_captured_once() -> None:
-    """Padded (2-D) targets size the kernel by their width: the lengths stay tensors of the
-    step, so batches with other lengths run the same capture (no guard, no re-plan)."""
+def test_the_saved_alpha_is_as_wide_as_the_longest_target_padded_or_not() -> None:
+    """ATen sizes ``log_alpha`` by the longest target length, also for padded (2-D)
+    targets: a rule that took the padded width predicted 768 B more than the kernel
+    allocated (the matrix case ctc-loss under keep-all). Each batch whose lengths differ is
+    captured again, and its peak is the predicted one."""
     torch.manual_seed(0)
-    batches = [(x, torch.where(y > 3, 0, y)) for x, y in _labels(4, padded=False)]
-    lengths = {tuple((y > 0).sum(-1).tolist()) for _, y in batches}
-    assert len(lengths) > 1
     loss_fn = _tensors("mean")
-    assert capture(Acoustic(), loss_fn, batches[0]).source.guards == []
-    trainer = outcore.compile(Acoustic(), loss_fn, batches[0], budget=None, device="cpu")
+    batches = []
+    for longest in (2, 5, 3):
+        y = torch.randint(1, CLASSES, (3, 5))
+        y[:, longest:] = 0  # every row as long as ``longest``: (y > 0).sum(-1)
+        batches.append((torch.randn(3, STEPS, 8), y))
+    graph = capture(Acoustic(), loss_fn, batches[0])
+    assert [t for t in graph.tensors if t.shape == (3, STEPS, 2 * 2 + 1)]
+    model = Acoustic()
+    reference = copy.deepcopy(model)
+    trainer = outcore.compile(model, loss_fn, batches[0], budget=None, device="cpu-emulated",
+                              policy="keep-all")
     for x, y in batches:
-        trainer.step(x, y)
-    assert trainer.stats.captures == 1
+        for p in (*model.parameters(), *reference.parameters()):
+            p.grad = None
+        loss = trainer.step(x, y)
+        expected = loss_fn(reference(x), y)
+        expected.backward()
+        assert torch.equal(loss, expected.detach())
+        assert_grads_equal(model, reference)
+        assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+    assert trainer.stats.captures == 3
 
 
 def test_tensor_lengths_are_read_as_lists_and_guarded() -> None:
-    """Concatenated (1-D) targets size the kernel by the longest target: a value."""
+    """The kernel is sized by the longest target: a value."""
     graph = capture(Acoustic(), _wav2vec, _labels(1, padded=True)[0])
     readers = [g.reader for g in graph.source.guards]
     assert readers == ["mask", "tolist", "tolist"]  # the labels' mask, both lengths

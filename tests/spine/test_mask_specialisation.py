@@ -274,3 +274,36 @@ def test_a_split_step_cannot_share_a_masks_positions_and_says_so() -> None:
                         policy="modnn")
     assert "Pass the batch layout" not in str(err.value)
     assert all(p.grad is None for p in model.parameters())
+
+
+def strict_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Drops padding by a mask, then a loss that refuses any target out of range: run with
+    another batch's mask positions, the gathered targets hold padding (-100)."""
+    keep = labels != -100
+    return F.nll_loss(logits[keep].log_softmax(-1), labels[keep], ignore_index=-1)
+
+
+def test_a_step_that_raises_on_another_batchs_values_is_captured_again() -> None:
+    """The step runs before its guards are compared: with the first batch's positions, the
+    second batch's padding reached nll_loss, which raised "Target -100 is out of bounds" to
+    the user. Such an error now means a capture for this batch (``StaleSpecialization``)."""
+    torch.manual_seed(0)
+    batches = []
+    for shift in range(3):  # the padding moves from batch to batch
+        labels = torch.randint(0, 3, (6,))
+        labels[[shift, shift + 3]] = -100
+        batches.append((torch.randn(6, 4), labels))
+    trainer = _train_against_eager(nn.Linear(4, 3), strict_loss, batches, budget=None,
+                                   device="cpu")
+    assert trainer.stats.captures == 3
+
+
+def test_an_error_of_the_batchs_own_values_reaches_the_user() -> None:
+    """A fresh capture that raises too is the step's own error, not a specialisation."""
+    torch.manual_seed(0)
+    labels = torch.tensor([0, 1, -100, 2, 0, -100])
+    trainer = outcore.compile(nn.Linear(4, 3), strict_loss, (torch.randn(6, 4), labels),
+                              budget=None, device="cpu")
+    bad = torch.tensor([0, -100, 1, 7, 0, 2])  # 7: out of range for 3 classes, in eager too
+    with pytest.raises(IndexError, match="out of bounds"):
+        trainer.step(torch.randn(6, 4), bad)

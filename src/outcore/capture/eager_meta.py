@@ -57,17 +57,16 @@ trace is eager's from there on and ``repair_layouts`` finds nothing to mend.
 A third kind is an op fake tensors refuse outright: **``aten._ctc_loss``** (``F.ctc_loss``,
 ``nn.CTCLoss``; Wav2Vec2's, HuBERT's and every CTC head's loss) carries torch's
 ``dynamic_output_shape`` tag, so a fake tensor raises ``DynamicOutputShapeException`` on it
-(``fake_impls.dyn_shape``). Yet with its lengths given as ints (the ``.default`` overload),
-or with padded (2-D) targets, its outputs' shapes are known: the negative log-likelihood
-``(batch,)`` and the saved
+(``fake_impls.dyn_shape``). Yet with its lengths given as ints (the ``.default`` overload)
+its outputs' shapes are known: the negative log-likelihood ``(batch,)`` and the saved
 ``log_alpha`` ``(batch, time, 2 * longest target + 1)``, the longest target being the
-targets' second dimension when they are padded (2-D) and the largest target length when
-they are concatenated (1-D), as ATen's ``ctc_loss_cpu_template`` and its CUDA twin allocate
-them. ``_ctc_loss_rule`` answers for those calls, ahead of torch's refusal, while a step is
-traced. ``F.ctc_loss`` itself is traced as ``outcore.capture.value_shapes.ctc_loss_as_eager``:
-with concatenated targets, lengths given as tensors are read with ``.tolist()``, which is what
-eager's ``ctc_loss`` does with them before it calls the same kernel, and the reduction is
-applied as ATen applies it.
+largest target length, for padded (2-D) targets as for concatenated (1-D) ones, as ATen's
+``ctc_loss_cpu_template`` and its CUDA twin allocate them. ``_ctc_loss_rule`` answers for
+that overload, ahead of torch's refusal, while a step is traced. ``F.ctc_loss`` itself is
+traced as ``outcore.capture.value_shapes.ctc_loss_as_eager``: lengths given as tensors are
+read with ``.tolist()``, which is what eager's ``ctc_loss`` does with them before it calls
+the same kernel (the ``.Tensor`` overload, whose size needs their values, is never traced),
+and the reduction is applied as ATen applies it.
 
 Invariants: the dtype rule never accepts a call torch's rule would size differently (it only
 answers where torch's rule raises on the dtype); the layout rules change strides only, never
@@ -147,24 +146,15 @@ Strides = Callable[[tuple[Any, ...], torch.Tensor], "tuple[int, ...] | None"]
 def _ctc_loss_rule(fake_mode: Any, func: Any, log_probs: torch.Tensor, targets: torch.Tensor,
                    input_lengths: Any, target_lengths: Any, blank: int = 0,
                    zero_infinity: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_ctc_loss``'s outputs as eager allocates them (module doc). Lengths as tensors (the
-    ``.Tensor`` overload) with concatenated targets would need their values: refused as
-    torch refuses the op (``outcore.capture.value_shapes`` reads them first)."""
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException
-
+    """``_ctc_loss.default``'s outputs as eager allocates them (module doc)."""
     steps, batch = log_probs.shape[0], log_probs.shape[1]
-    if targets.dim() == 2:
-        longest = targets.shape[1]
-    elif isinstance(target_lengths, torch.Tensor):
-        raise DynamicOutputShapeException(func)
-    else:
-        longest = max(target_lengths, default=0)
+    longest = max(target_lengths, default=0)
     return (log_probs.new_empty((batch,)),
             log_probs.new_empty((batch, steps, 2 * longest + 1)))
 
 
 def _is_ctc_loss(func: Any) -> bool:
-    return func in (torch.ops.aten._ctc_loss.default, torch.ops.aten._ctc_loss.Tensor)
+    return func is torch.ops.aten._ctc_loss.default
 
 
 def _iterator_strides(positions: tuple[int, ...]) -> Strides:

@@ -21,6 +21,17 @@ class SpecializationMismatch(OutcoreError):
     """A step read a tensor value different from the one its graph was specialised on."""
 
 
+class StaleSpecialization(SpecializationMismatch):
+    """A specialised step raised before its guards could be compared: run with the values of
+    another batch (a boolean mask's old positions gathering padding into a loss's targets),
+    an op may refuse its inputs. The Trainer captures the step again for this batch; when
+    the fresh capture raises too, ``raised`` (the step's own error) is what the user gets."""
+
+    def __init__(self, message: str, raised: BaseException) -> None:
+        super().__init__(message)
+        self.raised = raised
+
+
 class ConstantRebound(SpecializationMismatch):
     """A tensor the step reads as a lifted constant (``outcore.capture.closed_over``) was
     rebound to one the captured graph cannot take (another shape, dtype or device, or one

@@ -257,22 +257,22 @@ def _lengths(value: Any) -> Any:
 
 
 def ctc_loss_as_eager(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """``F.ctc_loss`` as ATen's ``ctc_loss`` computes it, in steps a trace can follow.
-
-    Padded (2-D) targets with tensor lengths: torch's own ``F.ctc_loss``, whose traced path
-    (ATen's ``ctc_loss_impl``, for tensor subclasses) keeps the lengths as tensors of the step,
-    so new lengths need no new capture. Otherwise: the lengths read into lists (what eager's
-    ``ctc_loss`` does with tensors), the kernel with ``reduction="none"``, then ATen's own
-    reduction (the mean of each loss over its target length, at least 1; or the sum), which
-    ATen builds with ``at::tensor`` of the lengths, a tensor made from host data that a fake
-    trace cannot fill."""
+    """``F.ctc_loss`` as ATen's ``ctc_loss`` computes it, in steps a trace can follow: the
+    lengths read into lists (what eager's ``ctc_loss`` does with tensors; the kernel's saved
+    ``log_alpha`` is as wide as the longest target, padded targets or not), the kernel with
+    ``reduction="none"``, then ATen's own reduction (the mean of each loss over its target
+    length, at least 1; or the sum), which ATen builds with ``at::tensor`` of the lengths, a
+    tensor made from host data that a fake trace cannot fill."""
     given = dict(zip(_CTC_ARGS, args, strict=False)) | kwargs
-    if given["targets"].dim() == 2 and all(
-            isinstance(given[k], torch.Tensor) for k in ("input_lengths", "target_lengths")):
-        return _CTC_LOSS(*args, **kwargs)
     inputs, targets = _lengths(given["input_lengths"]), _lengths(given["target_lengths"])
     reduction = given.get("reduction", "mean")
-    losses = _CTC_LOSS(given["log_probs"], given["targets"], inputs, targets,
+    # the kernel indexes log_probs by each target without a check: a step run with another
+    # batch's specialised values (a mask's old positions gathering -100 padding) would read
+    # and write out of bounds before its guards are compared. Clamping changes no target
+    # eager accepts (0 <= t < classes), and padding past a length is never read.
+    classes = given["log_probs"].shape[-1]
+    labels = given["targets"].clamp(0, classes - 1)
+    losses = _CTC_LOSS(given["log_probs"], labels, inputs, targets,
                        given.get("blank", 0), reduction="none",
                        zero_infinity=given.get("zero_infinity", False))
     if reduction == "mean":

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from outcore.capture.step import CapturedStep
+from outcore.capture.step import CapturedStep, StaleSpecialization
 from outcore.errors import OutcoreError
 from outcore.graph.ir import Graph
 from outcore.plan.schedule import Compute, Offload, Schedule
@@ -371,6 +371,12 @@ class Executor:
             values.clear()
             rt.rng.clear()
             abandon_step(self.device, exc)
+            if self.step.guards and isinstance(exc, (RuntimeError, IndexError, ValueError)) \
+                    and not isinstance(exc, OutcoreError):
+                raise StaleSpecialization(
+                    f"the step raised {type(exc).__name__} before its guards were compared; "
+                    "it was specialised on values of another batch, which may be what the "
+                    "op refused", exc) from exc
             raise
         finally:
             for tid in self._copied:

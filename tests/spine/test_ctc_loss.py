@@ -9,16 +9,14 @@ Before session 30 every such step was refused at capture: fake tensors carry no 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import pytest
 import torch
-from exact import assert_grads_equal
+from exact import train_against_eager
 from torch import nn
 from torch.nn import functional as F
 
-import outcore
 from outcore.capture import capture
 
 CLASSES = 6
@@ -105,17 +103,8 @@ def test_each_ctc_loss_form_trains_as_eager(form: str) -> None:
         batches = [(x, torch.where(y > 3, 0, y)) for x, y in _labels(3, padded=False)]
     else:
         batches = _labels(3, padded)
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, loss_fn, batches[0], budget=None, device="cpu-emulated")
-    for x, y in batches:
-        for p in (*model.parameters(), *reference.parameters()):
-            p.grad = None
-        loss = trainer.step(x, y)
-        expected = loss_fn(reference(x), y)
-        expected.backward()
-        assert torch.equal(loss, expected.detach()), form
-        assert_grads_equal(model, reference)
-        assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+    train_against_eager(model, loss_fn, batches, peaks=True, budget=None,
+                        device="cpu-emulated")
 
 
 def test_lengths_given_as_lists_need_no_specialising() -> None:
@@ -139,19 +128,8 @@ def test_the_saved_alpha_is_as_wide_as_the_longest_target_padded_or_not() -> Non
         batches.append((torch.randn(3, STEPS, 8), y))
     graph = capture(Acoustic(), loss_fn, batches[0])
     assert [t for t in graph.tensors if t.shape == (3, STEPS, 2 * 2 + 1)]
-    model = Acoustic()
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, loss_fn, batches[0], budget=None, device="cpu-emulated",
-                              policy="keep-all")
-    for x, y in batches:
-        for p in (*model.parameters(), *reference.parameters()):
-            p.grad = None
-        loss = trainer.step(x, y)
-        expected = loss_fn(reference(x), y)
-        expected.backward()
-        assert torch.equal(loss, expected.detach())
-        assert_grads_equal(model, reference)
-        assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+    trainer = train_against_eager(Acoustic(), loss_fn, batches, peaks=True, budget=None,
+                                  device="cpu-emulated", policy="keep-all")
     assert trainer.stats.captures == 3
 
 
@@ -166,16 +144,8 @@ def test_the_loss_is_planned_under_a_budget_as_eager() -> None:
     """The saved log_alpha is an activation a plan may move: offloaded everywhere, the step is
     still eager's."""
     torch.manual_seed(0)
-    model, batch = Acoustic(), _labels(1, padded=True)[0]
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, _wav2vec, batch, budget=None, device="cpu-emulated",
-                              policy="offload-all")
-    loss = trainer.step(*batch)
-    expected = _wav2vec(reference(batch[0]), batch[1])
-    expected.backward()
-    assert torch.equal(loss, expected.detach())
-    assert_grads_equal(model, reference)
-    assert trainer.stats.measured_peak == trainer.stats.predicted_peak
+    train_against_eager(Acoustic(), _wav2vec, _labels(2, padded=True), peaks=True,
+                        budget=None, device="cpu-emulated", policy="offload-all")
 
 
 def test_ctc_loss_is_torchs_own_outside_a_capture() -> None:

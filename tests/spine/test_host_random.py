@@ -8,14 +8,13 @@ and a NumPy SpecAugment-like mask gave the same loss at every step, where eager'
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
-from exact import assert_grads_equal
+from exact import train_against_eager
 from torch import nn
 from torch.nn import functional as F
 
@@ -104,18 +103,8 @@ def test_a_draw_the_step_does_not_depend_on_trains_as_eager(draw: str) -> None:
     """LayerDrop at p = 0 still draws at every layer (Wav2Vec2's adapter does): the two
     forced worlds give the same graph, so the capture stands and trains as eager."""
     torch.manual_seed(0)
-    model = LayerDrop(draw, p=0.0)
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, F.mse_loss, _batch(), budget=None, device="cpu")
-    for _ in range(2):
-        x, y = _batch()
-        for p in (*model.parameters(), *reference.parameters()):
-            p.grad = None
-        loss = trainer.step(x, y)
-        expected = F.mse_loss(reference(x), y)
-        expected.backward()
-        assert torch.equal(loss, expected.detach())
-        assert_grads_equal(model, reference)
+    train_against_eager(LayerDrop(draw, p=0.0), F.mse_loss, [_batch() for _ in range(3)],
+                        budget=None, device="cpu")
 
 
 def test_an_eval_mode_forward_is_not_refused() -> None:
@@ -160,14 +149,8 @@ def test_a_specialised_step_that_draws(p: float) -> None:
     if p:
         _refused(model)
         return
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, F.mse_loss, _batch(), budget=None, device="cpu")
-    x, y = _batch()
-    loss = trainer.step(x, y)
-    expected = F.mse_loss(reference(x), y)
-    expected.backward()
-    assert torch.equal(loss, expected.detach())
-    assert_grads_equal(model, reference)
+    train_against_eager(model, F.mse_loss, [_batch() for _ in range(2)], budget=None,
+                        device="cpu")
 
 
 class SeededBlocks(nn.Module):
@@ -186,19 +169,8 @@ class SeededBlocks(nn.Module):
 
 def test_draws_after_the_step_seeds_the_generator_itself_are_accepted() -> None:
     torch.manual_seed(0)
-    model = SeededBlocks()
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, F.mse_loss, (torch.randn(3, 10, 4), torch.randn(3, 4, 4)),
-                              budget=None, device="cpu")
-    for _ in range(2):
-        x, y = torch.randn(3, 10, 4), torch.randn(3, 4, 4)
-        for p in (*model.parameters(), *reference.parameters()):
-            p.grad = None
-        loss = trainer.step(x, y)
-        expected = F.mse_loss(reference(x), y)
-        expected.backward()
-        assert torch.equal(loss, expected.detach())
-        assert_grads_equal(model, reference)
+    batches = [(torch.randn(3, 10, 4), torch.randn(3, 4, 4)) for _ in range(3)]
+    train_against_eager(SeededBlocks(), F.mse_loss, batches, budget=None, device="cpu")
 
 
 class OwnGenerator(nn.Module):

@@ -12,13 +12,12 @@ hand-written loss that drops padding by ``logits[labels != -100]``.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
-from exact import assert_grads_equal
+from exact import train_against_eager
 from torch import nn
 from torch.nn import functional as F
 
@@ -126,21 +125,6 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(6, 4), torch.randn(6, 4)) for _ in range(n)]
 
 
-def _train_against_eager(model: nn.Module, loss_fn: Callable[..., torch.Tensor],
-                         batches: list, **options: object) -> outcore.Trainer:
-    reference = copy.deepcopy(model)
-    trainer = outcore.compile(model, loss_fn, batches[0], **options)  # type: ignore[arg-type]
-    for x, y in batches:
-        for p in (*model.parameters(), *reference.parameters()):
-            p.grad = None
-        loss = trainer.step(x, y)
-        expected = loss_fn(reference(x), y)
-        expected.backward()
-        assert torch.equal(loss, expected.detach())
-        assert_grads_equal(model, reference)
-    return trainer
-
-
 @pytest.mark.parametrize("how", list(FORMS))
 def test_each_mask_form_trains_as_eager_as_the_masks_change(how: str) -> None:
     torch.manual_seed(0)
@@ -155,7 +139,7 @@ def test_each_mask_form_trains_as_eager_as_the_masks_change(how: str) -> None:
     else:
         expected = [] if how in TRACED_AS_THEY_ARE else [MASK_READER] * FORMS_MASKS.get(how, 1)
         assert readers == expected
-    _train_against_eager(model, F.mse_loss, batches, budget=None, device="cpu")
+    train_against_eager(model, F.mse_loss, batches, budget=None, device="cpu")
 
 
 @pytest.mark.parametrize("how", ["t[row mask]", "t[mask] = t[mask] * 2", "masked_select"])
@@ -165,7 +149,7 @@ def test_mask_forms_under_a_plan_that_moves_activations(how: str) -> None:
     peak is the predicted one."""
     torch.manual_seed(0)
     for policy in ("offload-all", "outcore-checkpoint"):
-        trainer = _train_against_eager(Masked(how), F.mse_loss, _batches(3), budget=None,
+        trainer = train_against_eager(Masked(how), F.mse_loss, _batches(3), budget=None,
                                        device="cpu-emulated", policy=policy)
         assert trainer.stats.measured_peak == trainer.stats.predicted_peak
 
@@ -215,7 +199,7 @@ def test_a_mask_that_stays_the_same_is_captured_once() -> None:
     """DeBERTa's labels are never negative: its mask is the same at every step, so the step
     is captured and planned once."""
     torch.manual_seed(0)
-    trainer = _train_against_eager(nn.Linear(4, 3), deberta_loss, _labelled(4, padded=False),
+    trainer = train_against_eager(nn.Linear(4, 3), deberta_loss, _labelled(4, padded=False),
                                    budget=None, device="cpu")
     assert trainer.stats.captures == 1 and trainer.stats.replans == 0
 
@@ -225,7 +209,7 @@ def test_a_changing_mask_is_captured_again_and_announced_with_the_way_out() -> N
     batches = _labelled(3 * MANY_RESPECIALISATIONS, padded=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = _train_against_eager(nn.Linear(4, 3), padded_loss, batches, budget=None,
+        trainer = train_against_eager(nn.Linear(4, 3), padded_loss, batches, budget=None,
                                        device="cpu")
     assert trainer.stats.replans >= MANY_RESPECIALISATIONS
     (note,) = [w for w in caught if issubclass(w.category, ReplanWarning)]
@@ -293,7 +277,7 @@ def test_a_step_that_raises_on_another_batchs_values_is_captured_again() -> None
         labels = torch.randint(0, 3, (6,))
         labels[[shift, shift + 3]] = -100
         batches.append((torch.randn(6, 4), labels))
-    trainer = _train_against_eager(nn.Linear(4, 3), strict_loss, batches, budget=None,
+    trainer = train_against_eager(nn.Linear(4, 3), strict_loss, batches, budget=None,
                                    device="cpu")
     assert trainer.stats.captures == 3
 

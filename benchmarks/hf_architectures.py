@@ -4,7 +4,7 @@ For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (``--mapping`` names ano
 transformers' task mappings: those taking token ids and labels like the causal LMs,
 ``MODEL_FOR_MASKED_LM_MAPPING_NAMES``, ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``, ...,
 and those of ``TASKS``: a label per sequence or per token, answer spans, multiple choice,
-images, speech)
+images, a class per pixel, speech)
 the script builds a tiny config (text: three tries, the sizes below set on every field the
 config has, then only the core sizes with the layer pattern cut to the layers kept, then the
 first without ``num_hidden_layers``; images: ``vision_tiny``'s shrink of the default config,
@@ -146,6 +146,16 @@ def vision_tiny(defaults: dict[str, Any], side: int | None,
     return out
 
 
+def _segments(config: Any) -> dict[str, torch.Tensor]:
+    """Images with a class per pixel (255: ignored, as Hugging Face's segmentation losses
+    read ``semantic_loss_ignore_index``)."""
+    batch = _images(config)
+    side = batch["pixel_values"].shape[-1]
+    labels = torch.randint(0, 2, (2, side, side))
+    labels[:, :2] = 255
+    return {"pixel_values": batch["pixel_values"], "labels": labels}
+
+
 def _audio_characters(config: Any) -> dict[str, torch.Tensor]:
     """A quarter second of 16 kHz audio; CTC labels padded with -100 (concatenated by the
     model's loss)."""
@@ -173,6 +183,7 @@ TASKS: dict[str, tuple[Callable[[Any], dict[str, torch.Tensor]], str]] = {
     "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES": (_spans, "text"),
     "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES": (_choices, "text"),
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": (_images, "image"),
+    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES": (_segments, "image"),
     "MODEL_FOR_CTC_MAPPING_NAMES": (_audio_characters, "audio"),
     "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": (_audio_labels, "audio"),
 }

@@ -10,7 +10,11 @@
 * DETR's loss matches predictions to targets with SciPy's Hungarian solver on its cost matrix
   (``np.asarray`` of a tensor): refused at capture ("``.numpy()`` is not supported"); the
   read is specialised on now, so the step trains as eager and is captured again when the
-  matching's inputs change (``tests/spine/test_value_reads.py``).
+  matching's inputs change (``tests/spine/test_value_reads.py``);
+* LLaVA and PaliGemma format their image-token count into a check's message before reading
+  the check's condition: the eager run recorded the formatting's read, the trace did not
+  make it, and the condition got the count ("cond must be a bool, but got int"): refused at
+  capture. Formatting reads nothing now (``tests/spine/test_value_reads.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 from exact import assert_grads_equal
 from torch import nn
@@ -26,6 +31,7 @@ import outcore
 from outcore.errors import HostRandomError
 
 from corpus import _ENC, _hf
+from tv_compat import import_torchvision
 
 _SPEECH = {"vocab_size": 16, "hidden_size": 32, "num_hidden_layers": 2,
            "num_attention_heads": 4, "intermediate_size": 64, "conv_dim": (16,) * 7,
@@ -109,3 +115,42 @@ def test_detr_hungarian_matching_trains_as_eager() -> None:
     torch.manual_seed(0)
     trainer = _same_steps(_detr(), [_boxes() for _ in range(2)])
     assert trainer.stats.captures == 2  # the cost matrix changes with the images
+
+
+_TEXT = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+         "pad_token_id": 0}
+_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "image_size": 32, "patch_size": 8}
+
+
+def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny LLaVA or PaliGemma and a batch with 16 image tokens (32 / 8 squared)."""
+    import transformers
+
+    ids = torch.randint(3, 50, (2, 24))
+    if kind == "llava":
+        config = transformers.LlavaConfig(
+            vision_config=transformers.CLIPVisionConfig(**_VISION),
+            text_config=transformers.LlamaConfig(**_TEXT), image_token_index=60,
+            vision_feature_layer=-1)
+        model: nn.Module = transformers.LlavaForConditionalGeneration(config)
+        ids[:, 2:18] = 60
+    else:
+        config = transformers.PaliGemmaConfig(
+            vision_config=transformers.SiglipVisionConfig(**_VISION),
+            text_config=transformers.GemmaConfig(**_TEXT, head_dim=8), image_token_index=60,
+            projection_dim=32)
+        model = transformers.PaliGemmaForConditionalGeneration(config)
+        ids[:, :16] = 60
+    return model, {"input_ids": ids, "pixel_values": torch.randn(2, 3, 32, 32),
+                   "labels": ids.clone()}
+
+
+@pytest.mark.parametrize("kind", ["llava", "paligemma"])
+def test_vision_language_models_train_as_eager(kind: str) -> None:
+    import_torchvision()
+    torch.manual_seed(0)
+    model, batch = _vision_language(kind)
+    trainer = _same_steps(model, [batch, batch])
+    assert trainer.stats.captures == 1

@@ -215,3 +215,37 @@ def test_a_model_that_read_values_is_captured_again_without_the_plain_trace(monk
     assert len(traces) == 3 and again.source.guards
     capture(Routed("tolist 1-D"), nn.functional.mse_loss, batches[1])  # another model
     assert len(traces) == 5
+
+
+class ChecksWithAMessage(nn.Module):
+    """Hugging Face's placeholder check: a count formatted into the message (and a tensor
+    printed) before the condition is read with ``_is_all_true().item()``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        count = (x > 0).sum()
+        if self.how == "f-string":
+            message = f"tokens: {count}, features: {h.shape[0]}"
+        else:
+            message = repr(count) + str(h[:1])
+        torch._check_tensor_all_with(ValueError, count >= 0, lambda: message)
+        return h * 2 if bool(count > 40) else h
+
+
+@pytest.mark.parametrize("how", ["f-string", "repr"])
+def test_a_tensor_formatted_into_a_message_is_no_read(how: str) -> None:
+    """Formatting reads a 0-d tensor's value in eager but not in the trace, so the trace's
+    reads were answered with the eager run's shifted by one: LLaVA's and PaliGemma's check
+    got the token count where it read a bool ("cond must be a bool, but got int")."""
+    from exact import train_against_eager
+
+    torch.manual_seed(0)
+    graph = capture(ChecksWithAMessage(how), nn.functional.mse_loss, _batches(1)[0])
+    assert [g.reader for g in graph.source.guards] == ["item", "__bool__"]
+    train_against_eager(ChecksWithAMessage(how), nn.functional.mse_loss, _batches(3),
+                        budget=None, device="cpu")

@@ -136,6 +136,34 @@ def _patched(hook: Callable[[str, Callable[..., Any], torch.Tensor], Any]) -> It
                 setattr(cls, name, own)
 
 
+@contextlib.contextmanager
+def _formatting_reads_nothing(depth: list[int]) -> Iterator[None]:
+    """While the eager run records: a tensor formatted into a string (``f"tokens: {n}"``,
+    the messages of Hugging Face's checks; ``print(t)``, ``repr(t)``) reads its values
+    through ``item()`` in eager, but not when traced (a tensor subclass prints its
+    metadata). Such a read is not recorded, so the trace's reads line up with the eager
+    run's: LLaVA's and PaliGemma's placeholder check answered its ``_is_all_true().item()``
+    with the token count formatted before it ("cond must be a bool, but got int")."""
+    originals = {name: vars(torch.Tensor)[name] for name in ("__format__", "__repr__")}
+
+    def unread(original: Callable[..., str]) -> Callable[..., str]:
+        def text(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+            depth[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return text
+
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, unread(original))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
 def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[ScalarGuard]:
     """Run ``step`` once eagerly without gradient and return every value it read."""
     seen: list[ScalarGuard] = []
@@ -163,7 +191,8 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad(), _patched(hook), ValueShapes(positions), ctc_loss_traced():
+        with torch.no_grad(), _patched(hook), ValueShapes(positions), ctc_loss_traced(), \
+                _formatting_reads_nothing(depth):
             step(*args)
     finally:
         with torch.no_grad():

@@ -14,7 +14,11 @@
 * LLaVA and PaliGemma format their image-token count into a check's message before reading
   the check's condition: the eager run recorded the formatting's read, the trace did not
   make it, and the condition got the count ("cond must be a bool, but got int"): refused at
-  capture. Formatting reads nothing now (``tests/spine/test_value_reads.py``).
+  capture. Formatting reads nothing now (``tests/spine/test_value_reads.py``);
+* Qwen2-VL reads 0-d tensors the trace holds as constants (its image grid's sizes): each
+  guard became an output without a producer ("tensor '_tensor_constant7' of kind output has
+  no producer"). A guard on a constant always holds and is dropped
+  (``convert.NodeMap.constant_guards``).
 """
 
 from __future__ import annotations
@@ -124,10 +128,32 @@ _VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
            "num_attention_heads": 4, "image_size": 32, "patch_size": 8}
 
 
-def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A tiny LLaVA or PaliGemma and a batch with 16 image tokens (32 / 8 squared)."""
+def _qwen2_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Qwen2-VL: one 16 x 16 image per row in 4 x 4 patches, merged 2 x 2 into 4
+    image tokens."""
     import transformers
 
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2,
+              "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    text = {**_TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
+    config = transformers.Qwen2VLConfig(vision_config=vision, text_config=text,
+                                        image_token_id=60, vision_start_token_id=61,
+                                        vision_end_token_id=62)
+    ids = torch.randint(3, 50, (2, 24))
+    ids[:, 2], ids[:, 3:7], ids[:, 7] = 61, 60, 62
+    return transformers.Qwen2VLForConditionalGeneration(config), {
+        "input_ids": ids, "pixel_values": torch.randn(32, 3 * 2 * 4 * 4),
+        "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]]), "labels": ids.clone(),
+        "mm_token_type_ids": (ids == 60).long()}
+
+
+def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
+    PaliGemma: 16, 32 / 8 squared)."""
+    import transformers
+
+    if kind == "qwen2-vl":
+        return _qwen2_vl()
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -147,7 +173,7 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("kind", ["llava", "paligemma"])
+@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

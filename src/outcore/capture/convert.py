@@ -44,6 +44,10 @@ class NodeMap:
     placeholders: dict[int, Any] = field(default_factory=dict)  # tensor id -> descriptor
     constants: dict[int, str] = field(default_factory=dict)  # tensor id -> get_attr target
     output_roles: list[tuple[str, int, str]] = field(default_factory=list)  # role, tid, name
+    #: guards on a tensor constant (a value the forward built with torch.tensor and read
+    #: back): (guard index, get_attr target); not outputs, since a constant never changes
+    #: (``capture.aot`` refuses one that is a user's tensor, read again at every step)
+    constant_guards: list[tuple[int, str]] = field(default_factory=list)
 
 
 def target_name(target: Any) -> str:
@@ -225,6 +229,9 @@ class _Builder:
                                                f"input:{getattr(desc.mutated_input, 'idx', '?')}")
                 self.tensors[tid].kind = TensorKind.OUTPUT
                 self.tensors[tid].source = f"update:{name}"
+            elif getattr(desc, "idx", 0) > 0 and value.op == "get_attr":
+                self.map.constant_guards.append((desc.idx - 1, str(value.target)))
+                continue
             elif getattr(desc, "idx", 0) > 0:  # a specialisation guard (after the loss)
                 role, name = "guard", str(desc.idx - 1)
                 self.tensors[tid].kind = TensorKind.OUTPUT

@@ -18,7 +18,10 @@
 * Qwen2-VL reads 0-d tensors the trace holds as constants (its image grid's sizes): each
   guard became an output without a producer ("tensor '_tensor_constant7' of kind output has
   no producer"). A guard on a constant always holds and is dropped
-  (``convert.NodeMap.constant_guards``).
+  (``convert.NodeMap.constant_guards``);
+* Qwen2.5-VL's window attention takes ``unique_consecutive`` of its window boundaries:
+  refused at capture; recorded whole now, the boundaries being the guard
+  (``tests/spine/test_mask_specialisation.py``).
 """
 
 from __future__ import annotations
@@ -147,6 +150,22 @@ def _qwen2_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         "mm_token_type_ids": (ids == 60).long()}
 
 
+def _qwen2_5_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Qwen2.5-VL (its window attention takes ``unique_consecutive`` of the window
+    boundaries), on Qwen2-VL's batch."""
+    import transformers
+
+    _, batch = _qwen2_vl()
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4,
+              "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2,
+              "out_hidden_size": 32, "window_size": 8, "fullatt_block_indexes": [1]}
+    text = {**_TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
+    config = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text,
+                                           image_token_id=60, vision_start_token_id=61,
+                                           vision_end_token_id=62)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config), batch
+
+
 def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
     PaliGemma: 16, 32 / 8 squared)."""
@@ -154,6 +173,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
     if kind == "qwen2-vl":
         return _qwen2_vl()
+    if kind == "qwen2.5-vl":
+        return _qwen2_5_vl()
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -173,7 +194,7 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl"])
+@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl", "qwen2.5-vl"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

@@ -100,6 +100,16 @@ REPEATS: dict[str, Form] = {
         (x[:, 0] > 0).long() + 1)],
 }
 SIZES.update(REPEATS)
+#: outputs whose shapes follow their input's values, recorded whole (the input is the guard)
+WHOLE: dict[str, Form] = {
+    "torch.unique": lambda h, x: h[torch.unique(_rows(x).long() * 2)],
+    "unique(return_counts=True)": lambda h, x: h[:, torch.unique(
+        (x[0] > 0).long(), return_counts=True)[1] - 1],
+    "unique_consecutive": lambda h, x: h[torch.unique_consecutive(
+        _rows(x).long().cumsum(0))],
+    "bincount": lambda h, x: h[:, torch.bincount((x[0] > 0).long()).clamp(max=3)],
+}
+FORMS.update(WHOLE)
 FORMS.update(SIZES)
 
 #: forms PyTorch traces with a fixed shape by itself (``index_put_`` of a scalar through a
@@ -132,7 +142,9 @@ def test_each_mask_form_trains_as_eager_as_the_masks_change(how: str) -> None:
     batches = _batches(3)
     graph = capture(model, F.mse_loss, batches[0])
     readers = [g.reader for g in graph.source.guards]
-    if how in REPEATS:
+    if how in WHOLE:
+        assert readers == ["values"]  # the input's values
+    elif how in REPEATS:
         assert readers == ["tolist"]  # the repeats, read in Python
     elif how in SIZES:
         assert readers == ["__int__"]  # the size, read in Python as int(n)
@@ -217,20 +229,22 @@ def test_a_changing_mask_is_captured_again_and_announced_with_the_way_out() -> N
     assert "boolean mask of shape (6,)" in message and "torch.where" in message
 
 
-class Unique(nn.Module):
+class WeightedCounts(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.linear(x)
-        return h + torch.unique((x > 0).long()).sum()
+        counts = torch.bincount((x[:, 0] > 0).long(), weights=x[:, 1])
+        return h + counts.sum()
 
 
-def test_a_shape_from_values_no_mask_makes_is_still_refused_with_the_way_out() -> None:
-    """``unique`` makes its shape from values but reads no mask: refused as before, naming
-    the fixed-shape rewrites, with the model untouched."""
-    model = Unique()
+def test_a_shape_from_values_no_rewrite_covers_is_still_refused_with_the_way_out() -> None:
+    """``bincount`` by weights makes its shape from values and depends on the weights'
+    values too, which no guard of its input covers: refused as before, naming the
+    fixed-shape rewrites, with the model untouched."""
+    model = WeightedCounts()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CaptureError, match="no shape rule") as err:
         outcore.compile(model, F.mse_loss, _batches(1)[0], budget=None, device="cpu-emulated")

@@ -43,7 +43,12 @@ import torch._subclasses.functional_tensor  # runs on
 from torch import nn
 
 from outcore.capture import host_random
-from outcore.capture.value_shapes import MASK_READER, ValueShapes, ctc_loss_traced
+from outcore.capture.value_shapes import (
+    MASK_READER,
+    VALUES_READER,
+    ValueShapes,
+    ctc_loss_traced,
+)
 from outcore.errors import CaptureError
 
 #: Tensor methods that read a value into Python (each dispatches ``_local_scalar_dense``).
@@ -73,7 +78,7 @@ class ScalarGuard:
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
-        if self.reader == MASK_READER:
+        if self.reader in (MASK_READER, VALUES_READER):
             return torch.equal(tensor.to(self.value.device), self.value)
         if self.reader in _ARRAYS:
             import numpy as np
@@ -88,6 +93,8 @@ class ScalarGuard:
         if self.reader == MASK_READER:
             return (f"a boolean mask of shape {self.shape} selecting "
                     f"{int(self.value.sum())} elements (t[mask], nonzero, masked_select)")
+        if self.reader == VALUES_READER:
+            return f"the values of a tensor of shape {self.shape} (unique, bincount)"
         return (f"a tensor value read with .{self.reader}() being {self.value!r} (of a "
                 f"tensor of shape {self.shape})")
 
@@ -187,11 +194,18 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
                                 tuple(f.detach().clone() for f in found)))
         return found
 
+    def outputs(t: torch.Tensor, compute: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+                ) -> tuple[torch.Tensor, ...]:
+        found = compute(t)
+        seen.append(ScalarGuard(VALUES_READER, t.detach().clone(), tuple(t.shape),
+                                tuple(f.detach().clone() for f in found)))
+        return found
+
     buffers = [(b, b.detach().clone()) for b in step.buffers()]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad(), _patched(hook), ValueShapes(positions), ctc_loss_traced(), \
+        with torch.no_grad(), _patched(hook), ValueShapes(positions, outputs), ctc_loss_traced(), \
                 _formatting_reads_nothing(depth):
             step(*args)
     finally:
@@ -245,7 +259,10 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
     def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return next_guard(MASK_READER, mask).positions
 
-    with _patched(hook), ValueShapes(positions):
+    def outputs(t: torch.Tensor, compute: Any) -> tuple[torch.Tensor, ...]:
+        return next_guard(VALUES_READER, t).positions
+
+    with _patched(hook), ValueShapes(positions, outputs):
         yield
     if len(sink) != len(guards):
         raise CaptureError("the traced step read fewer tensor values than the eager run; "
@@ -319,7 +336,7 @@ def _specialised(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, 
         stack.enter_context(first)
         return result, []
     guards = _recorded(step, args, drawn_from)
-    if not guards:  # no value read in Python: a shape made inside an op (unique)
+    if not guards:  # no value read in Python: a shape no rewrite covers (bincount by weights)
         raise failure
     if model is not None:
         _SPECIALISED[model] = True
@@ -377,7 +394,7 @@ def _way_out(exc: BaseException) -> str:
     if "DynamicOutputShapeException" in text:
         return ("PyTorch has no shape rule for that op on fake tensors: the shape of what it "
                 "makes depends on its inputs' values (torch.compile breaks the graph there "
-                "too; unique and bincount are such ops). On a real capture outcore "
+                "too; bincount by weights is one). On a real capture outcore "
                 "specialises on boolean masks (t[mask], nonzero, masked_select, "
                 "torch.where(mask)) and on values read in Python (.item(), an `if` on a "
                 "tensor), capturing the step again when they change; it cannot with "

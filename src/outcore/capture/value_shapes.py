@@ -38,6 +38,11 @@ of indices (``LIST_TAKERS``) gets them read with ``.tolist()``, one guard for th
 ``repeat_interleave`` by a tensor of repeats becomes the ``index_select`` ATen runs, by an
 index made from the repeats read so. ``F.ctc_loss`` is traced as ``ctc_loss_as_eager``
 (below).
+
+**Outputs that follow the input whole.** ``unique``, ``unique_consecutive`` and ``bincount``
+(``WHOLE_OUTPUTS``) are recorded whole in the eager run and replayed as constants; the input
+tensor is the guard (``VALUES_READER``: its every value), and no gradient goes through them.
+``bincount`` by weights is left as it is (the weights' values would need a guard too).
 """
 
 from __future__ import annotations
@@ -218,20 +223,56 @@ _REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
 }
 
 
+#: ``(input, compute) -> outputs``: ``compute(input)`` recorded with ``input``'s values as the
+#: guard, or the recorded outputs replayed
+Outputs = Callable[[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]],
+                   tuple[torch.Tensor, ...]]
+
+#: ``ScalarGuard.reader`` of a guard on a whole tensor's values (``unique``'s input)
+VALUES_READER = "values"
+
+#: ops whose outputs' shapes follow their input's values and which no gradient goes through:
+#: their outputs are recorded whole, and the input is the guard (Qwen2.5-VL's window
+#: attention takes ``unique_consecutive`` of its window boundaries)
+WHOLE_OUTPUTS: frozenset[Any] = frozenset({
+    torch.unique, torch.Tensor.unique, torch.unique_consecutive,
+    torch.Tensor.unique_consecutive, torch.bincount, torch.Tensor.bincount})
+
+
+def _whole(outputs: Outputs, func: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0] if args else kwargs.get("input")
+    if not isinstance(t, torch.Tensor) or (func in (torch.bincount, torch.Tensor.bincount) and (
+            kwargs.get("weights") is not None or len(args) > 1)):
+        return NotImplemented  # bincount by weights: the weights' values too
+    rest = {k: v for k, v in kwargs.items() if k != "input"}
+
+    def compute(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = func(x, *args[1:], **rest)
+        return out if isinstance(out, tuple) else (out,)
+
+    found = outputs(t, compute)
+    return found[0] if len(found) == 1 else tuple(found)  # a tuple has inverse or counts
+
+
 class ValueShapes(TorchFunctionMode):
     """Rewrites the calls of the module doc: masks to index with ``positions(mask)``, 0-d
-    tensors given as sizes to numbers read in Python.
+    tensors given as sizes to numbers read in Python, ``WHOLE_OUTPUTS`` to ``outputs``.
 
     Inside ``__torch_function__`` this mode is off, so the rewritten call (and ``positions``)
     run as plain PyTorch; Python's readers stay patched (``specialize._patched``)."""
 
-    def __init__(self, positions: Positions) -> None:
+    def __init__(self, positions: Positions, outputs: Outputs) -> None:
         super().__init__()
         self.positions = positions
+        self.outputs = outputs
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in WHOLE_OUTPUTS:
+            out = _whole(self.outputs, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func in SIZE_TAKERS or func in LIST_TAKERS:
             args, kwargs = _sizes_read(func, args, kwargs)
         rewrite = _REWRITES.get(func)

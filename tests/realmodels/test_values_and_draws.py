@@ -21,7 +21,9 @@
   (``convert.NodeMap.constant_guards``);
 * Qwen2.5-VL's window attention takes ``unique_consecutive`` of its window boundaries:
   refused at capture; recorded whole now, the boundaries being the guard
-  (``tests/spine/test_mask_specialisation.py``).
+  (``tests/spine/test_mask_specialisation.py``);
+* Mistral 3 (Pixtral) crops its patches with slices bounded by 0-d tensors and splits by a
+  list of them, both read in C++: refused at capture; read in Python now.
 """
 
 from __future__ import annotations
@@ -166,6 +168,23 @@ def _qwen2_5_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     return transformers.Qwen2_5_VLForConditionalGeneration(config), batch
 
 
+def _mistral3() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Mistral 3 (Pixtral's vision tower crops by the image's size, its patch merger
+    splits by ``h * w`` per image: sizes read from tensors in C++)."""
+    import transformers
+
+    vision = transformers.PixtralVisionConfig(**_VISION, head_dim=8)
+    config = transformers.Mistral3Config(vision_config=vision,
+                                         text_config=transformers.MistralConfig(**_TEXT),
+                                         image_token_index=60, spatial_merge_size=2,
+                                         vision_feature_layer=-1)
+    ids = torch.randint(3, 50, (2, 24))
+    ids[:, 2:6] = 60
+    return transformers.Mistral3ForConditionalGeneration(config), {
+        "input_ids": ids, "pixel_values": torch.randn(2, 3, 32, 32),
+        "image_sizes": torch.tensor([[32, 32], [32, 32]]), "labels": ids.clone()}
+
+
 def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
     PaliGemma: 16, 32 / 8 squared)."""
@@ -175,6 +194,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
         return _qwen2_vl()
     if kind == "qwen2.5-vl":
         return _qwen2_5_vl()
+    if kind == "mistral3":
+        return _mistral3()
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -194,7 +215,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl", "qwen2.5-vl"])
+@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl", "qwen2.5-vl",
+                                  "mistral3"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

@@ -85,8 +85,11 @@ SIZES: dict[str, Form] = {
     "view(n, -1)": lambda h, x: h.view(_all(x), -1) * 2,
     "reshape(n, -1)": lambda h, x: h.reshape(-1, _all(x)) * 2,
     "narrow(0, 0, n)": lambda h, x: h.narrow(0, 0, _count(x)),
+    "split([n, 6 - n])": lambda h, x: h.split([_count(x), 6 - _count(x)])[1] * 2,
     "t[n]": lambda h, x: h[_count(x) % 6],
     "t[n, 1:]": lambda h, x: h[_count(x) % 6, 1:],
+    "t[:n]": lambda h, x: h[: _count(x)],
+    "t[:, n // 2:]": lambda h, x: h[:, _count(x).clamp(max=4) // 2:],
 }
 #: repeats given as a tensor: their sum is the output's size (``.tolist()``, one guard)
 REPEATS: dict[str, Form] = {
@@ -146,8 +149,8 @@ def test_each_mask_form_trains_as_eager_as_the_masks_change(how: str) -> None:
         assert readers == ["values"]  # the input's values
     elif how in REPEATS:
         assert readers == ["tolist"]  # the repeats, read in Python
-    elif how in SIZES:
-        assert readers == ["__int__"]  # the size, read in Python as int(n)
+    elif how in SIZES:  # each size, read in Python as int(n)
+        assert readers == ["__int__"] * (2 if how == "split([n, 6 - n])" else 1)
     else:
         expected = [] if how in TRACED_AS_THEY_ARE else [MASK_READER] * FORMS_MASKS.get(how, 1)
         assert readers == expected

@@ -25,8 +25,8 @@ bit). A call the rewrite does not know (a 0-d mask, an ``out=`` argument) is lef
 and the capture fails as before, with its way out.
 
 A 0-d integer tensor used as an index (``w[expert_idx]``, as the experts loops of Hugging
-Face's gpt-oss family index their weights) is read as an ``int`` the same way as the sizes
-below.
+Face's gpt-oss family index their weights) or as a slice's bound (``x[:, :n]``: Pixtral's
+crop) is read as an ``int`` the same way as the sizes below.
 
 **Sizes given as tensors.** ``torch.arange(n)``, ``torch.zeros(n, 4)``, ``x.new_full((n,),
 v)``, ``x.view(n, -1)`` with ``n`` a 0-d tensor read it in C++, where Python's readers are
@@ -71,17 +71,30 @@ def _is_scalar_index(x: Any) -> bool:
             and not x.dtype.is_complex and x.dtype != torch.bool)
 
 
+def _tensor_bounded(item: Any) -> bool:
+    """A slice with a 0-d tensor as a bound (``x[:, :n]``: Pixtral crops its patches by the
+    image's size so), which eager reads in C++."""
+    return isinstance(item, slice) and any(
+        _is_scalar_index(b) for b in (item.start, item.stop, item.step))
+
+
+def _read_bound(bound: Any) -> Any:
+    return int(bound) if _is_scalar_index(bound) else bound
+
+
 def _index_without_masks(index: Any, positions: Positions) -> Any:
     """``index`` with each boolean tensor in it replaced by its positions and each 0-d integer
-    tensor by its value read in Python (``None`` when it holds neither: not a call to
-    rewrite)."""
+    tensor (an index, or a slice's bound) by its value read in Python (``None`` when it holds
+    none of these: not a call to rewrite)."""
     items = index if isinstance(index, tuple) else (index,)
-    if not any(_is_mask(i) or _is_scalar_index(i) for i in items):
+    if not any(_is_mask(i) or _is_scalar_index(i) or _tensor_bounded(i) for i in items):
         return None
     out: list[Any] = []
     for item in items:
         if _is_mask(item):
             out.extend(positions(item))
+        elif _tensor_bounded(item):
+            out.append(slice(*(_read_bound(b) for b in (item.start, item.stop, item.step))))
         else:
             out.append(int(item) if _is_scalar_index(item) else item)
     return tuple(out)
@@ -161,7 +174,9 @@ SIZE_TAKERS: frozenset[Any] = frozenset({
     torch.tril_indices, torch.triu_indices,
     torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty,
     torch.Tensor.new_full, torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.expand,
-    torch.Tensor.repeat, torch.Tensor.narrow})
+    torch.Tensor.repeat, torch.Tensor.narrow, torch.Tensor.tile, torch.Tensor.unflatten,
+    # split sizes as a list of 0-d tensors (Mistral 3's patch merger: h * w per image)
+    torch.split, torch.Tensor.split, torch.Tensor.split_with_sizes})
 _METHODS = frozenset(f for f in SIZE_TAKERS if getattr(torch.Tensor, f.__name__, None) is f)
 
 

@@ -239,5 +239,10 @@ class CheckpointWarning(OutcoreWarning):
     here; ``preserve_rng_state=False`` makes eager's recompute draw new random numbers."""
 
 
+class PlannerBugWarning(OutcoreWarning):
+    """A candidate of outcore-auto's portfolio returned a schedule the verifier refuses (a
+    bug of that policy): it is left out and the others compete."""
+
+
 class ProfileDtypeWarning(OutcoreWarning):
     """A hardware profile has no peak for a dtype; the nearest dtype it has prices it."""

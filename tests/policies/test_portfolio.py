@@ -238,3 +238,30 @@ def test_a_measured_profiles_temporaries_bind_before_any_candidate_plans(fractio
         return  # refused: nothing over the budget came back
     replay = memory_curve(planned.graph, planned.schedule).peak
     assert planned.predicted_peak == replay <= budget
+
+
+def broken(graph, ctx):
+    """A candidate whose schedule uses a tensor it freed: the verifier's refusal."""
+    from outcore.plan.schedule import Compute, Free, Schedule
+
+    out = from_plan(baseline.liveness)(graph, ctx)
+    instructions = list(out.schedule.instructions)
+    first = next(i for i, ins in enumerate(instructions) if isinstance(ins, Compute))
+    produced = graph.ops[instructions[first].op].outputs[0]
+    instructions.insert(first + 1, Free(produced))  # freed before anything reads it
+    schedule = Schedule(instructions=instructions, keep_at_end=out.schedule.keep_at_end,
+                        sub_batches=1, policy="broken")
+    return PolicyOutput(out.plan, schedule, graph)
+
+
+def test_a_candidate_with_an_invalid_schedule_is_left_out_with_a_warning(vgg):
+    """Its ScheduleError made the whole of outcore-auto fail (vdnn-dyn on Qwen3-VL): the
+    other candidates compete, and the warning asks for the bug report."""
+    from outcore.errors import PlannerBugWarning
+
+    ctx = PolicyContext(budget=reference_peaks(vgg).liveness, cost=TableCost(1e-3, 1e8))
+    with pytest.warns(PlannerBugWarning, match="broken's plan is not a valid schedule"):
+        result = run_portfolio(vgg, ctx, ["broken", "keep"], {**RUNNERS, "broken": broken})
+    assert result.winner.name == "keep"
+    assert any("broken: left out: its schedule is invalid" in line
+               for line in result.explain())

@@ -23,7 +23,12 @@
   refused at capture; recorded whole now, the boundaries being the guard
   (``tests/spine/test_mask_specialisation.py``);
 * Mistral 3 (Pixtral) crops its patches with slices bounded by 0-d tensors and splits by a
-  list of them, both read in C++: refused at capture; read in Python now.
+  list of them, both read in C++: refused at capture; read in Python now;
+* Qwen3-VL: a guard output that was a view of the image-token mask kept the mask alive to
+  the step's end, and vdnn-dyn offloaded and prefetched it back while the view held it (an
+  invalid schedule, which made outcore-auto fail). Guards are copies now, and a candidate
+  whose schedule the verifier refuses is left out with a ``PlannerBugWarning``
+  (``tests/policies/test_portfolio.py``).
 """
 
 from __future__ import annotations
@@ -185,6 +190,25 @@ def _mistral3() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         "image_sizes": torch.tensor([[32, 32], [32, 32]]), "labels": ids.clone()}
 
 
+def _qwen3_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Qwen3-VL, on Qwen2-VL's batch."""
+    import transformers
+
+    _, batch = _qwen2_vl()
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4,
+              "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2,
+              "out_hidden_size": 32, "num_position_embeddings": 16,
+              "deepstack_visual_indexes": [0]}
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True,
+            "rope_theta": 10000.0}
+    config = transformers.Qwen3VLConfig(vision_config=vision,
+                                        text_config={**_TEXT, "head_dim": 8,
+                                                     "rope_parameters": rope},
+                                        image_token_id=60, vision_start_token_id=61,
+                                        vision_end_token_id=62)
+    return transformers.Qwen3VLForConditionalGeneration(config), batch
+
+
 def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
     PaliGemma: 16, 32 / 8 squared)."""
@@ -196,6 +220,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
         return _qwen2_5_vl()
     if kind == "mistral3":
         return _mistral3()
+    if kind == "qwen3-vl":
+        return _qwen3_vl()
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -216,7 +242,7 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl", "qwen2.5-vl",
-                                  "mistral3"])
+                                  "qwen3-vl", "mistral3"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

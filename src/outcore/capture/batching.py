@@ -286,7 +286,9 @@ class TrainingStep(nn.Module):
                 with torch.autocast(device_type, dtype=dtype):
                     loss = step_loss(self.model, self.loss_fn, batch)
         rebound.settle()  # buffers the forward rebound: carried in place (capture/rebound.py)
-        return (loss, *(self.guard_sink or ()))
+        from outcore.capture.specialize import guard_outputs
+
+        return (loss, *guard_outputs(self.guard_sink or []))
 
 
 def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:

@@ -250,7 +250,7 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
                 f"eagerly it was {guard.describe()}; outcore cannot specialise on reads that "
                 "differ between runs. Make the branch depend on shapes or Python values, or "
                 "use torch.where")
-        sink.append(tensor.detach())
+        sink.append(tensor.detach())  # copied when the step returns (``guard_outputs``)
         return guard
 
     def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
@@ -267,6 +267,18 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
     if len(sink) != len(guards):
         raise CaptureError("the traced step read fewer tensor values than the eager run; "
                            "outcore cannot specialise this model's control flow")
+
+
+def guard_outputs(sink: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The step's guard outputs: a copy of each traced tensor read, not a view. A guard
+    output is kept to the step's end, and a view would keep the activation it reads from (a
+    mask) alive with it under every plan: vdnn-dyn offloaded Qwen3-VL's image-token mask and
+    prefetched it back while the guard's view still held it (an invalid schedule). Copied
+    here, when the step returns, not where the value is read: a read can happen inside
+    ``torch.tensor([...])``'s own construction, where a copy crashed the process. A plain
+    tensor is a constant of the trace (``NodeMap.constant_guards``), whose storage the trace
+    may hold unallocated: not copied."""
+    return tuple(t if type(t) is torch.Tensor else t.clone() for t in sink)
 
 
 def export_step(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, ...],

@@ -78,8 +78,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outcore.errors import InfeasibleBudgetError
+from outcore.errors import InfeasibleBudgetError, PlannerBugWarning, ScheduleError
 from outcore.graph.ir import Graph
+from outcore.log import announce
 from outcore.plan.memory import memory_curve
 from outcore.policies.auto.memo import plan_memo
 from outcore.policies.auto.side import (
@@ -163,6 +164,7 @@ class Entry:
     peak: int | None = None  # a schedule above the budget: its predicted peak
     host_peak: int | None = None  # a schedule above the host budget: its host bytes
     skipped: str | None = None  # not run: why it could not beat the best plan
+    invalid: str | None = None  # its schedule broke the memory rule: a bug, left out
 
     @property
     def fits(self) -> bool:
@@ -171,6 +173,8 @@ class Entry:
     def why_not(self) -> str:
         if self.skipped is not None:
             return f"skipped ({self.skipped})"
+        if self.invalid is not None:
+            return f"left out: its schedule is invalid ({self.invalid})"
         if self.error is not None:
             return f"infeasible (needs {format_bytes(self.error.required)})"
         if self.host_peak is not None:
@@ -353,6 +357,21 @@ def _skip(name: str, best: float, floor: float | None, large: bool,
 
 def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str, Runner],
               allow_variants: bool) -> Entry:
+    """``_evaluated``; a schedule the verifier refuses (``ScheduleError``: a bug of that
+    candidate) is left out with a ``PlannerBugWarning``, so one policy's bug cannot make
+    outcore-auto fail where the others plan (vdnn-dyn's schedule of Qwen3-VL did). Other
+    errors propagate."""
+    try:
+        return _evaluated(name, graph, ctx, runners, allow_variants)
+    except ScheduleError as exc:
+        announce(f"outcore-auto: {name}'s plan is not a valid schedule ({exc}); it is left "
+                 "out and the other candidates compete. This is a bug of that policy: "
+                 "please report it with this message.", PlannerBugWarning)
+        return Entry(name, invalid=str(exc))
+
+
+def _evaluated(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str, Runner],
+               allow_variants: bool) -> Entry:
     """``name`` run on a fresh context, its variants dropped unless allowed, its memory
     replayed and, when it fits, simulated: its Entry. Errors other than
     InfeasibleBudgetError propagate."""

@@ -209,6 +209,27 @@ def _qwen3_vl() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     return transformers.Qwen3VLForConditionalGeneration(config), batch
 
 
+def _llava_next() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A tiny LLaVA-NeXT: a 32 x 64 image in any-resolution tiles (a base view and two
+    32 x 32 tiles), its image tokens as many as the features the model makes of them."""
+    import transformers
+
+    vision = transformers.CLIPVisionConfig(**_VISION)
+    config = transformers.LlavaNextConfig(vision_config=vision,
+                                          text_config=transformers.LlamaConfig(**_TEXT),
+                                          image_token_index=60, vision_feature_layer=-1,
+                                          image_grid_pinpoints=[[32, 32], [32, 64]])
+    model = transformers.LlavaNextForConditionalGeneration(config)
+    pixels, sizes = torch.randn(2, 3, 3, 32, 32), torch.tensor([[32, 64], [32, 64]])
+    with torch.no_grad():
+        features = model.model.get_image_features(pixels, sizes).pooler_output
+    tokens = sum(f.shape[0] for f in features) // 2
+    ids = torch.randint(3, 50, (2, tokens + 8))
+    ids[:, 2:2 + tokens] = 60
+    return model, {"input_ids": ids, "pixel_values": pixels, "image_sizes": sizes,
+                   "labels": ids.clone()}
+
+
 def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
     PaliGemma: 16, 32 / 8 squared)."""
@@ -222,6 +243,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
         return _mistral3()
     if kind == "qwen3-vl":
         return _qwen3_vl()
+    if kind == "llava-next":
+        return _llava_next()
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -241,8 +264,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("kind", ["llava", "paligemma", "qwen2-vl", "qwen2.5-vl",
-                                  "qwen3-vl", "mistral3"])
+@pytest.mark.parametrize("kind", ["llava", "llava-next", "paligemma", "qwen2-vl",
+                                  "qwen2.5-vl", "qwen3-vl", "mistral3"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

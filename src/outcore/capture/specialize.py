@@ -26,7 +26,10 @@ alike. The tensor subclasses tracing runs on override some readers (``Functional
 ``FakeTensor`` implement ``tolist`` as one ``item()`` per element, ``FunctionalTensor`` its
 ``__bool__`` as ``item()``), so the readers are patched on every class that defines one, and
 each replayed read is checked against its guard's reader and shape: a trace that reads in
-another order is refused, never answered with another read's value.
+another order is refused, never answered with another read's value. A read that only eager
+makes (formatting a tensor into a string: ``Tensor.__format__`` reads ``item()`` on a plain
+tensor, a traced one prints its metadata) is not recorded (``_formatting_reads_nothing``);
+recorded, it shifted every later answer by one read.
 """
 
 from __future__ import annotations

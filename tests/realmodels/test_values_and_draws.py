@@ -230,6 +230,40 @@ def _llava_next() -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
+def _four_tokens(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Gemma 3, SmolVLM, Idefics3 and InternVL, tiny, each with 4 image tokens per row."""
+    import transformers
+
+    vision = dict(_VISION)
+    if kind == "gemma3":
+        config: Any = transformers.Gemma3Config(
+            vision_config=transformers.SiglipVisionConfig(**vision),
+            text_config=transformers.Gemma3TextConfig(**_TEXT, head_dim=8, sliding_window=16),
+            image_token_index=60, mm_tokens_per_image=4, boi_token_index=61,
+            eoi_token_index=62)
+        model: nn.Module = transformers.Gemma3ForConditionalGeneration(config)
+    elif kind in ("smolvlm", "idefics3"):
+        name = "SmolVLM" if kind == "smolvlm" else "Idefics3"
+        config = getattr(transformers, f"{name}Config")(
+            vision_config=vision, text_config={**_TEXT, "model_type": "llama"},
+            image_token_id=60, scale_factor=2)
+        model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
+    else:
+        config = transformers.InternVLConfig(
+            vision_config=transformers.InternVLVisionConfig(**vision),
+            text_config=transformers.Qwen2Config(**_TEXT), image_token_id=60,
+            image_seq_length=4, downsample_ratio=0.5, vision_feature_layer=-1)
+        model = transformers.InternVLForConditionalGeneration(config)
+    ids = torch.randint(3, 50, (2, 24))
+    ids[:, 2:6] = 60
+    pixels = torch.randn(2, 3, 32, 32)
+    batch = {"input_ids": ids, "labels": ids.clone(),
+             "pixel_values": pixels[:, None] if kind in ("smolvlm", "idefics3") else pixels}
+    if kind == "gemma3":
+        batch["token_type_ids"] = (ids == 60).long()
+    return model, batch
+
+
 def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A tiny LLaVA, PaliGemma or Qwen2-VL and a batch with its image tokens (LLaVA and
     PaliGemma: 16, 32 / 8 squared)."""
@@ -245,6 +279,8 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
         return _qwen3_vl()
     if kind == "llava-next":
         return _llava_next()
+    if kind in ("gemma3", "smolvlm", "idefics3", "internvl"):
+        return _four_tokens(kind)
     ids = torch.randint(3, 50, (2, 24))
     if kind == "llava":
         config = transformers.LlavaConfig(
@@ -264,8 +300,9 @@ def _vision_language(kind: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
                    "labels": ids.clone()}
 
 
-@pytest.mark.parametrize("kind", ["llava", "llava-next", "paligemma", "qwen2-vl",
-                                  "qwen2.5-vl", "qwen3-vl", "mistral3"])
+@pytest.mark.parametrize("kind", ["llava", "llava-next", "paligemma", "gemma3", "smolvlm",
+                                  "idefics3", "internvl", "qwen2-vl", "qwen2.5-vl",
+                                  "qwen3-vl", "mistral3"])
 def test_vision_language_models_train_as_eager(kind: str) -> None:
     import_torchvision()
     torch.manual_seed(0)

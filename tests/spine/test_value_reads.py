@@ -249,3 +249,42 @@ def test_a_tensor_formatted_into_a_message_is_no_read(how: str) -> None:
     assert [g.reader for g in graph.source.guards] == ["item", "__bool__"]
     train_against_eager(ChecksWithAMessage(how), nn.functional.mse_loss, _batches(3),
                         budget=None, device="cpu")
+
+
+class ReadsAnAttribute(nn.Module):
+    """Reads a tensor held in a plain attribute (not a buffer) in Python."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.rows = torch.tensor(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h * int(self.rows) if bool((h > 0).any()) else h
+
+
+def test_a_value_read_from_a_tensor_held_outside_the_step_is_a_guard_that_can_fail() -> None:
+    """Such a tensor is read again at every step; its read is a traced op, not a constant the
+    trace built (those always hold, and their guards are dropped), so a new value makes the
+    step be captured again, as eager reads the new value."""
+    from exact import train_against_eager
+
+    torch.manual_seed(0)
+    model = ReadsAnAttribute()
+    graph = capture(model, nn.functional.mse_loss, (torch.randn(10, 8), torch.randn(10, 8)))
+    assert graph.source.nodes.constant_guards == []
+    trainer = train_against_eager(model, nn.functional.mse_loss,
+                                  [(torch.randn(10, 8), torch.randn(10, 8))], budget=None,
+                                  device="cpu")
+    model.rows = torch.tensor(5)
+    reference = ReadsAnAttribute()
+    reference.load_state_dict(model.state_dict())
+    reference.rows = torch.tensor(5)
+    x, y = torch.randn(10, 8), torch.randn(10, 8)  # the batch's signature is the same
+    model.zero_grad()
+    loss = trainer.step(x, y)
+    expected = nn.functional.mse_loss(reference(x), y)
+    expected.backward()
+    assert torch.equal(loss, expected.detach())
+    assert trainer.stats.captures == 2

@@ -162,7 +162,6 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])
         constants = lifted(gm, step, loss_fn)  # the live model: its own parameters
-        _refuse_guarded_user_constants(nodes.constant_guards, constants, guards)
     finally:  # whatever the model ran, its training flags are the user's
         for mod, training in modes:
             mod.training = training
@@ -177,21 +176,6 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                                             signature=signature, guards=guards,
                                             lifted=constants)
     return graph
-
-
-def _refuse_guarded_user_constants(constant_guards: list[tuple[int, str]],
-                                   constants: dict[str, Any], guards: list[Any]) -> None:
-    """A guard on a constant the forward built never fails and is dropped; on a user's
-    tensor held outside the model (read again at every step), it could, and nothing would
-    compare it: refused."""
-    for index, target in constant_guards:
-        if target in constants:
-            raise CaptureError(
-                f"the step reads the value of {constants[target].where} "
-                f"({guards[index].describe()}), a tensor held outside the model, in Python; "
-                "outcore reads such a tensor again at every step, but could not compare the "
-                "value the step was specialised on. Register it as a buffer of the model "
-                "(module.register_buffer), or pass it in the batch.")
 
 
 def autocast_state(autocast: torch.dtype | None, batch: Any,

@@ -47,6 +47,7 @@ from torch.utils._pytree import (
 
 from outcore.capture import rebound
 from outcore.capture.closed_over import Traced, held_outside
+from outcore.capture.specialize import guard_outputs
 from outcore.errors import CaptureError, ReplanWarning
 from outcore.log import announce
 
@@ -286,8 +287,6 @@ class TrainingStep(nn.Module):
                 with torch.autocast(device_type, dtype=dtype):
                     loss = step_loss(self.model, self.loss_fn, batch)
         rebound.settle()  # buffers the forward rebound: carried in place (capture/rebound.py)
-        from outcore.capture.specialize import guard_outputs
-
         return (loss, *guard_outputs(self.guard_sink or []))
 
 

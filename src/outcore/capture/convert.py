@@ -44,9 +44,10 @@ class NodeMap:
     placeholders: dict[int, Any] = field(default_factory=dict)  # tensor id -> descriptor
     constants: dict[int, str] = field(default_factory=dict)  # tensor id -> get_attr target
     output_roles: list[tuple[str, int, str]] = field(default_factory=list)  # role, tid, name
-    #: guards on a tensor constant (a value the forward built with torch.tensor and read
-    #: back): (guard index, get_attr target); not outputs, since a constant never changes
-    #: (``capture.aot`` refuses one that is a user's tensor, read again at every step)
+    #: guards on a tensor constant (a value the forward built and read back: Qwen2-VL's
+    #: image grid sizes): (guard index, get_attr target); not outputs, since a constant never
+    #: changes. A user's tensor held outside the step is no such constant: its read is a
+    #: traced op (``tests/spine/test_value_reads.py``)
     constant_guards: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -119,7 +120,7 @@ class _Builder:
 
     def constant(self, node: fx.Node) -> None:
         """A lifted tensor constant (``get_attr``): static, owned by the captured module."""
-        value = _attr(self.gm, str(node.target))
+        value = attribute(self.gm, str(node.target))
         if isinstance(value, torch.Generator):
             raise CaptureError(
                 "the step draws random numbers with its own torch.Generator (generator=...), "
@@ -390,7 +391,8 @@ def _argument(node: fx.Node, name: str) -> Any:
     return None
 
 
-def _attr(gm: fx.GraphModule, target: str) -> Any:
+def attribute(gm: fx.GraphModule, target: str) -> Any:
+    """What ``gm`` holds at the dotted ``get_attr`` target (``"sub._tensor_constant0"``)."""
     value: Any = gm
     for part in target.split("."):
         value = getattr(value, part)

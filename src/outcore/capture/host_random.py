@@ -43,7 +43,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from outcore.capture.convert import attribute
 from outcore.errors import HostRandomError
 
 #: (generator state of numpy.random's global RandomState, of Python's random module)
@@ -219,23 +222,14 @@ def refuse(sites: set[str]) -> HostRandomError:
 def fingerprint(gm: Any) -> tuple[str, list[tuple[str, Any]]]:
     """What a drawn number could change in an exported graph: its code (ops, and the Python
     numbers baked into their arguments) and its constants (a mask made with NumPy)."""
-    constants: list[tuple[str, Any]] = []
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            value: Any = gm
-            for part in str(node.target).split("."):
-                value = getattr(value, part)
-            constants.append((str(node.target), value))
-    return gm.code, constants
+    return gm.code, [(str(n.target), attribute(gm, str(n.target)))
+                     for n in gm.graph.nodes if n.op == "get_attr"]
 
 
 def same_graph(a: tuple[str, list[tuple[str, Any]]],
                b: tuple[str, list[tuple[str, Any]]]) -> bool:
     """Whether two ``fingerprint``s are of the same graph (outside any fake mode the
     capture holds open: the constants are real tensors)."""
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     def equal(x: Any, y: Any) -> bool:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)

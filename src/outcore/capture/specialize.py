@@ -49,6 +49,7 @@ from outcore.capture import host_random
 from outcore.capture.value_shapes import (
     MASK_READER,
     VALUES_READER,
+    Compute,
     ValueShapes,
     ctc_loss_traced,
 )
@@ -70,14 +71,15 @@ _DATA_DEPENDENT = ("DataDependent", "GuardOnDataDependent", "data-dependent",
 class ScalarGuard:
     """One value the captured step was specialised on: how it was read and what it was.
 
-    A mask guard (``reader == MASK_READER``, ``outcore.capture.value_shapes``) holds the mask itself
-    as ``value`` and its recorded ``positions``."""
+    A guard of ``outcore.capture.value_shapes`` (``reader`` ``MASK_READER`` or
+    ``VALUES_READER``) holds the tensor itself as ``value`` and what the op made of it as
+    ``outputs`` (a mask's positions, ``unique``'s results), replayed in the trace."""
 
     reader: str
     value: Any
     #: the shape of the tensor read (a replayed read of another shape is another read)
     shape: tuple[int, ...] = ()
-    positions: tuple[torch.Tensor, ...] = field(default=(), compare=False)
+    outputs: tuple[torch.Tensor, ...] = field(default=(), compare=False)
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` (the guard output of a step) reads as the recorded value."""
@@ -191,16 +193,9 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
         seen.append(ScalarGuard(name, kept, tuple(tensor.shape)))
         return value
 
-    def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        found = torch.Tensor.nonzero(mask, as_tuple=True)
-        seen.append(ScalarGuard(MASK_READER, mask.detach().clone(), tuple(mask.shape),
-                                tuple(f.detach().clone() for f in found)))
-        return found
-
-    def outputs(t: torch.Tensor, compute: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
-                ) -> tuple[torch.Tensor, ...]:
+    def specialise(reader: str, t: torch.Tensor, compute: Compute) -> tuple[torch.Tensor, ...]:
         found = compute(t)
-        seen.append(ScalarGuard(VALUES_READER, t.detach().clone(), tuple(t.shape),
+        seen.append(ScalarGuard(reader, t.detach().clone(), tuple(t.shape),
                                 tuple(f.detach().clone() for f in found)))
         return found
 
@@ -208,7 +203,7 @@ def record_reads(step: nn.Module, args: tuple[torch.Tensor, ...]) -> list[Scalar
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        with torch.no_grad(), _patched(hook), ValueShapes(positions, outputs), ctc_loss_traced(), \
+        with torch.no_grad(), _patched(hook), ValueShapes(specialise), ctc_loss_traced(), \
                 _formatting_reads_nothing(depth):
             step(*args)
     finally:
@@ -239,7 +234,8 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
     def next_guard(name: str, tensor: torch.Tensor) -> ScalarGuard:
         # the export traces the step more than once; TrainingStep.forward empties the sink
         # at the start of each pass, so the sink's length is the position in this pass
-        what = "boolean mask" if name == MASK_READER else f".{name}()"
+        what = {MASK_READER: "boolean mask", VALUES_READER: "tensor's values"}.get(
+            name, f".{name}()")
         if len(sink) >= len(guards):
             raise CaptureError(
                 f"the model read more tensor values ({what}) while tracing than when it ran "
@@ -259,13 +255,10 @@ def replaying(guards: list[ScalarGuard], sink: list[torch.Tensor]) -> Iterator[N
     def hook(name: str, original: Callable[..., Any], tensor: torch.Tensor) -> Any:
         return _CONVERT.get(name, _same)(next_guard(name, tensor).value)
 
-    def positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return next_guard(MASK_READER, mask).positions
+    def specialise(reader: str, t: torch.Tensor, compute: Compute) -> tuple[torch.Tensor, ...]:
+        return next_guard(reader, t).outputs
 
-    def outputs(t: torch.Tensor, compute: Any) -> tuple[torch.Tensor, ...]:
-        return next_guard(VALUES_READER, t).positions
-
-    with _patched(hook), ValueShapes(positions, outputs):
+    with _patched(hook), ValueShapes(specialise):
         yield
     if len(sink) != len(guards):
         raise CaptureError("the traced step read fewer tensor values than the eager run; "

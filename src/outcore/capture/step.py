@@ -10,7 +10,7 @@ from torch import fx, nn
 
 from outcore.capture.batching import BatchSignature, split_batch_leaves
 from outcore.capture.closed_over import Origin, describe, same_kind
-from outcore.capture.convert import NodeMap, first_accelerator
+from outcore.capture.convert import NodeMap, attribute, first_accelerator
 from outcore.capture.effect_tokens import TOKEN_INPUTS
 from outcore.capture.specialize import ScalarGuard
 from outcore.errors import CaptureError, OutcoreError
@@ -177,7 +177,7 @@ class CapturedStep:
         Raises:
             ConstantRebound: the place now holds something the graph cannot take.
         """
-        value: torch.Tensor = _attr(self.gm, target)
+        value: torch.Tensor = attribute(self.gm, target)
         origin = self.lifted.get(target)
         if origin is None:
             return value
@@ -192,7 +192,7 @@ class CapturedStep:
                 f"and it is now {held}{grad}; capture the step again for it (Trainer.step "
                 "does so by itself; a tensor that requires grad is refused there)")
         owner, _, attr = target.rpartition(".")
-        setattr(_attr(self.gm, owner) if owner else self.gm, attr, now)
+        setattr(attribute(self.gm, owner) if owner else self.gm, attr, now)
         return now
 
     def parameter(self, name: str) -> nn.Parameter:
@@ -209,9 +209,3 @@ def _step_device(params: Any, leaves: Any) -> torch.device:
     loss fails the loss's backward kernel (``nll_loss_backward`` on CUDA)."""
     return first_accelerator([*params, *leaves]) or torch.device("cpu")
 
-
-def _attr(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value

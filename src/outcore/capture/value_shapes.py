@@ -56,9 +56,23 @@ from torch.overrides import TorchFunctionMode
 
 #: mask -> its positions (``nonzero(as_tuple=True)``), recorded or replayed
 Positions = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+#: what a tensor is turned into: its positions, or an op's outputs
+Compute = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+#: ``(reader, tensor, compute) -> outputs``: ``compute(tensor)`` recorded, ``tensor``'s values
+#: the guard (``specialize.record_reads``), or the recorded outputs replayed
+#: (``specialize.replaying``)
+Specialise = Callable[[str, torch.Tensor, Compute], tuple[torch.Tensor, ...]]
 
-#: ``ScalarGuard.reader`` of a mask guard
+#: ``ScalarGuard.reader`` of a mask guard (its outputs: the mask's positions)
 MASK_READER = "mask"
+#: ``ScalarGuard.reader`` of a guard on a whole tensor's values (``unique``'s input; its
+#: outputs: the op's)
+VALUES_READER = "values"
+
+
+def mask_positions(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What PyTorch indexes a boolean mask by (``Tensor.nonzero``, unrewritten)."""
+    return torch.Tensor.nonzero(mask, as_tuple=True)
 
 
 def _is_mask(x: Any) -> bool:
@@ -156,13 +170,16 @@ def _number(t: torch.Tensor) -> int | float | bool:
     return float(t) if t.dtype.is_floating_point else int(t)
 
 
+def _is_0d(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
 def _numbers(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
+    """``value`` with each 0-d tensor in it (itself, or an element of a list or tuple) read."""
+    if _is_0d(value):
         return _number(value)
-    if isinstance(value, (list, tuple)) and any(
-            isinstance(v, torch.Tensor) and v.dim() == 0 for v in value):
-        return type(value)(_number(v) if isinstance(v, torch.Tensor) and v.dim() == 0 else v
-                           for v in value)
+    if isinstance(value, (list, tuple)) and any(_is_0d(v) for v in value):
+        return type(value)(_number(v) if _is_0d(v) else v for v in value)
     return value
 
 
@@ -238,13 +255,6 @@ _REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
 }
 
 
-#: ``(input, compute) -> outputs``: ``compute(input)`` recorded with ``input``'s values as the
-#: guard, or the recorded outputs replayed
-Outputs = Callable[[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, ...]]],
-                   tuple[torch.Tensor, ...]]
-
-#: ``ScalarGuard.reader`` of a guard on a whole tensor's values (``unique``'s input)
-VALUES_READER = "values"
 
 #: ops whose outputs' shapes follow their input's values and which no gradient goes through:
 #: their outputs are recorded whole, and the input is the guard (Qwen2.5-VL's window
@@ -254,7 +264,7 @@ WHOLE_OUTPUTS: frozenset[Any] = frozenset({
     torch.Tensor.unique_consecutive, torch.bincount, torch.Tensor.bincount})
 
 
-def _whole(outputs: Outputs, func: Any, args: tuple, kwargs: dict) -> Any:
+def _whole(specialise: Specialise, func: Any, args: tuple, kwargs: dict) -> Any:
     t = args[0] if args else kwargs.get("input")
     if not isinstance(t, torch.Tensor) or (func in (torch.bincount, torch.Tensor.bincount) and (
             kwargs.get("weights") is not None or len(args) > 1)):
@@ -265,27 +275,31 @@ def _whole(outputs: Outputs, func: Any, args: tuple, kwargs: dict) -> Any:
         out = func(x, *args[1:], **rest)
         return out if isinstance(out, tuple) else (out,)
 
-    found = outputs(t, compute)
+    found = specialise(VALUES_READER, t, compute)
     return found[0] if len(found) == 1 else tuple(found)  # a tuple has inverse or counts
 
 
 class ValueShapes(TorchFunctionMode):
-    """Rewrites the calls of the module doc: masks to index with ``positions(mask)``, 0-d
-    tensors given as sizes to numbers read in Python, ``WHOLE_OUTPUTS`` to ``outputs``.
+    """Rewrites the calls of the module doc: masks to index with their positions, 0-d
+    tensors given as sizes to numbers read in Python, ``WHOLE_OUTPUTS`` to their outputs,
+    both through ``specialise`` (recorded or replayed).
 
-    Inside ``__torch_function__`` this mode is off, so the rewritten call (and ``positions``)
-    run as plain PyTorch; Python's readers stay patched (``specialize._patched``)."""
+    Inside ``__torch_function__`` this mode is off, so the rewritten call (and
+    ``specialise``) run as plain PyTorch; Python's readers stay patched
+    (``specialize._patched``)."""
 
-    def __init__(self, positions: Positions, outputs: Outputs) -> None:
+    def __init__(self, specialise: Specialise) -> None:
         super().__init__()
-        self.positions = positions
-        self.outputs = outputs
+        self.specialise = specialise
+
+    def positions(self, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.specialise(MASK_READER, mask, mask_positions)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in WHOLE_OUTPUTS:
-            out = _whole(self.outputs, func, args, kwargs)
+            out = _whole(self.specialise, func, args, kwargs)
             if out is not NotImplemented:
                 return out
         if func in SIZE_TAKERS or func in LIST_TAKERS:

@@ -289,6 +289,11 @@ def _run(graph: Graph, ctx: PolicyContext, order: Sequence[str], runners: Mappin
             if entry is None and helper is not None and name in helper.names:
                 entry = helper.take(name)
             entries[name] = entry if entry is not None else evaluate(name)
+            if entries[name].invalid is not None:
+                announce(f"outcore-auto: {name}'s plan is not a valid schedule "
+                         f"({entries[name].invalid}); it is left out and the other candidates "
+                         "compete. This is a bug of that policy: please report it with this "
+                         "message.", PlannerBugWarning)
             seconds = entries[name].seconds
             if seconds is not None:
                 best = min(best, seconds)
@@ -358,15 +363,13 @@ def _skip(name: str, best: float, floor: float | None, large: bool,
 def _evaluate(name: str, graph: Graph, ctx: PolicyContext, runners: Mapping[str, Runner],
               allow_variants: bool) -> Entry:
     """``_evaluated``; a schedule the verifier refuses (``ScheduleError``: a bug of that
-    candidate) is left out with a ``PlannerBugWarning``, so one policy's bug cannot make
+    candidate) is an Entry left out (``_run`` says so with a ``PlannerBugWarning``, in this
+    process also for the side process's candidates), so one policy's bug cannot make
     outcore-auto fail where the others plan (vdnn-dyn's schedule of Qwen3-VL did). Other
     errors propagate."""
     try:
         return _evaluated(name, graph, ctx, runners, allow_variants)
     except ScheduleError as exc:
-        announce(f"outcore-auto: {name}'s plan is not a valid schedule ({exc}); it is left "
-                 "out and the other candidates compete. This is a bug of that policy: "
-                 "please report it with this message.", PlannerBugWarning)
         return Entry(name, invalid=str(exc))
 
 

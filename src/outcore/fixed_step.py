@@ -40,7 +40,7 @@ from torch import nn
 
 from outcore.capture.aot import autocast_state
 from outcore.capture.batching import announce_constant_replan, split_batch_leaves
-from outcore.capture.hooks import forward_hooks
+from outcore.capture.hooks import check_hooks, forward_hooks
 from outcore.capture.python_state import changed, python_state
 from outcore.errors import UnsupportedModelError
 from outcore.log import info
@@ -69,8 +69,11 @@ class FixedStep:
     """The model state one captured step computes with (module doc)."""
 
     def __init__(self, model: nn.Module, *extra_roots: Any, way_out: str = _WAY_OUT,
-                 batch: Any = None) -> None:
+                 batch: Any = None, leaf_hooks: str | None = None) -> None:
         self.model = model
+        #: why the trainer cannot call hooks on a leaf's gradient; None: it calls them
+        #: (``outcore.capture.hooks.check_hooks``)
+        self.leaf_hooks = leaf_hooks
         #: the autocast the step was captured under (from the ambient one and ``batch``)
         self.autocast = autocast_state(None, batch, model)
         self.roots = (model, *extra_roots)
@@ -81,7 +84,9 @@ class FixedStep:
 
     def check(self, batch: Any = None) -> None:
         """Raise ``UnsupportedModelError`` when the model left the captured state (and,
-        given the step's ``batch``, when the ambient autocast is not the captured one)."""
+        given the step's ``batch``, when the ambient autocast is not the captured one), or
+        carries a backward hook the trainer would not call (``check_hooks``)."""
+        check_hooks(self.model, batch, leaf_hooks=self.leaf_hooks)
         if batch is not None:
             now = autocast_state(None, batch, self.model)
             if now is not None and now != self.autocast:

@@ -69,6 +69,10 @@ class PlannedTrainer:
     the first plan split). ``shapes``: the other signatures kept (least recently used out).
     """
 
+    #: why this trainer cannot call hooks on a leaf's gradient (``FixedStep``); None: its
+    #: commit calls them (``outcore.runtime.leaf_hooks``)
+    LEAF_HOOKS: str | None = None
+
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, *, replan: Replan | None = None,
                  shapes: int = SHAPES) -> None:
@@ -81,7 +85,8 @@ class PlannedTrainer:
                                   sub_batches=planned.plan.sub_batches,
                                   notes=list(planned.notes))
         self._fixed = FixedStep(model, way_out=(
-            "Set it back, or use outcore.compile, which captures again when it changes."))
+            "Set it back, or use outcore.compile, which captures again when it changes."),
+            leaf_hooks=self.LEAF_HOOKS)
         step = planned.graph.source.step_module
         #: the loss function and the autocast the step was captured with
         self.loss_fn = step.loss_fn

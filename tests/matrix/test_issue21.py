@@ -173,28 +173,39 @@ def test_under_no_grad_a_step_is_an_eager_evaluation() -> None:
     assert (tr.stats.eval_steps, tr.stats.steps) == (1, 0)
 
 
-@pytest.mark.parametrize("kind", ["tensor", "post-accumulate", "module-backward"])
-def test_a_gradient_hook_is_refused_at_compile_and_at_step(kind: str) -> None:
-    """Item 9: hooks a planned step would never call are refused, naming the parameter."""
+@pytest.mark.parametrize("kind", ["module-backward", "module-backward-pre", "global"])
+def test_a_module_backward_hook_is_refused_at_compile_and_at_step(kind: str) -> None:
+    """Item 9: hooks a planned step would never call are refused, naming the module (hooks
+    on a parameter's gradient are called: ``tests/api/test_leaf_hooks.py``)."""
+    from torch.nn.modules.module import register_module_full_backward_hook
+
+    handles = []
+
     def add_hook(model: nn.Module) -> None:
-        if kind == "tensor":
-            model[0].weight.register_hook(lambda g: g * 2)
-        elif kind == "post-accumulate":
-            model[0].weight.register_post_accumulate_grad_hook(lambda p: None)
+        if kind == "module-backward":
+            handles.append(model[0].register_full_backward_hook(lambda m, gi, go: None))
+        elif kind == "module-backward-pre":
+            handles.append(model[0].register_full_backward_pre_hook(lambda m, go: None))
         else:
-            model[0].register_full_backward_hook(lambda m, gi, go: None)
+            handles.append(register_module_full_backward_hook(lambda m, gi, go: None))
 
     x, y = data()
     model = mlp()
     add_hook(model)
-    with pytest.raises(UnsupportedModelError, match="'0"):
-        outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu")
-    model = mlp()
-    with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr:
-        add_hook(model)
-        with pytest.raises(UnsupportedModelError, match="never be called"):
-            tr.step(x, y)
-    assert all(p.grad is None for p in model.parameters())
+    where = "global" if kind == "global" else "module '0'"
+    try:
+        with pytest.raises(UnsupportedModelError, match=where):
+            outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu")
+        handles.pop().remove()
+        model = mlp()
+        with outcore.compile(model, F.cross_entropy, (x, y), budget=None, device="cpu") as tr:
+            add_hook(model)
+            with pytest.raises(UnsupportedModelError, match="never be called"):
+                tr.step(x, y)
+        assert all(p.grad is None for p in model.parameters())
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_a_bfloat16_model_on_a_profile_without_bfloat16_is_priced_not_refused() -> None:

@@ -109,6 +109,9 @@ class DataParallelTrainer(PlannedTrainer):
     ``replan``: captures and plans a share of another signature (``PlannedTrainer``), kept
     for ``shapes`` signatures besides the first."""
 
+    LEAF_HOOKS = ("the data-parallel step hands each gradient to the all-reduce as it is "
+                  "made, where DDP calls a parameter's hooks before reducing it")
+
     def __init__(self, model: nn.Module, planned: PlannedStep, device: Any,
                  budget: int | None, ctx: RankContext, buckets: list[GradBucket], *,
                  replan: Callable[[Any], PlannedStep] | None = None,

@@ -15,7 +15,10 @@ they were. This module holds the two halves of that promise:
   own exception is the one reported; a copy failure found while waiting is dropped.
 * ``commit(...)``: checks every gradient and buffer update first (shapes, dtypes, layouts;
   copies made where a layout differs), then writes them all with ``SIGINT`` deferred, so a
-  Ctrl-C during the writes lands after the last one instead of between two of them.
+  Ctrl-C during the writes lands after the last one instead of between two of them. The
+  user's hooks on the leaves (``outcore.runtime.leaf_hooks``) run around it as autograd's
+  ``AccumulateGrad`` runs them: tensor hooks on each gradient before the checks, the
+  post-accumulate-grad hooks after the writes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 
 from outcore.errors import OutcoreError
+from outcore.runtime.leaf_hooks import after_accumulate, hooked_grad
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,7 +143,7 @@ def commit(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]
     """Accumulate ``grads`` into ``params[name].grad`` and copy ``updates`` into
     ``buffers[name]``, all or nothing (module docstring)."""
     with torch.no_grad():
-        ready = {name: _prepared_grad(name, params[name], g)
+        ready = {name: _prepared_grad(name, params[name], hooked_grad(name, params[name], g))
                  for name, g in _tied_summed(params, grads).items()}
         for name, value in updates.items():
             if buffers[name].shape != value.shape:
@@ -154,3 +158,4 @@ def commit(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor]
                     param.grad = grad
             for name, value in updates.items():
                 buffers[name].copy_(value)
+        after_accumulate(params[name] for name in ready)

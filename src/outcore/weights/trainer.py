@@ -107,7 +107,9 @@ class WeightTrainer:
             self.pinned = _to_pinned_host(self.device, graph, choice.schedule,
                                           model, optimizer)
         self.measured_peak = 0
-        self._fixed = FixedStep(model, loss_fn, batch=example_batch)
+        self._fixed = FixedStep(model, loss_fn, batch=example_batch, leaf_hooks=(
+            "the weights trainer moves gradients to host memory and steps the optimizer "
+            "as they are made"))
         first = self._shape(graph, choice)
         self._current = first
         self._shapes: ShapeCache[_Shape] = ShapeCache(

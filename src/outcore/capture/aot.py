@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from outcore.capture import module_paths, rebound
+from outcore.capture import inner_backward, module_paths, rebound
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
@@ -155,6 +155,10 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             stack.enter_context(module_paths.recording(model))
             flattened = stack.enter_context(plain_checkpoints())
             rebinds = stack.enter_context(rebound.watching())  # buffers the forward rebinds
+            stack.enter_context(inner_backward.watching(  # .grad kept: a backward's backward
+                [*((n.removeprefix("model."), p) for n, p in step.named_parameters()),
+                 *((f"batch tensor {i}", t) for i, t in enumerate(tensors)
+                   if isinstance(t, torch.Tensor) and t.requires_grad)]))
             joint, guards = export_step(stack, step, args, is_fake)
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ

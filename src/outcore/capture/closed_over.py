@@ -339,7 +339,10 @@ def _trained(value: torch.Tensor, origin: Origin | None, step: nn.Module) -> Cap
             f"{what}, outside the model: the trace sees it as a constant and would give it no "
             "gradient there. Read it through the model inside the loss (a loss_fn that uses "
             "model.<path>.weight, or a loss module holding the model) or compute that term "
-            "in the model's forward.")
+            "in the model's forward." + ("" if origin is not None else
+            " Where a custom autograd.Function's backward reads it (a module kept on ctx, "
+            "ctx.layer.weight), pass the parameter to Function.apply as an input and save "
+            "it with ctx.save_for_backward."))
     return CaptureError(
         f"the step reads {what}, which requires grad but is neither a parameter of the "
         "model nor of a loss module: outcore lifts it as a constant of the graph, so it would "

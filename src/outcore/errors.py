@@ -219,6 +219,12 @@ class VariantWarning(OutcoreWarning):
     another order, so the loss and gradients differ from eager PyTorch's by rounding."""
 
 
+class RoundingWarning(OutcoreWarning):
+    """The step computes an op with another kernel than eager PyTorch's, which rounds
+    differently (an LSTM, whose eager training kernel a trace cannot call, traced through
+    its decomposition): the loss and gradients differ from eager's by float rounding."""
+
+
 class ReplanWarning(OutcoreWarning):
     """outcore captured and planned again (a new input shape, a recompilation)."""
 

@@ -254,6 +254,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
         _attach_bound(result, limit, model, graph)
     if result.plan.sub_batches > 1:
         result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
+    if graph.meta.get("rounding") and graph.meta["rounding"] not in result.notes:
+        result.notes.append(graph.meta["rounding"])  # said at capture (RoundingWarning)
     variants_text = announce_variants(result.graph, result.schedule.variants)
     if variants_text is not None:
         result.notes.append(variants_text)

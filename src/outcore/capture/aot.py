@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from outcore.capture import inner_backward, module_paths, rebound
+from outcore.capture import inner_backward, module_paths, rebound, traced_as_eager
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
@@ -31,8 +31,9 @@ from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
 from outcore.capture.wrappers import check_initialized, check_wrappers
-from outcore.errors import CaptureError
+from outcore.errors import CaptureError, RoundingWarning
 from outcore.graph.ir import Graph
+from outcore.log import announce
 
 
 def _existing_fake_mode(values: list[Any]) -> FakeTensorMode | None:
@@ -159,7 +160,9 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                 [*((n.removeprefix("model."), p) for n, p in step.named_parameters()),
                  *((f"batch tensor {i}", t) for i, t in enumerate(tensors)
                    if isinstance(t, torch.Tensor) and t.requires_grad)]))
+            traced_as_eager.decomposed_rnns()  # cleared: what this capture traces
             joint, guards = export_step(stack, step, args, is_fake)
+            rnns = traced_as_eager.decomposed_rnns()
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ
             graph, nodes = build_graph(gm, name or type(model).__name__)
@@ -174,6 +177,9 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         graph.meta["user_checkpoints"] = True
         announce_checkpoints(flattened)
     rebound.announce_kept((model, loss_fn), rebinds)
+    if rnns:
+        graph.meta["rounding"] = traced_as_eager.rounding_note(rnns)
+        announce(graph.meta["rounding"], RoundingWarning)
     if cast is not None:
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,

@@ -111,6 +111,9 @@ _UPSAMPLE = tuple(f"{packet}.{overload}" for packet in (
 _EAGER_EVERYWHERE = ("multilabel_margin_loss_forward.default", *_UPSAMPLE,
                      "multi_margin_loss.default")
 _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+#: the layer functions (``one_layer_lstm``, ...) of the RNNs traced through the
+#: decomposition since ``decomposed_rnns()`` last read them (eager runs a fused kernel)
+_DECOMPOSED: set[str] = set()
 _ACTIVE = [0]  # contexts open now (nested or on other threads): patched while above 0
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 _KERNELS: list[tuple[Any, DispatchKey, Callable[..., Any]]] = []  # (op, key, original)
@@ -129,6 +132,8 @@ def _layer_by_layer(original: Callable[..., Any]) -> Callable[..., Any]:
                has_biases: bool, num_layers: int, dropout: float, train: bool,
                bidirectional: bool, batch_first: bool, layer_fn: Callable[..., Any]
                ) -> tuple[torch.Tensor, list[Any]]:
+        _DECOMPOSED.add(str(getattr(layer_fn, "__name__", None)
+                            or getattr(getattr(layer_fn, "func", None), "__name__", "rnn")))
         if not (dropout and train and num_layers > 1):
             return original(input, hidden, params, has_biases, num_layers, dropout, train,
                             bidirectional, batch_first, layer_fn)
@@ -145,6 +150,24 @@ def _layer_by_layer(original: Callable[..., Any]) -> Callable[..., Any]:
         return (out.transpose(0, 1) if batch_first else out), finals
 
     return helper
+
+
+def decomposed_rnns() -> list[str]:
+    """The RNN kinds ("LSTM", "GRU or RNN") traced through the decomposition since the last
+    call (the module doc: an LSTM always, a GRU or plain RNN off the CPU), which round
+    otherwise than eager's fused kernels; the record is cleared."""
+    kinds = sorted({"LSTM" if "lstm" in name else "GRU or RNN" for name in _DECOMPOSED
+                    if not name.startswith("mkldnn")})  # oneDNN's inference kernel: eager's
+    _DECOMPOSED.clear()
+    return kinds
+
+
+def rounding_note(kinds: list[str]) -> str:
+    """What a step with ``decomposed_rnns()`` computes otherwise than eager."""
+    return (f"the model's {' and '.join(kinds)} layers are traced through PyTorch's "
+            "decomposition (eager trains them with a fused kernel a trace cannot call), so "
+            "their outputs and the gradients differ from eager PyTorch's by float rounding "
+            "(about 1e-7 relative in float32)")
 
 
 def _differentiable_lstm(original: Callable[..., Any], one_layer_lstm: Callable[..., Any]

@@ -22,7 +22,13 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from outcore.capture import inner_backward, module_paths, rebound, traced_as_eager
+from outcore.capture import (
+    inner_backward,
+    module_paths,
+    rebound,
+    stashed,
+    traced_as_eager,
+)
 from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
@@ -31,7 +37,7 @@ from outcore.capture.layouts import repair_layouts
 from outcore.capture.specialize import export_step
 from outcore.capture.step import CapturedStep
 from outcore.capture.wrappers import check_initialized, check_wrappers
-from outcore.errors import CaptureError, RoundingWarning
+from outcore.errors import CaptureError, OutcoreWarning, RoundingWarning
 from outcore.graph.ir import Graph
 from outcore.log import announce
 
@@ -146,8 +152,11 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     mode = _existing_fake_mode(leaves)
     is_fake = fake or mode is not None
     modes = [(mod, mod.training) for mod in model.modules()]
+    stashes = stashed.Stashes(model, loss_fn)  # the trace's tensors off the modules
+    step.before_pass = stashes.restore
     try:
-        with _state_restored(step), contextlib.ExitStack() as stack:
+        with stashed.kept(stashes) as put_back, _state_restored(step), \
+                contextlib.ExitStack() as stack:
             args = tuple(tensors)
             if mode is None and fake:
                 mode = FakeTensorMode()
@@ -170,6 +179,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                 gm, [o.name for o in graph.ops])
         constants = lifted(gm, step, loss_fn)  # the live model: its own parameters
     finally:  # whatever the model ran, its training flags are the user's
+        step.before_pass = None
         for mod, training in modes:
             mod.training = training
     graph.meta["fake"] = is_fake
@@ -177,6 +187,8 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         graph.meta["user_checkpoints"] = True
         announce_checkpoints(flattened)
     rebound.announce_kept((model, loss_fn), rebinds)
+    if put_back:
+        announce(stashed.note(put_back), OutcoreWarning)
     if rnns:
         graph.meta["rounding"] = traced_as_eager.rounding_note(rnns)
         announce(graph.meta["rounding"], RoundingWarning)

@@ -267,6 +267,9 @@ class TrainingStep(nn.Module):
         #: model's are traced as the model's, the others guarded against changes in place
         #: (``Traced``; nothing found, the usual case: no mode entered)
         self.outside = held_outside(self, loss_fn)
+        #: called before each pass of the trace (``outcore.capture.stashed``: the last
+        #: pass's tensors taken off the modules); None outside a capture
+        self.before_pass: Callable[[], None] | None = None
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
@@ -277,6 +280,8 @@ class TrainingStep(nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         batch = self.rebuild(tensors)
+        if self.before_pass is not None:
+            self.before_pass()
         if self.guard_sink is not None:
             self.guard_sink.clear()  # one pass of tracing: its own reads
         with Traced(self, self.outside) if self.outside else contextlib.nullcontext():

@@ -1,0 +1,104 @@
+"""Tensors a forward stores on its modules are not left as the trace's tensors.
+
+Found in session 31: a forward that stores a tensor on a module (``self.last =
+h.detach()``, ``self.history.append(...)``, a table cached on the first call) left
+``FunctionalTensor`` objects in the user's model after the capture, which raise
+"Attempting to use FunctionalTensor on its own" wherever they are read afterwards: by the
+user, or by the model's own next eager forward (an evaluation under ``torch.no_grad()``
+reading the cache). The capture now puts such attributes back as they were
+(``outcore.capture.stashed``) and says so. The class tested: a tensor attribute set, a list
+appended to, a dict filled, a lazily built cache read by a later eager forward, on the
+model and on a loss module.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from exact import assert_grads_equal
+from torch import nn
+
+import outcore
+from outcore.errors import OutcoreWarning
+
+
+class _Stashing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 1)
+        self.last: torch.Tensor | None = None
+        self.history: list[torch.Tensor] = [torch.zeros(())]
+        self.by_name: dict[str, torch.Tensor] = {}
+        self._table: torch.Tensor | None = None  # built on the first call, as rotary caches
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._table is None:
+            self._table = torch.linspace(0.5, 1.5, 8)
+        h = torch.tanh(self.a(x)) * self._table
+        self.last = h.detach()
+        self.history.append(h.mean().detach())
+        self.by_name["h"] = h.detach()
+        return self.b(h)
+
+
+class _StashingLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: torch.Tensor | None = None
+
+    def forward(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.seen = out.detach()
+        return F.mse_loss(out, y)
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+
+
+def _traced(value: object) -> bool:
+    return type(value).__name__ in ("FunctionalTensor", "FakeTensor")
+
+
+def test_stored_tensors_are_put_back_and_said() -> None:
+    torch.manual_seed(0)
+    model, loss = _Stashing(), _StashingLoss()
+    reference = copy.deepcopy(model)
+    history = model.history
+    with pytest.warns(OutcoreWarning, match=r"stores tensors on its modules \(.*_Stashing"
+                                            r"\.last.*\): a captured step"):
+        trainer = outcore.compile(model, loss, _batch(0), budget=None, device="cpu-emulated")
+    with trainer:
+        for seed in (1, 2):
+            for p in (*model.parameters(), *reference.parameters()):
+                p.grad = None
+            trainer.step(*_batch(seed))
+            x, y = _batch(seed)
+            F.mse_loss(reference(x), y).backward()
+            assert_grads_equal(model, reference)
+    # as before the capture: nothing the trace made is left on the modules
+    assert model.last is None and model._table is None and model.by_name == {}
+    assert model.history is history and len(history) == 1 and not _traced(history[0])
+    assert loss.seen is None
+    # the model's own eager forward after the capture (validation) runs: it rebuilds its
+    # table (was: the trace's table, "Attempting to use FunctionalTensor on its own")
+    with torch.no_grad():
+        expected = reference(_batch(3)[0])
+        assert torch.equal(model(_batch(3)[0]), expected)
+        assert torch.equal(trainer.step(*_batch(3)), F.mse_loss(expected, _batch(3)[1]))
+    assert not _traced(model._table) and not _traced(model.last)
+
+
+def test_a_forward_that_stores_nothing_is_not_warned() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    with pytest.warns() as caught:
+        outcore.compile(model, F.mse_loss, _batch(0), budget=None,
+                        device="cpu-emulated").close()
+        import warnings
+        warnings.warn("sentinel", UserWarning)  # pytest.warns needs one
+    assert not [w for w in caught if "stores tensors" in str(w.message)]

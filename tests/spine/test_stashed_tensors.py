@@ -102,3 +102,32 @@ def test_a_forward_that_stores_nothing_is_not_warned() -> None:
         import warnings
         warnings.warn("sentinel", UserWarning)  # pytest.warns needs one
     assert not [w for w in caught if "stores tensors" in str(w.message)]
+
+
+def test_a_fake_models_own_fake_tensors_stay() -> None:
+    """A model built under FakeTensorMode (sizing a model too large to build) holds fake
+    tensors before the capture: they are its own, kept, and nothing is said."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.scale = torch.ones(8)  # plain tensor attributes (not buffers), not read
+            self.pair = [torch.ones(8)]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x)
+
+    with FakeTensorMode():
+        model = Scaled()
+        batch = (torch.randn(4, 8), torch.randn(4, 8))
+    scale, pair, first = model.scale, model.pair, model.pair[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = outcore.capture(model, F.mse_loss, batch)
+    assert graph.meta["fake"]
+    assert model.scale is scale and model.pair is pair and model.pair == [first]
+    assert not [w for w in caught if "stores tensors" in str(w.message)]

@@ -45,6 +45,18 @@ def _traced(value: Any) -> bool:
         isinstance(v, (FunctionalTensor, FakeTensor)) for v in value)
 
 
+def _as_before(value: Any, old: tuple[Any, Any] | None) -> bool:
+    """Whether ``value`` is the object ``old`` recorded, with the same items (a fake model's
+    own fake tensors, held before the capture, stay)."""
+    if old is None or value is not old[0]:
+        return False
+    if isinstance(value, dict):
+        return value.keys() == old[1].keys() and all(value[k] is old[1][k] for k in value)
+    if isinstance(value, (list, tuple)):
+        return len(value) == len(old[1]) and all(a is b for a, b in zip(value, old[1], strict=True))
+    return True
+
+
 def _copy(value: Any) -> Any:
     return type(value)(value) if type(value) in _CONTAINERS else None
 
@@ -65,7 +77,7 @@ class Stashes:
         """Put back each attribute holding a traced tensor now (module doc)."""
         for (path, module), old in zip(self.modules, self.before, strict=True):
             for name, value in list(vars(module).items()):
-                if name in _TORCH_OWN or not _traced(value):
+                if name in _TORCH_OWN or not _traced(value) or _as_before(value, old.get(name)):
                     continue
                 if f"{path}.{name}" not in self.put_back:
                     self.put_back.append(f"{path}.{name}")

@@ -69,8 +69,8 @@ def test_stored_tensors_are_put_back_and_said() -> None:
     model, loss = _Stashing(), _StashingLoss()
     reference = copy.deepcopy(model)
     history = model.history
-    with pytest.warns(OutcoreWarning, match=r"stores tensors on its modules \(.*_Stashing"
-                                            r"\.last.*\): a captured step"):
+    with pytest.warns(OutcoreWarning, match=r"stores tensors where they outlive the step "
+                                            r"\(.*_Stashing\.last.*\): a captured step"):
         trainer = outcore.compile(model, loss, _batch(0), budget=None, device="cpu-emulated")
     with trainer:
         for seed in (1, 2):
@@ -94,14 +94,15 @@ def test_stored_tensors_are_put_back_and_said() -> None:
 
 
 def test_a_forward_that_stores_nothing_is_not_warned() -> None:
+    import warnings
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
-    with pytest.warns() as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         outcore.compile(model, F.mse_loss, _batch(0), budget=None,
                         device="cpu-emulated").close()
-        import warnings
-        warnings.warn("sentinel", UserWarning)  # pytest.warns needs one
-    assert not [w for w in caught if "stores tensors" in str(w.message)]
+    assert not [w for w in caught if "outlive the step" in str(w.message)]
 
 
 def test_a_fake_models_own_fake_tensors_stay() -> None:
@@ -130,4 +131,33 @@ def test_a_fake_models_own_fake_tensors_stay() -> None:
         graph = outcore.capture(model, F.mse_loss, batch)
     assert graph.meta["fake"]
     assert model.scale is scale and model.pair is pair and model.pair == [first]
-    assert not [w for w in caught if "stores tensors" in str(w.message)]
+    assert not [w for w in caught if "outlive the step" in str(w.message)]
+
+
+def test_features_a_forward_hook_collects_are_put_back() -> None:
+    """The feature-extraction pattern: a forward hook writing into a dict it closes over
+    and a list named as a global. Both are left as before the capture (were: the trace's
+    tensors in them), the hooks' places named, and the steps train as eager."""
+    features: dict[str, torch.Tensor] = {"kept": torch.ones(1)}
+    kept = features["kept"]
+
+    def collect(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        features["tanh"] = out.detach()
+        _SEEN.append(out.detach())
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    reference = copy.deepcopy(model)
+    model[1].register_forward_hook(collect)
+    with pytest.warns(OutcoreWarning, match=r"variable 'features' that a forward hook of "
+                                            r"module '1' closes over; global '_SEEN'"):
+        trainer = outcore.compile(model, F.mse_loss, _batch(0), budget=None,
+                                  device="cpu-emulated")
+    with trainer:
+        trainer.step(*_batch(1))
+    F.mse_loss(reference(_batch(1)[0]), _batch(1)[1]).backward()
+    assert_grads_equal(model, reference)
+    assert features == {"kept": kept} and features["kept"] is kept and _SEEN == []
+
+
+_SEEN: list[torch.Tensor] = []

@@ -252,12 +252,12 @@ def _cell_reader(cell: Any) -> Callable[[], Any]:
     return read
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
     """The global names ``code`` and the code nested in it (lambdas, comprehensions) use."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= code_names(const)
     return names
 
 
@@ -298,7 +298,7 @@ def _function(fn: Any, found: dict[int, Origin], seen: set[int], depth: int) -> 
         if callable(value):
             _function(value, found, seen, depth + 1)
     space = fn.__globals__
-    for var in sorted(_code_names(fn.__code__)):
+    for var in sorted(code_names(fn.__code__)):
         value = space.get(var)
         where = f"global {var!r} of module {fn.__module__} (read by {name})"
         _add(found, value, where, _reader(space, var))

@@ -62,17 +62,20 @@ __all__ = [
 
 
 def capture(model: Any, loss_fn: Callable[..., Any] | None, example_batch: Any, *,
-            fake: bool = False, name: str | None = None, autocast: Any = None) -> Graph:
+            fake: bool = False, name: str | None = None, autocast: Any = None,
+            outputs: bool = False) -> Graph:
     """Capture one whole training step of ``model`` as a Graph (imports torch).
 
     ``loss_fn(model(x), y)`` is traced forward and backward (a dict batch calls
     ``model(**batch)``; ``loss_fn=None`` reads the loss the model returns); ``fake=True``
     traces with fake tensors (nothing large is allocated); ``autocast``: torch.bfloat16 or
-    torch.float16. See ``outcore.capture.aot.capture``.
+    torch.float16; ``outputs``: keep what the model returns as outputs of the step. See
+    ``outcore.capture.aot.capture``.
     """
     from outcore.capture.aot import capture as capture_step
 
-    return capture_step(model, loss_fn, example_batch, fake=fake, name=name, autocast=autocast)
+    return capture_step(model, loss_fn, example_batch, fake=fake, name=name, autocast=autocast,
+                        outputs=outputs)
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import outcore` does not import torch

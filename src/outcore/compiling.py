@@ -31,7 +31,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             cache_size: int = DEFAULT_CACHE_SIZE, allow_sub_batches: bool | None = None,
             cache: bool | None = None, host_budget: int | str | None = MACHINE,
             distributed: Any = False, optimizer: Any = None, transfer_plans: bool = False,
-            **options: Any) -> Any:
+            outputs: bool = False, **options: Any) -> Any:
     """Capture, plan and prepare ``model`` to train within ``budget`` on ``device``.
 
     Every argument is checked before the capture (``InvalidArgumentError`` subclasses).
@@ -57,6 +57,12 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             sizes after ``PROMOTE_AFTER`` steps. Worth it where a search costs far more than
             a capture (large graphs); off by default (every new shape is searched). Not
             with ``distributed`` (each rank plans its shares).
+        outputs: True: after each ``step`` (and each evaluation under ``torch.no_grad()``)
+            ``trainer.outputs`` holds what the model returned (detached: logits for a
+            metric, a Hugging Face ``ModelOutput``), as eager's forward returns it. The step
+            keeps copies of them to its end and the plan counts them (a large output, an
+            LM's logits, costs its bytes in the budget). Not with sub-batches
+            (``allow_sub_batches``, modnn), ``optimizer`` or ``distributed`` (refused).
         allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
             unless True or policy="modnn"); announced and shown in ``stats.notes``.
         cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
@@ -93,6 +99,16 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if optimizer is not None:
         dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
+    if outputs and (optimizer is not None or distributed not in (False, None)):
+        raise InvalidArgumentError(outputs, "outputs=True without optimizer= or distributed=",
+                                   "The model's outputs are kept by outcore.compile's "
+                                   "Trainer for now: compute what you need from them in "
+                                   "the loss, or evaluate under torch.no_grad().")
+    if outputs and (allow_sub_batches or policy == "modnn"):
+        raise InvalidArgumentError(outputs, "outputs=True without sub-batches "
+                                   "(allow_sub_batches=True, policy='modnn')", "The kept "
+                                   "outputs are not assembled from sub-batches yet: give a "
+                                   "budget that holds the whole batch.")
     if optimizer is not None:  # first: it refuses distributed= (not planned together yet)
         return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
                                 policy, distributed, options)
@@ -118,7 +134,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                        policy=policy, gpu=gpu, autocast=autocast, cache_size=cache_size,
                        options=options, allow_sub_batches=allow_sub_batches, cache=cache,
                        host_budget=host_budget, device_kind=device,
-                       transfer_plans=transfer_plans)
+                       transfer_plans=transfer_plans, keep_outputs=outputs)
     except BaseException:
         _close(trainer_device)
         raise

@@ -72,7 +72,7 @@ from outcore.capture.batching import (
     own_storage,
     plain_batch,
     split_batch_leaves,
-    step_loss,
+    step_loss_and_output,
 )
 from outcore.capture.hooks import check_hooks, forward_hooks
 from outcore.capture.python_state import (
@@ -149,7 +149,7 @@ class Trainer:
                  cache_size: int = DEFAULT_CACHE_SIZE, options: dict[str, Any] | None = None,
                  allow_sub_batches: bool | None = None, cache: bool | None = None,
                  host_budget: int | str | None = MACHINE, device_kind: str = "cpu",
-                 transfer_plans: bool = False) -> None:
+                 transfer_plans: bool = False, keep_outputs: bool = False) -> None:
         if cache_size < 1:
             raise InvalidArgumentError(cache_size, "a cache_size of at least 1 (planned "
                                        "steps kept, one per batch signature)")
@@ -167,6 +167,10 @@ class Trainer:
         self.host_budget = host_budget
         self.device_kind = device_kind
         self.transfer_plans = transfer_plans
+        self.keep_outputs = keep_outputs
+        #: with ``keep_outputs``: what the model returned in the last step or evaluation
+        #: (detached; ``outcore.compile(..., outputs=True)``), else None
+        self.outputs: Any = None
         self.stats = TrainerStats()
         self._warned_eval = False
         self._warned_shapes = False
@@ -231,6 +235,8 @@ class Trainer:
             result = self._run_recaptured(batch, scale, rng)
             self._respecialised(failed, time.perf_counter() - start)
         entry = self._current  # the entry that ran (a fresh one after a failed guard)
+        if self.keep_outputs:
+            self.outputs = entry.planned.graph.source.model_output(result.outputs)
         self.stats.tensor_peak = result.peak_bytes
         self.stats.measured_peak = (result.peak_bytes if entry.allocator_peak is None
                                     else entry.allocator_peak)
@@ -308,7 +314,9 @@ class Trainer:
     def _eval_step(self, batch: Any) -> torch.Tensor:
         cast = autocast_state(self.autocast, batch, self.model)
         with torch.no_grad(), under_autocast(cast):
-            loss = step_loss(self.model, self.loss_fn, batch)
+            loss, output = step_loss_and_output(self.model, self.loss_fn, batch)
+        if self.keep_outputs:
+            self.outputs = output
         self.stats.eval_steps += 1
         return loss.detach()
 
@@ -363,7 +371,8 @@ class Trainer:
 
         with progress.task(f"capturing {type(self.model).__name__}"):
             start = torch.get_rng_state()
-            graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast)
+            graph = capture(self.model, self.loss_fn, batch, autocast=self.autocast,
+                            outputs=self.keep_outputs)
             self._measure_temporaries(graph, batch, start)
         entry = self._planned_entry(graph, batch, carry=self.transfer_plans)
         if self.stats.captures:
@@ -443,6 +452,12 @@ class Trainer:
 
                 planned = within_allocator_rounding(planned, self.budget, plan_for)
         _refuse_split_input_grads(planned.plan.sub_batches, batch)
+        if self.keep_outputs and planned.plan.sub_batches > 1:
+            raise UnsupportedModelError(
+                f"the plan splits the batch into {planned.plan.sub_batches} sub-batches, and "
+                "outputs=True keeps the model's outputs: they are not assembled from "
+                "sub-batches yet. Give a budget that holds the whole batch, or drop "
+                "outputs=True.")
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget

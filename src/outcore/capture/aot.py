@@ -29,7 +29,7 @@ from outcore.capture import (
     stashed,
     traced_as_eager,
 )
-from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
+from outcore.capture.batching import TENSOR, LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
 from outcore.capture.convert import build_graph
@@ -97,7 +97,7 @@ def _state_restored(module: nn.Module) -> Iterator[None]:
 
 def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             fake: bool = False, name: str | None = None,
-            autocast: torch.dtype | None = None) -> Graph:
+            autocast: torch.dtype | None = None, outputs: bool = False) -> Graph:
     """Capture one whole training step of ``model`` as a Graph.
 
     Args:
@@ -115,6 +115,8 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         autocast: run the step under ``torch.autocast`` with this dtype (bfloat16 or
             float16). By default the autocast in effect at the call (``with
             torch.autocast(...)``) is captured; the graph then holds the casts explicitly.
+        outputs: keep what the model returns, detached, as outputs of the step (copies held
+            to its end, so the plan counts them; ``CapturedStep.model_output``).
 
     Returns:
         A validated Graph whose ``source`` is a ``CapturedStep`` the executor can run (when
@@ -147,6 +149,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                            f"{len(example_batch) if hasattr(example_batch, '__len__') else '?'}")
     cast = autocast_state(autocast, example_batch, model)
     step = TrainingStep(model, loss_fn, example_batch, cast)
+    step.keep_outputs = outputs
     tensors, signature = split_batch_leaves(example_batch)
     leaves = [*tensors, *step.parameters(), *step.buffers()]
     mode = _existing_fake_mode(leaves)
@@ -174,7 +177,9 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             rnns = traced_as_eager.decomposed_rnns()
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ
-            graph, nodes = build_graph(gm, name or type(model).__name__)
+            kept = step.output_spec
+            graph, nodes = build_graph(gm, name or type(model).__name__, kept=0 if kept is None
+                                       else sum(c is TENSOR for c in kept.constants))
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])
         constants = lifted(gm, step, loss_fn)  # the live model: its own parameters
@@ -196,7 +201,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
         graph.meta["autocast"] = f"{cast[0]}:{str(cast[1]).removeprefix('torch.')}"
     graph.source = CapturedStep.from_export(gm, graph, step, args, fake=is_fake, nodes=nodes,
                                             signature=signature, guards=guards,
-                                            lifted=constants)
+                                            lifted=constants, outputs=kept)
     return graph
 
 

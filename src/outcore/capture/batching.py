@@ -146,10 +146,18 @@ def _is_namedtuple(value: Any) -> bool:
 
 def step_loss(model: nn.Module, loss_fn: LossFn, batch: Any) -> torch.Tensor:
     """The loss of one training step on ``batch`` under the module's conventions (eager)."""
+    return step_loss_and_output(model, loss_fn, batch)[0]
+
+
+def step_loss_and_output(model: nn.Module, loss_fn: LossFn, batch: Any
+                         ) -> tuple[torch.Tensor, Any]:
+    """``step_loss`` and what the model returned (its loss in it, with ``loss_fn=None``)."""
     if loss_fn is None:
-        return loss_of(call_model(model, batch))
+        output = call_model(model, batch)
+        return loss_of(output), output
     if isinstance(batch, Mapping):
-        return loss_of(loss_fn(call_model(model, batch), batch))
+        output = call_model(model, batch)
+        return loss_of(loss_fn(output, batch)), output
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         size = len(batch) if hasattr(batch, "__len__") else "?"
         raise CaptureError(
@@ -157,7 +165,8 @@ def step_loss(model: nn.Module, loss_fn: LossFn, batch: Any) -> torch.Tensor:
             f"got {type(batch).__name__} of length {size}. For a model that computes its own "
             "loss pass loss_fn=None and the model's input as the batch.")
     x, y = batch
-    return loss_of(loss_fn(call_model(model, x), y))
+    output = call_model(model, x)
+    return loss_of(loss_fn(output, y)), output
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,10 @@ class TrainingStep(nn.Module):
         #: called before each pass of the trace (``outcore.capture.stashed``: the last
         #: pass's tensors taken off the modules); None outside a capture
         self.before_pass: Callable[[], None] | None = None
+        #: the model's output kept: its tensors become outputs after the guards (copies,
+        #: detached), its structure and other values ``output_spec`` (``ModelOutputs``)
+        self.keep_outputs = False
+        self.output_spec: ModelOutputs | None = None
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
@@ -286,13 +299,45 @@ class TrainingStep(nn.Module):
             self.guard_sink.clear()  # one pass of tracing: its own reads
         with Traced(self, self.outside) if self.outside else contextlib.nullcontext():
             if self.autocast is None:
-                loss = step_loss(self.model, self.loss_fn, batch)
+                loss, output = step_loss_and_output(self.model, self.loss_fn, batch)
             else:
                 device_type, dtype = self.autocast
                 with torch.autocast(device_type, dtype=dtype):
-                    loss = step_loss(self.model, self.loss_fn, batch)
+                    loss, output = step_loss_and_output(self.model, self.loss_fn, batch)
         rebound.settle()  # buffers the forward rebound: carried in place (capture/rebound.py)
-        return (loss, *guard_outputs(self.guard_sink or []))
+        kept: tuple[torch.Tensor, ...] = ()
+        if self.keep_outputs:
+            self.output_spec, kept = ModelOutputs.split(output)
+        return (loss, *guard_outputs(self.guard_sink or []), *kept)
+
+
+#: a tensor's place among ``ModelOutputs.constants``
+TENSOR = object()
+
+
+@dataclass(frozen=True)
+class ModelOutputs:
+    """The structure of what the model returned, for a step that keeps it
+    (``outcore.compile(..., outputs=True)``): its tensors are the step's outputs after the
+    guards, copied and detached (a copy, not a view: an output is held to the step's end,
+    and a view would hold the activation it reads with it under every plan); its other
+    values (None, numbers) are kept here as traced."""
+
+    spec: TreeSpec
+    constants: tuple[Any, ...]  # per leaf: the value, or ``TENSOR`` for a tensor
+
+    @classmethod
+    def split(cls, output: Any) -> tuple[ModelOutputs, tuple[torch.Tensor, ...]]:
+        leaves, spec = tree_flatten(output)
+        tensors = tuple(t.detach().clone() for t in leaves if isinstance(t, torch.Tensor))
+        constants = tuple(TENSOR if isinstance(v, torch.Tensor) else v for v in leaves)
+        return cls(spec, constants), tensors
+
+    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
+        """What the model returned, with ``tensors`` (the step's kept outputs, in order)."""
+        given = iter(tensors)
+        leaves = [next(given) if c is TENSOR else c for c in self.constants]
+        return tree_unflatten(leaves, self.spec)
 
 
 def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:

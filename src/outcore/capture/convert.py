@@ -89,6 +89,7 @@ class _Builder:
         # op is walked after it is known), else "cpu". See ``first_accelerator``.
         self.step_device = "cpu"
         self.map = NodeMap()
+        self.kept = 0  # the model's outputs kept, the last forward outputs (``build_graph``)
 
     def add_tensor(self, val: torch.Tensor, name: str, kind: TensorKind,
                    producer: int | None, source: str = "", storage_key: Any = None) -> int:
@@ -214,12 +215,18 @@ class _Builder:
         if not isinstance(values, (tuple, list)):
             raise _node_error(node, f"returns a {type(values).__name__}, not a tuple or list")
         result: list[int] = []
+        plain = [d.idx for d in descs if type(d).__name__ == "PlainAOTOutput"]
+        first_kept = (max(plain) + 1 - self.kept) if self.kept and plain else None
         for value, desc in zip(values, descs, strict=False):
             if not isinstance(value, fx.Node):
                 continue
             tid = self.map.node_tensors[value]
             cls = type(desc).__name__
-            if cls == "GradAOTOutput":
+            if first_kept is not None and cls == "PlainAOTOutput" and desc.idx >= first_kept:
+                role, name = "output", str(desc.idx - first_kept)  # the model's, kept
+                self.tensors[tid].kind = TensorKind.OUTPUT
+                self.tensors[tid].source = f"output:{name}"
+            elif cls == "GradAOTOutput":
                 fallback = f"input:{getattr(desc.grad_of, 'idx', '?')}"
                 role, name = "grad", getattr(desc.grad_of, "target", fallback)
                 self.tensors[tid].source = f"grad:{name}"
@@ -452,10 +459,13 @@ def fx_flops(node: fx.Node) -> float:
     return float(sum(v.numel() for v in vals if isinstance(v, torch.Tensor)))
 
 
-def build_graph(gm: fx.GraphModule, name: str) -> tuple[Graph, NodeMap]:
-    """Walk ``gm`` once and return the IR and its node map. The graph is validated."""
+def build_graph(gm: fx.GraphModule, name: str, kept: int = 0) -> tuple[Graph, NodeMap]:
+    """Walk ``gm`` once and return the IR and its node map. The graph is validated.
+    ``kept``: the last ``kept`` forward outputs are the model's output, kept for the user
+    (``TrainingStep.keep_outputs``: role "output")."""
     strip_effect_tokens(gm)  # an ordered side effect (linalg's error check) runs plainly
     builder = _Builder(gm)
+    builder.kept = kept
     outputs: list[int] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":

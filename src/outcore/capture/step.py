@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from outcore.capture.batching import BatchSignature, split_batch_leaves
+from outcore.capture.batching import BatchSignature, ModelOutputs, split_batch_leaves
 from outcore.capture.closed_over import Origin, describe, same_kind
 from outcore.capture.convert import NodeMap, attribute, first_accelerator
 from outcore.capture.effect_tokens import TOKEN_INPUTS
@@ -60,6 +60,8 @@ class CapturedStep:
         lifted: ``get_attr`` target -> where the user's tensor it holds lives (a variable
             the loss closes over, a plain tensor attribute: ``outcore.capture.closed_over``),
             read again at every step (``constant``).
+        outputs: the structure of the model's output, where the step keeps it (outputs of
+            role "output": ``model_output``); None where it does not.
     """
 
     gm: fx.GraphModule
@@ -70,6 +72,14 @@ class CapturedStep:
     signature: BatchSignature | None = None
     guards: list[ScalarGuard] = field(default_factory=list)
     lifted: dict[str, Origin] = field(default_factory=dict)
+    outputs: ModelOutputs | None = None
+
+    def model_output(self, kept: dict[int, torch.Tensor]) -> Any:
+        """What the model returned in a step, from its kept outputs (``StepResult.outputs``);
+        None for a step that keeps none."""
+        if self.outputs is None:
+            return None
+        return self.outputs.rebuild([kept[i] for i in range(len(kept))])
 
     @property
     def op_nodes(self) -> list[fx.Node]:
@@ -81,12 +91,13 @@ class CapturedStep:
                     fake: bool, nodes: NodeMap | None = None,
                     signature: BatchSignature | None = None,
                     guards: list[ScalarGuard] | None = None,
-                    lifted: dict[str, Origin] | None = None) -> CapturedStep:
+                    lifted: dict[str, Origin] | None = None,
+                    outputs: ModelOutputs | None = None) -> CapturedStep:
         """``batch``: the flat tensors the export was called with (or a pytree of them)."""
         tensors, _ = split_batch_leaves(batch)
         return cls(gm=gm, nodes=nodes if nodes is not None else NodeMap(), step_module=step,
                    fake=fake, batch_leaves=len(tensors), signature=signature,
-                   guards=list(guards or []), lifted=dict(lifted or {}))
+                   guards=list(guards or []), lifted=dict(lifted or {}), outputs=outputs)
 
     def batch_tensors(self, batch: Any) -> list[torch.Tensor]:
         """The graph inputs of ``batch``, checked against the captured signature.

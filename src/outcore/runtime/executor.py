@@ -67,6 +67,9 @@ class StepResult:
     #: batch tensor index (flat, as the graph's inputs) -> its gradient, for the batch
     #: tensors that require one
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: the model's outputs a step keeps (``capture(..., outputs=True)``), by position:
+    #: ``CapturedStep.model_output`` rebuilds what the model returned
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
     #: False: the step ran without the tracker and ``peak_bytes`` is the peak a counted step
     #: of this schedule on the same batch shapes measured (``Executor.needs_measuring``), or
     #: 0 when ``run(measure=False)`` was asked for with none counted
@@ -427,6 +430,8 @@ class Executor:
                 result.grads[name.removeprefix("model.")] = outputs[tid]
             elif role == "buffer":
                 result.buffers[name.removeprefix("model.")] = outputs[tid]
+            elif role == "output":
+                result.outputs[int(name)] = outputs[tid]
 
     def apply(self, result: StepResult, outputs: dict[int, torch.Tensor] | None = None,
               grad_scale: float = 1.0, inputs: list[torch.Tensor] | None = None) -> None:

@@ -313,6 +313,8 @@ class TrainingStep(nn.Module):
 
 #: a tensor's place among ``ModelOutputs.constants``
 TENSOR = object()
+#: the other values of a model's output kept as they are (others are given as None)
+_PLAIN_OUTPUTS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
 @dataclass(frozen=True)
@@ -320,8 +322,9 @@ class ModelOutputs:
     """The structure of what the model returned, for a step that keeps it
     (``outcore.compile(..., outputs=True)``): its tensors are the step's outputs after the
     guards, copied and detached (a copy, not a view: an output is held to the step's end,
-    and a view would hold the activation it reads with it under every plan); its other
-    values (None, numbers) are kept here as traced."""
+    and a view would hold the activation it reads with it under every plan); its plain
+    values (numbers, strings) are kept here as traced, and any other object (a key/value
+    cache, which holds the trace's tensors) is given as None."""
 
     spec: TreeSpec
     constants: tuple[Any, ...]  # per leaf: the value, or ``TENSOR`` for a tensor
@@ -330,7 +333,8 @@ class ModelOutputs:
     def split(cls, output: Any) -> tuple[ModelOutputs, tuple[torch.Tensor, ...]]:
         leaves, spec = tree_flatten(output)
         tensors = tuple(t.detach().clone() for t in leaves if isinstance(t, torch.Tensor))
-        constants = tuple(TENSOR if isinstance(v, torch.Tensor) else v for v in leaves)
+        constants = tuple(TENSOR if isinstance(v, torch.Tensor) else
+                          v if isinstance(v, _PLAIN_OUTPUTS) else None for v in leaves)
         return cls(spec, constants), tensors
 
     def rebuild(self, tensors: list[torch.Tensor]) -> Any:

@@ -171,7 +171,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             stack.enter_context(inner_backward.watching(  # .grad kept: a backward's backward
                 [*((n.removeprefix("model."), p) for n, p in step.named_parameters()),
                  *((f"batch tensor {i}", t) for i, t in enumerate(tensors)
-                   if isinstance(t, torch.Tensor) and t.requires_grad)]))
+                   if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf)]))
             traced_as_eager.decomposed_rnns()  # cleared: what this capture traces
             joint, guards = export_step(stack, step, args, is_fake)
             rnns = traced_as_eager.decomposed_rnns()

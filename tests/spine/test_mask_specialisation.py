@@ -308,3 +308,39 @@ def test_an_error_of_the_batchs_own_values_reaches_the_user() -> None:
     bad = torch.tensor([0, -100, 1, 7, 0, 2])  # 7: out of range for 3 classes, in eager too
     with pytest.raises(IndexError, match="out of bounds"):
         trainer.step(torch.randn(6, 4), bad)
+
+
+class _Equal(nn.Module):
+    """D-FINE's loss asks ``if torch.equal(pred_corners, target_corners)``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        a, b = x[:, 0] > 0, x[:, 1] > 0
+        if self.how == "torch.equal":
+            same = torch.equal(a, b)
+        elif self.how == "Tensor.equal":
+            same = a.equal(b)
+        else:  # other shapes: False with no value read
+            same = torch.equal(a, b[:-1])
+        return h * 2 if same else h
+
+
+@pytest.mark.parametrize("how", ["torch.equal", "Tensor.equal", "other shapes"])
+def test_torch_equal_is_a_value_read(how: str) -> None:
+    """``aten.equal`` returns its bool from C++ (D-FINE and DEIMv2 were refused at capture:
+    ``DataDependentOutputException``); it is read as ``bool((a == b).all())``, a guard,
+    and trains as eager over batches where it holds and where it does not."""
+    torch.manual_seed(0)
+    same = torch.randn(6, 4)
+    same[:, 1] = same[:, 0]
+    batches = [(same, torch.randn(6, 4)), (torch.randn(6, 4), torch.randn(6, 4)),
+               (same * 2, torch.randn(6, 4))]
+    model = _Equal(how)
+    readers = [g.reader for g in capture(model, F.mse_loss, batches[0]).source.guards]
+    assert readers == ([] if how == "other shapes" else ["__bool__"])
+    train_against_eager(model, F.mse_loss, batches, budget=None, device="cpu")

@@ -344,8 +344,15 @@ def _specialised(stack: contextlib.ExitStack, step: nn.Module, args: tuple[Any, 
         stack.enter_context(first)
         return result, []
     guards = _recorded(step, args, drawn_from)
-    if not guards:  # no value read in Python: a shape no rewrite covers (bincount by weights)
-        raise failure
+    if not guards:  # no value read: a rewrite that needs none (torch.equal of two shapes),
+        replay = contextlib.ExitStack()  # or a shape no rewrite covers (bincount by weights)
+        try:
+            result = _replayed(replay, step, args, [], drawn_from)
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            replay.close()
+            raise failure from None
+        stack.enter_context(replay)
+        return result, []
     if model is not None:
         _SPECIALISED[model] = True
     return _replayed(stack, step, args, guards, drawn_from), guards

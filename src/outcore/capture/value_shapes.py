@@ -43,6 +43,9 @@ index made from the repeats read so. ``F.ctc_loss`` is traced as ``ctc_loss_as_e
 (``WHOLE_OUTPUTS``) are recorded whole in the eager run and replayed as constants; the input
 tensor is the guard (``VALUES_READER``: its every value), and no gradient goes through them.
 ``bincount`` by weights is left as it is (the weights' values would need a guard too).
+
+**``torch.equal``** returns a bool from C++: read as ``bool((a == b).all())`` (``_equal``), a
+value read like any other (D-FINE's and DEIMv2's losses).
 """
 
 from __future__ import annotations
@@ -243,6 +246,23 @@ def _repeat_interleave(positions: Positions, args: tuple, kwargs: dict) -> Any:
     return t.index_select(dim, _repeated_index(counts, t.device))
 
 
+def _equal(args: tuple, kwargs: dict) -> Any:
+    """``torch.equal(a, b)`` as a value read: False for other shapes (no value needed), else
+    ``bool((a == b).all())``, one read through ``__bool__`` (a guard). D-FINE's loss asks
+    ``if torch.equal(pred_corners, target_corners)``; ``aten.equal`` returns its bool from
+    C++, where no Python reader sees it."""
+    given = list(args) + [kwargs[k] for k in ("input", "other") if k in kwargs]
+    if len(given) != 2 or not all(isinstance(t, torch.Tensor) for t in given):
+        return NotImplemented
+    a, b = given
+    if a.shape != b.shape:
+        return False
+    return bool((a == b).all())
+
+
+#: ``torch.equal`` and its method, read as values (``_equal``)
+_EQUALS = frozenset({torch.equal, torch.Tensor.equal})
+
 _REWRITES: dict[Any, Callable[[Positions, tuple, dict], Any]] = {
     torch.Tensor.__getitem__: _getitem,
     torch.Tensor.__setitem__: _setitem,
@@ -298,6 +318,10 @@ class ValueShapes(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in _EQUALS:
+            out = _equal(args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func in WHOLE_OUTPUTS:
             out = _whole(self.specialise, func, args, kwargs)
             if out is not NotImplemented:

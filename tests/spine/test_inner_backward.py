@@ -152,3 +152,21 @@ def test_a_parameter_read_through_ctx_is_refused_with_the_way_out() -> None:
     reference = copy.deepcopy(model)  # eager trains it; the read gives lin no gradient
     F.mse_loss(reference(_batch()[0]), _batch()[1]).backward()
     assert reference.lin.weight.grad is None
+
+
+def test_another_threads_backward_is_not_the_steps() -> None:
+    """``torch.autograd.backward`` is watched only in the capturing thread: a backward a
+    data loader or a logger runs elsewhere meanwhile neither counts nor changes the error."""
+    import threading
+
+    from outcore.capture.inner_backward import watching
+
+    def elsewhere() -> None:
+        w = torch.ones(3, requires_grad=True)
+        (w * 2).sum().backward()
+
+    with pytest.raises(ValueError, match="the step's own error"), watching([]):
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        raise ValueError("the step's own error")

@@ -11,12 +11,13 @@ eager training after a refused capture), and where ``.grad`` held a tensor, func
 asserted ("mutating a non-functional tensor with a functional tensor").
 
 ``watching(named)`` wraps a capture: it counts the calls of ``torch.autograd.backward``
-(``Tensor.backward`` calls it) while the step is traced, with the user's frame that made
-each, puts every watched tensor's ``.grad`` back as it was when the block ends, and raises
-``CaptureError`` naming the call and the tensors when the traced step changed a watched
-``.grad`` or failed after such a call. A backward that only reads its own local leaves'
-``.grad`` (``x.detach().requires_grad_()``, then ``x.grad``), or computes with
-``torch.autograd.grad`` (no accumulation: traced like any op), is captured as before.
+(``Tensor.backward`` calls it) that the capturing thread makes while the step is traced,
+with the user's frame that made each, puts every watched tensor's ``.grad`` back as it was
+when the block ends, and raises ``CaptureError`` naming the call and the tensors when the
+traced step changed a watched ``.grad`` or failed after such a call. A backward that only
+reads its own local leaves' ``.grad`` (``x.detach().requires_grad_()``, then ``x.grad``), or
+computes with ``torch.autograd.grad`` (no accumulation: traced like any op), is captured as
+before.
 
 Invariant: after the block, each watched tensor's ``.grad`` is the object it was before it
 (a tensor changed in place inside it is reported; no capture is let through that changed one).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -52,9 +54,11 @@ def watching(named: Sequence[tuple[str, torch.Tensor]]) -> Iterator[None]:
     kept = [(name, t, t.grad, None if t.grad is None else t.grad._version) for name, t in named]
     calls: list[str] = []
     original = torch.autograd.backward
+    tracing = threading.get_ident()  # another thread's backward is not the step's
 
     def backward(*args: Any, **kwargs: Any) -> Any:
-        calls.append(_user_frame())
+        if threading.get_ident() == tracing:
+            calls.append(_user_frame())
         return original(*args, **kwargs)
 
     torch.autograd.backward = backward

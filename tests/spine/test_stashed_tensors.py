@@ -161,3 +161,32 @@ def test_features_a_forward_hook_collects_are_put_back() -> None:
 
 
 _SEEN: list[torch.Tensor] = []
+
+
+def test_an_lstms_weight_list_is_its_parameters_again_and_unsaid() -> None:
+    """``nn.LSTM`` keeps its weights in a private list, ``_flat_weights``, which the capture
+    left holding the trace's tensors (putting the parameters back bypasses the module's own
+    refresh of it): every RNN model before session 31. Put back without a warning."""
+    import warnings
+
+    class Tagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.LSTM(8, 8, batch_first=True)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(x)[0][:, -1])
+
+    torch.manual_seed(0)
+    model = Tagger()
+    batch = (torch.randn(4, 5, 8), torch.randn(4, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with outcore.compile(model, F.mse_loss, batch, budget=None,
+                             device="cpu-emulated") as trainer:
+            trainer.step(*batch)
+    assert not [w for w in caught if "outlive the step" in str(w.message)]
+    names = model.rnn._flat_weights_names
+    assert all(w is getattr(model.rnn, n)
+               for w, n in zip(model.rnn._flat_weights, names, strict=True))

@@ -17,7 +17,10 @@ lists and dicts the modules' ``forward``s, the forward hooks and a loss function
 over or name as globals (``_containers``), and a shallow copy of each list, tuple and dict
 among them; ``restore()`` puts back every attribute that holds a traced tensor now,
 directly or one container level down (one the capture added is removed; a list appended to
-in place gets its old items back), and refills every such container that holds one. The
+in place gets its old items back), and refills every such container that holds one. A
+private attribute (``_name``) is put back without a word: a module's own bookkeeping, as
+``nn.LSTM``'s ``_flat_weights`` (the list of its weights, which the capture left holding the
+trace's tensors after putting the parameters back: every RNN model before session 31). The
 capture calls it before each pass of the trace (``TrainingStep.before_pass``) and at its
 end (``kept``), and says what it put back (``note``).
 
@@ -145,8 +148,8 @@ class Stashes:
             for name, value in list(vars(module).items()):
                 if name in _TORCH_OWN or not _traced(value) or _as_before(value, old.get(name)):
                     continue
-                if f"{path}.{name}" not in self.put_back:
-                    self.put_back.append(f"{path}.{name}")
+                if not name.startswith("_") and f"{path}.{name}" not in self.put_back:
+                    self.put_back.append(f"{path}.{name}")  # a private one silently: below
                 if name not in old:
                     delattr(module, name)
                     continue

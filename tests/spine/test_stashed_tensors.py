@@ -190,3 +190,26 @@ def test_an_lstms_weight_list_is_its_parameters_again_and_unsaid() -> None:
     names = model.rnn._flat_weights_names
     assert all(w is getattr(model.rnn, n)
                for w, n in zip(model.rnn._flat_weights, names, strict=True))
+
+
+@pytest.mark.parametrize("norm", ["weight_norm", "spectral_norm"])
+def test_weights_torch_recomputes_at_every_call_are_unsaid(norm: str) -> None:
+    """The old-style ``nn.utils.weight_norm`` / ``spectral_norm`` set ``module.weight`` in a
+    forward pre-hook at every call: put back without a warning, trained as eager."""
+    import warnings
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        wrap = getattr(nn.utils, norm)
+        return nn.Sequential(wrap(nn.Linear(8, 8)), nn.Tanh(), nn.Linear(8, 1))
+
+    model, reference = make(), make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with outcore.compile(model, F.mse_loss, _batch(0), budget=None,
+                             device="cpu-emulated") as trainer:
+            trainer.step(*_batch(1))
+    assert not [w for w in caught if "outlive the step" in str(w.message)]
+    assert not _traced(model[0].weight)
+    F.mse_loss(reference(_batch(1)[0]), _batch(1)[1]).backward()
+    assert_grads_equal(model, reference)

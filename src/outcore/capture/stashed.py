@@ -20,7 +20,9 @@ directly or one container level down (one the capture added is removed; a list a
 in place gets its old items back), and refills every such container that holds one. A
 private attribute (``_name``) is put back without a word: a module's own bookkeeping, as
 ``nn.LSTM``'s ``_flat_weights`` (the list of its weights, which the capture left holding the
-trace's tensors after putting the parameters back: every RNN model before session 31). The
+trace's tensors after putting the parameters back: every RNN model before session 31), and
+so is one that torch's own forward pre-hooks recompute at every call (old-style
+``weight_norm`` / ``spectral_norm``'s ``weight``). The
 capture calls it before each pass of the trace (``TrainingStep.before_pass``) and at its
 end (``kept``), and says what it put back (``note``).
 
@@ -134,6 +136,13 @@ class Stashes:
         self.before = [{name: (value, _copy(value)) for name, value in vars(module).items()
                         if name not in _TORCH_OWN} for _, module in self.modules]
         self.containers = [(where, value, _copy(value)) for where, value in _containers(roots)]
+        #: (module id, attribute) that torch's own forward pre-hooks recompute at every call
+        #: (old-style ``weight_norm`` / ``spectral_norm`` set ``module.weight``): put back
+        #: without a word, as private attributes are
+        self.recomputed = {(id(module), hook.name) for _, module in self.modules
+                           for hook in module._forward_pre_hooks.values()
+                           if isinstance(getattr(hook, "name", None), str)
+                           and type(hook).__module__.startswith("torch.nn.utils")}
         #: every ``module.attribute`` (or container) put back so far
         self.put_back: list[str] = []
 
@@ -148,7 +157,8 @@ class Stashes:
             for name, value in list(vars(module).items()):
                 if name in _TORCH_OWN or not _traced(value) or _as_before(value, old.get(name)):
                     continue
-                if not name.startswith("_") and f"{path}.{name}" not in self.put_back:
+                said = not name.startswith("_") and (id(module), name) not in self.recomputed
+                if said and f"{path}.{name}" not in self.put_back:
                     self.put_back.append(f"{path}.{name}")  # a private one silently: below
                 if name not in old:
                     delattr(module, name)

@@ -69,4 +69,10 @@ def test_ops_measured_alone_run_on_the_gpu() -> None:
     mm = [op.id for op in graph.ops if op.category is OpCategory.MATMUL]
     a, b = sum(alone[i] for i in mm), sum(in_step[i] for i in mm)
     assert a > 0 and b > 0
-    assert 0.25 * b < a < 4 * b, (a, b)
+    # On an H200 (session 32) the alone sum was 17.7x the in-step one (57.6 vs 3.26 ms) while
+    # the first 8 matmuls alone took 22-52 us each, in step 55-105 us: a few ops must carry
+    # it. The message names the worst, for the next GPU session to look at.
+    worst = sorted(mm, key=lambda i: alone[i] / max(in_step[i], 1e-9), reverse=True)[:4]
+    detail = [(graph.ops[i].name, f"alone {alone[i] * 1e6:.0f} us",
+               f"in step {in_step[i] * 1e6:.0f} us") for i in worst]
+    assert 0.25 * b < a < 4 * b, (a, b, detail)

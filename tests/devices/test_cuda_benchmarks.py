@@ -18,6 +18,7 @@ from outcore.cost.model import AnalyticCostModel
 from outcore.cost.profiles import get_profile, load_profiles
 from outcore.graph.ir import OpCategory
 
+import cuda_speed
 import host_memory
 from cuda_calibrate import (
     LinkSample,
@@ -144,6 +145,39 @@ def test_markdown_reports_ratios_and_budget_misses() -> None:
     line = next(x for x in text.splitlines() if "outcore x" in x)
     assert "| 1.50 |" in line and "| yes |" in line and "| -6.7 |" in line
     assert "| NO |" in next(x for x in text.splitlines() if "torch.compile" in x)
+
+
+def test_the_compile_peer_compiles_each_fraction_once_for_all_budgets() -> None:
+    """The budgets of one workload share the compiles: a fraction already timed is looked up,
+    not compiled again (each is a Triton compile on the GPU)."""
+    peer = cuda_speed.CompilePeer.__new__(cuda_speed.CompilePeer)
+    peer.w = cuda_speed.Workload("w", None, torch.nn.Linear(1, 1), (), None, 1000, None, None,
+                                 "cpu")
+    peer.results = {0.5: (0.2, 700), 0.3: (0.3, 450), 0.1: None}
+    row = peer.row(0.5, 500, [0.5, 0.3, 0.1])
+    assert (row.method, row.step_s, row.peak) == ("torch.compile budget 0.3", 0.3, 450)
+    row = peer.row(0.3, 300, [0.5, 0.3, 0.1])
+    assert row.method == "torch.compile" and row.step_s is None and "fits" in row.note
+
+
+def test_the_speed_benchmark_runs_its_whole_flow_on_the_cpu(tmp_path: Path) -> None:
+    """``--device cpu --small --measured-ops``: the GPU session's flow, dry, on this CPU:
+    the eager row, an outcore row planned and simulated on the measured per-op profile
+    (and on the analytic one), the checkpoint row; the JSON holds every row."""
+    out = tmp_path / "speed.json"
+    cuda_speed.main(["--device", "cpu", "--small", "--measured-ops", "--profile", "h200",
+                     "--models", "gpt2", "--budgets", "0.99", "--policies", "keep-all",
+                     "pooch", "--skip-compile", "--steps", "1", "--warmup", "1",
+                     "--save-ops", str(tmp_path / "ops"), "--json", str(out)])
+    import json
+
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) >= {"eager in-core", "outcore pooch", "checkpoint per block"}
+    pooch = rows["outcore pooch"]
+    assert pooch["step_s"] > 0 and pooch["simulated_s"] > 0 and pooch["analytic_s"] > 0
+    assert pooch["tracked_peak"] <= pooch["budget"]
+    assert "refused" in rows["outcore keep-all"]["note"]  # 99% is under keep-all's peak
+    assert (tmp_path / "ops" / "gpt2.ops.json").exists()
 
 
 def test_host_memory_benchmark_pool_stays_within_limit_where_pin_memory_does_not() -> None:

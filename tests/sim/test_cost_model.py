@@ -118,3 +118,49 @@ def test_efficiencies_are_fractions() -> None:
         AnalyticCostModel(PROFILE, efficiency={"conv": 2.0})
     assert all(0 < v <= 1 for v in DEFAULT_EFFICIENCY.values())
     assert set(DEFAULT_EFFICIENCY) == {c.value for c in OpCategory} | {"memory"}
+
+
+TF32_GPU = HardwareProfile("tf32-gpu", 1 << 30, {"float32": 1e12, "tf32": 8e12}, 1e14,
+                           h2d_bandwidth=1e9, d2h_bandwidth=1e9, copy_engines=2,
+                           launch_overhead=0.0)
+
+
+def test_float32_work_pytorch_runs_in_tf32_is_priced_at_the_tf32_peak() -> None:
+    """cuDNN convolutions run float32 in TF32 by default (``torch.backends.cudnn.allow_tf32``),
+    matmuls do not (``torch.backends.cuda.matmul.allow_tf32``): the model reads the flags
+    when it is made, and only a profile with a tf32 peak prices them so."""
+    import torch
+
+    conv, mm = op(OpCategory.CONV, 8e9, 0), op(OpCategory.MATMUL, 8e9, 0)
+    assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    model = AnalyticCostModel(TF32_GPU, efficiency={"conv": 1.0, "matmul": 1.0}, fill_time=0)
+    assert model.op_time(conv) == pytest.approx(1e-3)  # 8 GFLOP at 8 TFLOP/s
+    assert model.op_time(mm) == pytest.approx(8e-3)  # at the float32 peak
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, True
+        flipped = AnalyticCostModel(TF32_GPU, efficiency={"conv": 1.0, "matmul": 1.0},
+                                    fill_time=0)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    assert flipped.op_time(conv) == pytest.approx(8e-3)
+    assert flipped.op_time(mm) == pytest.approx(1e-3)
+    assert flipped.bind(tiny_graph("float32")).tf32 == flipped.tf32  # binding keeps the rule
+    explicit = AnalyticCostModel(TF32_GPU, efficiency={"conv": 1.0}, fill_time=0,
+                                 tf32=frozenset())
+    assert explicit.op_time(conv) == pytest.approx(8e-3)
+    no_tf32 = AnalyticCostModel(PROFILE, efficiency={"conv": 1.0}, fill_time=0)
+    assert no_tf32.op_time(conv) == pytest.approx(1e-5 + 8e-3)  # no tf32 peak: float32's
+
+
+def test_a_profile_can_give_its_own_fill_time() -> None:
+    from dataclasses import replace
+
+    heavy = op(OpCategory.MATMUL, 0.0, 0)
+    own = replace(TF32_GPU, fill_time=2e-5)
+    assert AnalyticCostModel(own, efficiency={"matmul": 1.0}).op_time(heavy) == \
+        pytest.approx(2e-5)
+    assert AnalyticCostModel(own, efficiency={"matmul": 1.0}, fill_time=0.0).op_time(heavy) == 0
+    back = HardwareProfile.from_dict(own.to_dict())
+    assert back.fill_time == pytest.approx(2e-5)
+    assert HardwareProfile.from_dict(TF32_GPU.to_dict()).fill_time is None

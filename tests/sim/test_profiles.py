@@ -75,6 +75,7 @@ def test_unknown_profile_lists_the_known_ones() -> None:
     ({"efficiency": {"conv": 1.5}}, "efficiency.conv"),
     ({"efficiency": {"convolution": 0.5}}, "efficiency.convolution"),
     ({"bandwith_gbs": 3}, "bandwith_gbs"),
+    ({"fill_time_us": -2}, "fill_time_us"),
 ])
 def test_impossible_fields_are_refused_by_name(changes: dict, field: str) -> None:
     with pytest.raises(ProfileError, match=f"'{field}'"):

@@ -18,7 +18,14 @@ which is why a small 1x1 convolution runs far below peak while a large 3x3 one r
 it. ``kernels`` is the number of matrix-shaped results the op computes (a convolution's
 backward computes the input and the weight gradients: 2; its bias gradient is a cheap
 reduction). Every other op gets ``kernels = 0``. View ops cost nothing (no kernel). A copy
-costs ``launch_overhead + nbytes / bandwidth``.
+costs ``launch_overhead + nbytes / bandwidth``. A profile may give its own ``fill_time``.
+
+``peak[dtype]`` is the op's dtype's, except that a float32 op of a category PyTorch runs in
+TF32 is priced at the profile's ``tf32`` peak, where it has one (Ampere and later):
+convolutions while ``torch.backends.cudnn.allow_tf32`` (PyTorch's default: True), matmuls
+and attention while ``torch.backends.cuda.matmul.allow_tf32`` (default: False), read when
+the model is made (``tf32=`` overrides). Seen on an H200: ResNet-50's float32 convolution
+backwards ran at 130-145 TFLOP/s, twice the float32 peak (session 32, docs/cuda.md).
 
 The defaults were fitted to published training times (PoocH's ResNet-50 on a V100 PCIe;
 VGG-16 and ResNet-50 in Torch + cuDNN 4 on a Maxwell Titan X, vDNN's setup);
@@ -63,6 +70,18 @@ DEFAULT_FILL_TIME = 3.2e-4
 HEAVY = frozenset({OpCategory.CONV, OpCategory.MATMUL, OpCategory.ATTENTION})
 
 _FLOATING = ("float", "bfloat", "tf32")
+
+
+def torch_tf32() -> frozenset[OpCategory]:
+    """The op categories PyTorch now runs float32 work of in TF32 on a GPU that has it."""
+    import torch
+
+    chosen = set()
+    if torch.backends.cudnn.allow_tf32:
+        chosen.add(OpCategory.CONV)
+    if torch.backends.cuda.matmul.allow_tf32:
+        chosen |= {OpCategory.MATMUL, OpCategory.ATTENTION}
+    return frozenset(chosen)
 
 
 @runtime_checkable
@@ -117,8 +136,10 @@ class AnalyticCostModel:
             Ampere); default "float32" when no graph is given.
         efficiency: per-category overrides on top of ``DEFAULT_EFFICIENCY`` and the profile's
             own ``efficiency``.
-        fill_time: seconds of peak-rate work lost per heavy kernel (default
-            ``DEFAULT_FILL_TIME``; 0 gives the plain roofline).
+        fill_time: seconds of peak-rate work lost per heavy kernel (default: the
+            profile's ``fill_time``, else ``DEFAULT_FILL_TIME``; 0 gives the plain roofline).
+        tf32: the op categories whose float32 work runs in TF32 (module docstring; default:
+            PyTorch's flags now). Only a profile with a ``tf32`` peak prices them so.
         variants: prices ``op.variant`` (time factor, workspace); without it, the costs
             capture recorded on each op (``variant_costs.RECORDED``), the same workspace the
             memory rule charges.
@@ -126,8 +147,10 @@ class AnalyticCostModel:
 
     def __init__(self, profile: HardwareProfile, *, graph: Graph | None = None,
                  dtype: str | None = None, efficiency: Mapping[str, float] | None = None,
-                 variants: VariantCosts | None = None,
-                 fill_time: float = DEFAULT_FILL_TIME) -> None:
+                 variants: VariantCosts | None = None, fill_time: float | None = None,
+                 tf32: frozenset[OpCategory] | None = None) -> None:
+        if fill_time is None:
+            fill_time = DEFAULT_FILL_TIME if profile.fill_time is None else profile.fill_time
         if not (fill_time >= 0 and fill_time < float("inf")):
             raise ProfileError(f"fill_time must be a finite number of seconds >= 0, "
                                f"got {fill_time}")
@@ -142,6 +165,7 @@ class AnalyticCostModel:
         self.efficiency: dict[str, float] = eff
         self.variants = variants  # None: the costs capture recorded (variant_costs.RECORDED)
         self.copy_engines = profile.copy_engines
+        self.tf32: frozenset[OpCategory] = torch_tf32() if tf32 is None else frozenset(tf32)
         self._dtypes: dict[int, str] = {}
         if self.dtype is not None:
             profile.peak(self.dtype)  # refuse an unknown dtype now, not mid-simulation
@@ -190,7 +214,8 @@ class AnalyticCostModel:
         model = self
         if self.graph is None and self.dtype is None:
             model = AnalyticCostModel(self.profile, graph=graph, efficiency=self.efficiency,
-                                      variants=self.variants, fill_time=self.fill_time)
+                                      variants=self.variants, fill_time=self.fill_time,
+                                      tf32=self.tf32)
         for op in graph.ops:
             if op.category is not OpCategory.VIEW:
                 model._peak(op)
@@ -199,6 +224,9 @@ class AnalyticCostModel:
     # -- internals ---------------------------------------------------------------------------
     def _peak(self, op: Op) -> float:
         dtype = self._dtype_of(op)
+        if (dtype == "float32" and self.dtype is None and op.category in self.tf32
+                and "tf32" in self.profile.peak_flops):
+            dtype = "tf32"  # PyTorch runs this category's float32 work in TF32
         if dtype not in self.profile.peak_flops and not dtype.startswith(_FLOATING):
             dtype = "float32"  # integer/bool ops: memory-bound; price ALU work at the FP32 rate
         return self.profile.peak(dtype)

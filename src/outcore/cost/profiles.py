@@ -59,6 +59,7 @@ _JSON_KEYS = frozenset({
     "name", "aliases", "description", "memory", "peak_tflops", "memory_bandwidth_gbs", "link",
     "link_peak_gbs", "h2d_gbs", "d2h_gbs", "copy_engines", "launch_overhead_us", "sources",
     "efficiency", "shared_memory", "host_memory_bandwidth_gbs", "host_adam_mparams",
+    "fill_time_us",
 })
 _REQUIRED = ("name", "memory", "peak_tflops", "memory_bandwidth_gbs", "h2d_gbs", "d2h_gbs",
              "copy_engines", "launch_overhead_us")
@@ -109,6 +110,9 @@ class HardwareProfile:
     host_memory_bandwidth: float | None = None
     #: parameters per second of torch's CPU AdamW step on the host (None: not given)
     host_adam_rate: float | None = None
+    #: seconds of peak-rate work a heavy kernel loses filling the device, for the analytic
+    #: cost model (None: its ``DEFAULT_FILL_TIME``, fitted on a V100 and a Maxwell Titan X)
+    fill_time: float | None = None
 
     def __post_init__(self) -> None:
         n = self.name or "<unnamed>"
@@ -122,6 +126,8 @@ class HardwareProfile:
         for key in ("link_peak_bandwidth", "host_memory_bandwidth", "host_adam_rate"):
             if getattr(self, key) is not None:
                 _positive(n, key, getattr(self, key))
+        if self.fill_time is not None:
+            _positive(n, "fill_time", self.fill_time, allow_zero=True)
         engines = self.copy_engines
         if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
             raise _fail(n, "copy_engines", f"must be an integer >= 1, got {engines!r}")
@@ -178,6 +184,7 @@ class HardwareProfile:
         link_peak = doc.get("link_peak_gbs")
         host_bw = doc.get("host_memory_bandwidth_gbs")
         host_adam = doc.get("host_adam_mparams")
+        fill = doc.get("fill_time_us")
         return cls(
             name=name,
             memory=memory,
@@ -201,6 +208,8 @@ class HardwareProfile:
             else _positive(name, "host_memory_bandwidth_gbs", host_bw) * 1e9,
             host_adam_rate=None if host_adam is None
             else _positive(name, "host_adam_mparams", host_adam) * 1e6,
+            fill_time=None if fill is None
+            else _positive(name, "fill_time_us", fill, allow_zero=True) * 1e-6,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +239,8 @@ class HardwareProfile:
             doc["host_memory_bandwidth_gbs"] = self.host_memory_bandwidth / 1e9
         if self.host_adam_rate is not None:
             doc["host_adam_mparams"] = self.host_adam_rate / 1e6
+        if self.fill_time is not None:
+            doc["fill_time_us"] = self.fill_time * 1e6
         return doc
 
 

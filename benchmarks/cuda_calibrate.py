@@ -3,15 +3,19 @@
 1. The host link: pinned host buffers (``pin_exact``, page-locked for exactly their size)
    and device buffers of ``--sizes``; each size copied device->host alone, host->device
    alone, and both at once on two streams; seconds from CUDA events. ``t = latency + n / bw``
-   is fitted per direction, alone and concurrent (least squares).
+   is fitted per direction, alone and concurrent (least squares); the profile takes the
+   alone fit, the rate copies ran at inside steps on an H200 (``cuda_resimulate.py``).
 2. Per-op seconds inside a real step of each workload (ResNet-50 b64, GPT-2 small b4, as in
    ``cuda_speed.py``): the joint graph's ops run in order on one stream with an event after
    each, so an op's time is the gap between its event and the previous one (launch gaps
    included, as in a step). Saved as a ``MeasuredProfile`` per workload.
 3. The analytic model fitted to those op times: per-category efficiency of conv, matmul and
-   attention, one for every other compute category, the memory efficiency and the launch
-   overhead, minimising the time-weighted squared log error (``fit_efficiency``); the link
-   is the *concurrent* fit (offloads and prefetches overlap in a step).
+   attention, one for every other compute category, the memory efficiency, the launch
+   overhead and the fill time per heavy kernel (float32 convolutions priced at the TF32
+   peak, as cuDNN runs them: ``outcore.cost.model``), minimising the time-weighted squared
+   log error (``fit_efficiency``); the link is the *concurrent* fit here, but
+   ``cuda_resimulate.py`` found the rate inside steps closer (offloads and prefetches
+   seldom overlap).
 4. The host side: this machine's DRAM bandwidth and torch's CPU AdamW rate (the faster of
    fused and foreach; ``outcore.cost.measure_host``), the profile's ``host_memory_bandwidth``
    and ``host_adam_rate`` (what the optimizer step of host-held parameters costs).
@@ -39,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from outcore.cost.model import AnalyticCostModel
+from outcore.cost.model import DEFAULT_FILL_TIME, AnalyticCostModel
 from outcore.cost.profiles import HardwareProfile, get_profile
 from outcore.graph.ir import Graph, OpCategory
 
@@ -88,19 +92,22 @@ def _efficiency_keys() -> list[str]:
 
 
 def _model(base: HardwareProfile, params: np.ndarray) -> AnalyticCostModel:
+    """params: the efficiencies' logits, then log launch overhead and log fill time."""
     keys = _efficiency_keys()
-    eff = {k: 1 / (1 + math.exp(-p)) for k, p in zip(keys, params[:-1], strict=True)}
+    eff = {k: 1 / (1 + math.exp(-p)) for k, p in zip(keys, params[:-2], strict=True)}
     other = eff.pop("other")
     full = {c.value: other for c in OpCategory if c not in OWN and c is not OpCategory.VIEW}
     full.update(eff)
-    profile = replace(base, efficiency=full, launch_overhead=math.exp(params[-1]))
+    profile = replace(base, efficiency=full, launch_overhead=math.exp(params[-2]),
+                      fill_time=math.exp(params[-1]))
     return AnalyticCostModel(profile)
 
 
 def fit_efficiency(base: HardwareProfile, measured: Sequence[tuple[Graph, Sequence[float]]]
                    ) -> tuple[HardwareProfile, float]:
-    """``base`` with efficiencies and launch overhead fitted to per-op seconds of graphs, and
-    the fit's time-weighted RMS log error. Views and ops measured at 0 are left out."""
+    """``base`` with efficiencies, launch overhead and fill time fitted to per-op seconds of
+    graphs, and the fit's time-weighted RMS log error. Views and ops measured at 0 are left
+    out; a heavy category with no op measured keeps the model's default efficiency."""
     from scipy.optimize import minimize
 
     points = [(g, op, s) for g, seconds in measured
@@ -118,11 +125,17 @@ def fit_efficiency(base: HardwareProfile, measured: Sequence[tuple[Graph, Sequen
         pred = np.log([bound[id(g)].op_time(op) for g, op, _ in points])
         return float(np.sum(weights * (pred - logs) ** 2))
 
-    start = np.array([0.0] * len(_efficiency_keys()) + [math.log(max(base.launch_overhead,
-                                                                     1e-6))])
+    fill = base.fill_time if base.fill_time is not None else DEFAULT_FILL_TIME
+    start = np.array([0.0] * len(_efficiency_keys())
+                     + [math.log(max(base.launch_overhead, 1e-6)), math.log(max(fill, 1e-7))])
     best = minimize(loss, start, method="Nelder-Mead",
-                    options={"maxiter": 4000, "xatol": 1e-4, "fatol": 1e-10})
+                    options={"maxiter": 8000, "maxfev": 8000, "xatol": 1e-4, "fatol": 1e-10})
     fitted = _model(base, best.x).profile
+    seen = {op.category.value for _, op, _ in points}
+    unseen = [c.value for c in OWN if c.value not in seen]  # no op to fit it: not written
+    if unseen:
+        fitted = replace(fitted, efficiency={k: v for k, v in fitted.efficiency.items()
+                                             if k not in unseen})
     return fitted, math.sqrt(best.fun)
 
 
@@ -216,8 +229,8 @@ def calibrate(args: argparse.Namespace) -> None:
         ops = measure_ops(graph, batch, repeats=args.repeats, warmup=2, device=gpu)
         seconds = ops.op_seconds
         print(f"{key}: {len(graph.ops)} ops, {sum(seconds) * 1e3:.1f} ms in-step op time")
-        ops.with_link(link["h2d concurrent"].bandwidth, link["d2h concurrent"].bandwidth,
-                      latency=link["h2d concurrent"].latency_s).save(
+        ops.with_link(link["h2d"].bandwidth, link["d2h"].bandwidth,
+                      latency=link["h2d"].latency_s).save(
                           out_dir / f"{name}.{key}.ops.json")
         measured.append((graph, seconds))
         del model, batch, work
@@ -229,12 +242,13 @@ def calibrate(args: argparse.Namespace) -> None:
     print(f"host: DRAM {host_bw / 1e9:.1f} GB/s, CPU AdamW ({impl}) {adam / 1e6:.0f} Mparam/s")
     fitted = replace(
         fitted, name=name, aliases=(), description=f"{gpu}, measured by cuda_calibrate.py",
-        h2d_bandwidth=link["h2d concurrent"].bandwidth,
-        d2h_bandwidth=link["d2h concurrent"].bandwidth,
+        h2d_bandwidth=link["h2d"].bandwidth,
+        d2h_bandwidth=link["d2h"].bandwidth,
         host_memory_bandwidth=host_bw, host_adam_rate=adam,
         sources=((f"benchmarks/cuda_calibrate.py on {gpu}, torch {torch.__version__}: "
-                 f"efficiencies and launch overhead fitted to per-op times (RMS log error "
-                 f"{rms:.3f}); link: concurrent pinned copies"),
+                 f"efficiencies, launch overhead and fill time fitted to per-op times (RMS "
+                 f"log error {rms:.3f}); link: pinned copies one direction at a time (a "
+                 "step's offloads and prefetches seldom overlap: cuda_resimulate.py)"),
                  (f"host side measured on this machine's CPU: DRAM copy bandwidth, torch "
                  f"CPU AdamW {impl}=True")))
     doc = profile_document(fitted, {"gpu": gpu, "torch": torch.__version__,
@@ -244,7 +258,8 @@ def calibrate(args: argparse.Namespace) -> None:
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1))
     print(f"fitted {name}: RMS log error {rms:.3f}; efficiency {dict(fitted.efficiency)}; "
-          f"launch {fitted.launch_overhead * 1e6:.1f} us -> {path}")
+          f"launch {fitted.launch_overhead * 1e6:.1f} us, fill {fitted.fill_time or 0:.2e} s "
+          f"-> {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -142,3 +142,18 @@ def test_progress_draws_each_step_on_a_terminal(monkeypatch):
     assert main(["plan", "--model", "mlp", "--batch", "8", "--budget", "30MB", "--no-cache",
                  "--json"]) == EXIT_OK
     assert not progress.enabled()
+
+
+def test_cache_key_covers_what_the_cost_model_runs_in_tf32() -> None:
+    """Which categories the model prices in TF32 follows PyTorch's flags when it is made; a
+    plan cached under one setting must not be served under another."""
+    from outcore.cost.model import AnalyticCostModel
+    from outcore.cost.profiles import get_profile
+    from outcore.graph.ir import OpCategory
+    from outcore.plan_cache import describe
+
+    gpu = get_profile("h200")
+    conv = AnalyticCostModel(gpu, tf32=frozenset({OpCategory.CONV}))
+    matmul = AnalyticCostModel(gpu, tf32=frozenset({OpCategory.MATMUL}))
+    assert describe(conv) != describe(matmul)
+    assert describe(conv) == describe(AnalyticCostModel(gpu, tf32=frozenset({OpCategory.CONV})))

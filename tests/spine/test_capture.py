@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import outcore
 from outcore.capture import capture
 from outcore.errors import CaptureError, GraphError
 from outcore.graph.ir import Graph, OpCategory, Phase, TensorKind
@@ -200,3 +201,48 @@ def test_an_uninitialised_lazy_module_is_refused_with_the_dry_run_to_do(fake: bo
         model(batch[0])
     graph = capture(model, nn.functional.cross_entropy, batch, fake=fake)
     assert sum(1 for t in graph.tensors if t.kind == "parameter") == 4
+
+
+class PlainFakeAttributes(nn.Module):
+    """Tensors kept as plain attributes (not buffers): on the model, on a submodule."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.lin = nn.Sequential(nn.Linear(8, 8))
+        if how == "buffers":
+            self.register_buffer("scale", torch.full((8,), 2.0), persistent=False)
+            self.lin[0].register_buffer("shift", torch.ones(8), persistent=False)
+        else:
+            self.scale = torch.full((8,), 2.0)
+            self.lin[0].shift = torch.ones(8)
+        self.held = [torch.ones(8)] if how == "list" else []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = (self.lin(x) + self.lin[0].shift) * self.scale
+        return out + self.held[0] if self.held else out
+
+
+def test_a_fake_model_keeping_plain_tensor_attributes_is_sized_as_with_buffers():
+    """A model built under FakeTensorMode may keep a tensor as a plain attribute: its fake
+    tensor became a constant the trace refused ("Unexpected fake buffer"). Captured, it
+    is a static input like a buffer (the same graph and peak as registering it), and the
+    attribute is left a plain attribute; one held in a list is refused with the fix."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graphs = {}
+    for how in ("plain", "buffers", "list"):
+        with FakeTensorMode():
+            model = PlainFakeAttributes(how)
+            batch = (torch.randn(4, 8), torch.randn(4, 8))
+        if how == "list":
+            with pytest.raises(CaptureError, match="register_buffer"):
+                capture(model, nn.functional.mse_loss, batch)
+            continue
+        graphs[how] = capture(model, nn.functional.mse_loss, batch)
+        if how == "plain":
+            assert "scale" in vars(model) and "scale" not in model._buffers
+            assert "shift" in vars(model.lin[0]) and not dict(model.named_buffers())
+    plain, buffers = graphs["plain"], graphs["buffers"]
+    assert [op.target for op in plain.ops] == [op.target for op in buffers.ops]
+    assert sorted(t.nbytes for t in plain.tensors) == sorted(t.nbytes for t in buffers.tensors)
+    assert outcore.plan(plain, None).predicted_peak == outcore.plan(buffers, None).predicted_peak

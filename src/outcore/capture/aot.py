@@ -75,6 +75,31 @@ def _faked(module: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _fake_attributes_as_buffers(module: nn.Module) -> Iterator[None]:
+    """Temporarily make every plain fake-tensor attribute of ``module``'s modules a buffer.
+
+    A model built under the user's ``FakeTensorMode`` (to size it without its memory) may
+    keep a plain tensor attribute (``self.scale = torch.ones(8)``, not ``register_buffer``):
+    a fake tensor the trace would record as a constant, which AOTAutograd refuses ("Unexpected
+    fake buffer"). As a buffer it is a static input of the graph, counted as the device
+    memory it is. Such a graph is planned and simulated, never run, so nothing binds it by
+    that name later. Each attribute is put back as it was on exit."""
+    moved: list[tuple[nn.Module, str, Any]] = []
+    for mod in module.modules():
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, FakeTensor) and not name.startswith("__"):
+                del mod.__dict__[name]
+                mod._buffers[name] = value
+                moved.append((mod, name, value))
+    try:
+        yield
+    finally:
+        for mod, name, value in moved:
+            mod._buffers.pop(name, None)
+            mod.__dict__[name] = value
+
+
+@contextlib.contextmanager
 def _state_restored(module: nn.Module) -> Iterator[None]:
     """Put every parameter and buffer object back where it was when the block ends.
 
@@ -165,6 +190,7 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                 mode = FakeTensorMode()
                 stack.enter_context(_faked(step, mode))
                 args = tuple(mode.from_tensor(t) for t in tensors)
+            stack.enter_context(_fake_attributes_as_buffers(step))
             stack.enter_context(module_paths.recording(model))
             flattened = stack.enter_context(plain_checkpoints())
             rebinds = stack.enter_context(rebound.watching())  # buffers the forward rebinds

@@ -429,6 +429,13 @@ def _way_out(exc: BaseException) -> str:
                 "Python again, so the text would not be printed at each step anyway. Print "
                 "outside the model (trainer.step returns the loss), or without a spec "
                 "(f'{t}').")
+    if "Unexpected fake buffer" in text and "_constant" in text:
+        return ("The model was built under FakeTensorMode and the step reads a fake tensor "
+                "that is neither a parameter, a buffer nor part of the batch, held where "
+                "outcore does not look for one (a list or dict attribute, a variable the loss "
+                "closes over); a plain tensor attribute of a module is taken as a buffer. "
+                "Register it as a buffer (module.register_buffer('w', w, persistent=False)), "
+                "or make it outside FakeTensorMode.")
     if "entirely functional graph" in text and "_constant" in text:
         return ("The model or the loss changes in place a tensor that is neither a "
                 "parameter, a buffer nor part of the batch (a tensor the loss closes over, a "

@@ -165,8 +165,8 @@ def fitted_rows(args: argparse.Namespace, rows: list[dict[str, Any]], loaded: di
         print(f"  {key}: per-op sum measured {sum(cost.op_seconds) * 1e3:.1f} ms, analytic "
               f"{base.name} {totals[0] * 1e3:.1f}, fitted {totals[1] * 1e3:.1f}")
     Path(args.fit).write_text(json.dumps(profile_document(fitted, {
-        "fitted_to": [f"{k}: {args.ops.format(workload=k)}" for k in loaded],
-        "rms_log_error": rms, "speed": args.speed}), indent=1))
+        "fitted_to": [f"{k}: {Path(args.ops.format(workload=k)).name}" for k in loaded],
+        "rms_log_error": rms, "speed": Path(args.speed).name}), indent=1))
     for profile, label in ((base, f"analytic {base.name}"), (fitted, "fitted analytic")):
         for r in rows:
             graph, cost, in_core = loaded[r["workload"]]

@@ -29,7 +29,7 @@ from outcore.capture import (
     stashed,
     traced_as_eager,
 )
-from outcore.capture.batching import TENSOR, LossFn, TrainingStep, split_batch_leaves
+from outcore.capture.batching import LossFn, TrainingStep, split_batch_leaves
 from outcore.capture.checkpoints import announce_checkpoints, plain_checkpoints
 from outcore.capture.closed_over import lifted
 from outcore.capture.convert import build_graph
@@ -204,8 +204,8 @@ def capture(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             gm = joint.graph_module
             repair_layouts(gm)  # real kernels' layouts where fake ones differ
             kept = step.output_spec
-            graph, nodes = build_graph(gm, name or type(model).__name__, kept=0 if kept is None
-                                       else sum(c is TENSOR for c in kept.constants))
+            graph, nodes = build_graph(gm, name or type(model).__name__,
+                                       kept=0 if kept is None else kept.tensor_count)
             graph.meta["module_paths"] = module_paths.op_module_paths(
                 gm, [o.name for o in graph.ops])
         constants = lifted(gm, step, loss_fn)  # the live model: its own parameters

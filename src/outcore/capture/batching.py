@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,10 +263,7 @@ class TrainingStep(nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
-        leaves, spec = tree_flatten(plain_batch(example))
-        self._spec = spec
-        self._constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
-        self._is_tensor = [isinstance(v, torch.Tensor) for v in leaves]
+        self._skeleton = Skeleton.of(plain_batch(example))[0]
         self.autocast = autocast
         #: while specialising (``outcore.capture.specialize``): the tensors whose values the
         #: step read; they become extra outputs (guards) after the loss.
@@ -286,10 +283,7 @@ class TrainingStep(nn.Module):
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The batch of the example's structure with these tensors in it."""
-        given = iter(tensors)
-        leaves = [next(given) if is_t else c
-                  for is_t, c in zip(self._is_tensor, self._constants, strict=True)]
-        return tree_unflatten(leaves, self._spec)
+        return self._skeleton.rebuild(tensors)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         batch = self.rebuild(tensors)
@@ -311,14 +305,41 @@ class TrainingStep(nn.Module):
         return (loss, *guard_outputs(self.guard_sink or []), *kept)
 
 
-#: a tensor's place among ``ModelOutputs.constants``
+#: a tensor's place among ``Skeleton.constants``
 TENSOR = object()
 #: the other values of a model's output kept as they are (others are given as None)
 _PLAIN_OUTPUTS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
 @dataclass(frozen=True)
-class ModelOutputs:
+class Skeleton:
+    """A pytree with its tensors taken out: its structure and every other leaf, so that
+    ``rebuild`` puts tensors (the same number, in the same order) back in their places."""
+
+    spec: TreeSpec
+    constants: tuple[Any, ...]  # per leaf: the value, or ``TENSOR`` for a tensor
+
+    @classmethod
+    def of(cls, tree: Any, keep: Callable[[Any], Any] = lambda v: v
+           ) -> tuple[Skeleton, list[torch.Tensor]]:
+        """The skeleton of ``tree`` (each non-tensor leaf as ``keep`` gives it) and its
+        tensors, in order."""
+        leaves, spec = tree_flatten(tree)
+        constants = tuple(TENSOR if isinstance(v, torch.Tensor) else keep(v) for v in leaves)
+        return cls(spec, constants), [v for v in leaves if isinstance(v, torch.Tensor)]
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(c is TENSOR for c in self.constants)
+
+    def rebuild(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """The tree with ``tensors`` in the tensors' places."""
+        given = iter(tensors)
+        leaves = [next(given) if c is TENSOR else c for c in self.constants]
+        return tree_unflatten(leaves, self.spec)
+
+
+class ModelOutputs(Skeleton):
     """The structure of what the model returned, for a step that keeps it
     (``outcore.compile(..., outputs=True)``): its tensors are the step's outputs after the
     guards, copied and detached (a copy, not a view: an output is held to the step's end,
@@ -326,22 +347,12 @@ class ModelOutputs:
     values (numbers, strings) are kept here as traced, and any other object (a key/value
     cache, which holds the trace's tensors) is given as None."""
 
-    spec: TreeSpec
-    constants: tuple[Any, ...]  # per leaf: the value, or ``TENSOR`` for a tensor
-
     @classmethod
     def split(cls, output: Any) -> tuple[ModelOutputs, tuple[torch.Tensor, ...]]:
-        leaves, spec = tree_flatten(output)
-        tensors = tuple(t.detach().clone() for t in leaves if isinstance(t, torch.Tensor))
-        constants = tuple(TENSOR if isinstance(v, torch.Tensor) else
-                          v if isinstance(v, _PLAIN_OUTPUTS) else None for v in leaves)
-        return cls(spec, constants), tensors
-
-    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
-        """What the model returned, with ``tensors`` (the step's kept outputs, in order)."""
-        given = iter(tensors)
-        leaves = [next(given) if c is TENSOR else c for c in self.constants]
-        return tree_unflatten(leaves, self.spec)
+        skeleton, tensors = Skeleton.of(
+            output, lambda v: v if isinstance(v, _PLAIN_OUTPUTS) else None)
+        return (cls(skeleton.spec, skeleton.constants),
+                tuple(t.detach().clone() for t in tensors))
 
 
 def batch_of(args: tuple[Any, ...], loss_fn: LossFn) -> Any:

@@ -78,17 +78,11 @@ class Target:
         return max(0, whole - grad_bytes), whole
 
     def measured_cost(self, graph: Any, batch: Any, repeats: int = 5) -> Any:
-        """A ``MeasuredProfile`` of ``graph`` on this device: each op's seconds inside a real
-        step (``outcore.cost.measure_ops``; CUDA events on a GPU), copies priced at the
-        link of this target's catalogue profile. Plans made with it (``outcore.plan(...,
-        cost=...)``) price compute as this device runs it, not as the roofline guesses."""
-        from outcore.cost.measure_ops import measure_ops
+        """``measured_cost`` of ``graph`` on this device, copies priced at the link of this
+        target's catalogue profile."""
         from outcore.cost.profiles import get_profile
 
-        link = get_profile(self.gpu)
-        ops = measure_ops(graph, batch, repeats=repeats, warmup=2, device=self.gpu)
-        return ops.with_link(link.h2d_bandwidth, link.d2h_bandwidth,
-                             copy_engines=link.copy_engines)
+        return measured_cost(graph, batch, get_profile(self.gpu), repeats)
 
     def timed(self, step: Callable[[], Any]) -> float:
         """Seconds one run of ``step`` takes (on a GPU, until its kernels have finished)."""
@@ -99,6 +93,18 @@ class Target:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+
+def measured_cost(graph: Any, batch: Any, link: Any, repeats: int = 5) -> Any:
+    """A ``MeasuredProfile`` of ``graph``: each op's seconds inside a real step
+    (``outcore.cost.measure_ops``; CUDA events on a GPU), copies priced at the link of the
+    hardware profile ``link``. Plans made with it (``outcore.plan(..., cost=...)``) price
+    compute as the device runs it, not as the roofline guesses."""
+    from outcore.cost.measure_ops import measure_ops
+
+    ops = measure_ops(graph, batch, repeats=repeats, warmup=2, device=link.name)
+    return ops.with_link(link.h2d_bandwidth, link.d2h_bandwidth,
+                         copy_engines=link.copy_engines)
 
 
 #: Sizes for a GPU (``--large``): big enough that kernels, not the host's launches, set the

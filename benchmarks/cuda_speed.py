@@ -380,8 +380,10 @@ def load_workload(key: str, args: argparse.Namespace, analytic: Any) -> tuple[Wo
         measure_temporaries(graph, batch, device="cuda")
     in_core = reference_peaks(graph).liveness
     cost = analytic
-    if args.measured_ops:
-        cost = measured_cost(graph, batch, analytic, args)
+    if args.measured_ops:  # per-op seconds in a step on the device, the profile's link
+        from bench_device import measured_cost
+
+        cost = measured_cost(graph, batch, analytic.profile, repeats=3)
         if args.save_ops:
             from pathlib import Path
 
@@ -394,17 +396,6 @@ def load_workload(key: str, args: argparse.Namespace, analytic: Any) -> tuple[Wo
     return w, Row(key, 1.0, in_core, "eager in-core", seconds, _plus(static, peak), in_core,
                   note=f"{len(graph.ops)} ops, op sum {sum(cost.op_seconds) * 1e3:.1f} ms"
                   if args.measured_ops else f"{len(graph.ops)} ops")
-
-
-def measured_cost(graph: Any, batch: Any, analytic: Any, args: argparse.Namespace) -> Any:
-    """The workload's per-op seconds measured in a real step on the device (CUDA events on
-    a GPU), copies priced at the analytic profile's link."""
-    from outcore.cost.measure_ops import measure_ops
-
-    link = analytic.profile
-    ops = measure_ops(graph, batch, repeats=3, warmup=2, device=args.profile)
-    return ops.with_link(link.h2d_bandwidth, link.d2h_bandwidth,
-                         copy_engines=link.copy_engines)
 
 
 #: ``--small``: sizes for a dry run on the CPU (``--device cpu``)

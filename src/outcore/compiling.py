@@ -61,8 +61,14 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             ``trainer.outputs`` holds what the model returned (detached: logits for a
             metric, a Hugging Face ``ModelOutput``), as eager's forward returns it. The step
             keeps copies of them to its end and the plan counts them (a large output, an
-            LM's logits, costs its bytes in the budget). Not with sub-batches
-            (``allow_sub_batches``, modnn), ``optimizer`` or ``distributed`` (refused).
+            LM's logits, costs its bytes in the budget). Under sub-batches
+            (``allow_sub_batches``, modnn) each sub-batch's wait in host memory and the
+            whole batch's are assembled along the batch dimension (a copy of the model's
+            own loss is the step's loss; an output reduced over the batch is refused); they
+            are handed over on the device when they fit beside the step's end within the
+            plan's peak, else in host memory, said in a warning and ``stats.notes``. With
+            ``optimizer`` too (the weights trainer's ``outputs``, after ``step`` and
+            ``train_step``). Not with ``distributed`` (refused).
         allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
             unless True or policy="modnn"); announced and shown in ``stats.notes``.
         cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
@@ -99,19 +105,14 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if optimizer is not None:
         dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
-    if outputs and (optimizer is not None or distributed not in (False, None)):
-        raise InvalidArgumentError(outputs, "outputs=True without optimizer= or distributed=",
-                                   "The model's outputs are kept by outcore.compile's "
-                                   "Trainer for now: compute what you need from them in "
-                                   "the loss, or evaluate under torch.no_grad().")
-    if outputs and (allow_sub_batches or policy == "modnn"):
-        raise InvalidArgumentError(outputs, "outputs=True without sub-batches "
-                                   "(allow_sub_batches=True, policy='modnn')", "The kept "
-                                   "outputs are not assembled from sub-batches yet: give a "
-                                   "budget that holds the whole batch.")
+    if outputs and distributed not in (False, None):
+        raise InvalidArgumentError(outputs, "outputs=True without distributed=",
+                                   "The model's outputs are kept by one process's trainer "
+                                   "for now: compute what you need from them in the loss, "
+                                   "or evaluate under torch.no_grad().")
     if optimizer is not None:  # first: it refuses distributed= (not planned together yet)
         return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
-                                policy, distributed, options)
+                                policy, distributed, options, outputs)
     if distributed is not False and distributed is not None:
         from outcore.distributed import compile_data_parallel
 
@@ -142,7 +143,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
 
 def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, optimizer: Any,
                      limit: int | None, device: str, gpu: str | None, policy: str,
-                     distributed: Any, options: dict[str, Any]) -> Any:
+                     distributed: Any, options: dict[str, Any], outputs: bool = False) -> Any:
     """``compile(..., optimizer=...)``: ``outcore.weights.compile`` (checked first)."""
     from outcore.weights import compile as compile_weights
 
@@ -162,4 +163,4 @@ def _compile_weights(model: nn.Module, loss_fn: LossFn, example_batch: Any, opti
                                    "distributed= when an optimizer is given", "The weights "
                                    "are planned with outcore-auto for one process for now.")
     return compile_weights(model, loss_fn, example_batch, optimizer=optimizer, budget=limit,
-                           device=device, gpu=gpu, **extra)
+                           device=device, gpu=gpu, outputs=outputs, **extra)

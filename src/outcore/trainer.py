@@ -88,6 +88,7 @@ from outcore.errors import (
     NothingToTrainError,
     OutcoreError,
     ReplanWarning,
+    SubBatchWarning,
     UnsupportedModelError,
 )
 from outcore.fixed_step import (
@@ -115,6 +116,12 @@ from outcore.trainer_stats import (
 DEFAULT_CACHE_SIZE = 8
 
 
+_OUTPUTS_ON_HOST = (
+    "outputs=True under sub-batches: the whole batch's outputs do not fit on the device "
+    "beside what the step holds at its end within the plan's peak, so trainer.outputs is "
+    "handed over in host memory (move it with .to(device) where it fits)")
+
+
 @dataclass
 class _Entry:
     planned: PlannedStep
@@ -133,6 +140,10 @@ class _Entry:
     #: the shape the plan was searched for, never against an earlier carry
     origin: PlannedStep | None = None
     origin_shape: str = ""
+    #: with ``outputs=True`` under sub-batches: the assembled outputs are handed over on the
+    #: device (False: in host memory, as they do not fit beside the step's end within its
+    #: peak; ``runtime.subbatch.outputs_fit``)
+    outputs_on_device: bool = True
 
 
 class Trainer:
@@ -304,7 +315,8 @@ class Trainer:
         # the graph holds the captured autocast's casts; an ambient autocast must not recast
         with without_autocast(batch):
             if parts > 1:
-                return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
+                return run_sub_batches(entry.executor, batch, parts, loss_scale=scale,
+                                       outputs_on_device=entry.outputs_on_device)
             if self._link is None:
                 return entry.executor.run(batch, loss_scale=scale)
             result = self._link.run(entry.executor, entry.planned, batch, loss_scale=scale)
@@ -431,7 +443,8 @@ class Trainer:
         def recapture(parts: int) -> Graph:
             part = split_batch(batch, parts, dims)[0]
             start = torch.get_rng_state()
-            sub = capture(self.model, self.loss_fn, part, autocast=self.autocast)
+            sub = capture(self.model, self.loss_fn, part, autocast=self.autocast,
+                          outputs=self.keep_outputs)
             self._measure_temporaries(sub, part, start)
             return sub
 
@@ -452,12 +465,15 @@ class Trainer:
 
                 planned = within_allocator_rounding(planned, self.budget, plan_for)
         _refuse_split_input_grads(planned.plan.sub_batches, batch)
+        outputs_on_device = True
         if self.keep_outputs and planned.plan.sub_batches > 1:
-            raise UnsupportedModelError(
-                f"the plan splits the batch into {planned.plan.sub_batches} sub-batches, and "
-                "outputs=True keeps the model's outputs: they are not assembled from "
-                "sub-batches yet. Give a budget that holds the whole batch, or drop "
-                "outputs=True.")
+            from outcore.runtime.subbatch import outputs_fit
+
+            outputs_on_device = outputs_fit(planned.graph, planned.schedule,
+                                            planned.plan.sub_batches, planned.predicted_peak)
+            if not outputs_on_device:
+                planned.notes.append(_OUTPUTS_ON_HOST)
+                announce(_OUTPUTS_ON_HOST, SubBatchWarning)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget
@@ -469,10 +485,11 @@ class Trainer:
                 planned.notes.append(text)
         shape = split_batch_leaves(batch)[1].describe()
         if carried is None:
-            return _Entry(planned, executor, shape=shape)
+            return _Entry(planned, executor, shape=shape, outputs_on_device=outputs_on_device)
         self.stats.transfers += 1
         return _Entry(planned, executor, shape=shape, carried=True, uses=1,
-                      origin=carried[2], origin_shape=carried[1])
+                      origin=carried[2], origin_shape=carried[1],
+                      outputs_on_device=outputs_on_device)
 
     def _measure_temporaries(self, graph: Graph, batch: Any, rng_state: torch.Tensor) -> None:
         """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the

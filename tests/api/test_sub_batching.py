@@ -179,3 +179,34 @@ def test_step_on_a_batch_unlike_the_captured_one_replans_or_refuses_cleanly():
     assert trainer.stats.replans == 1
     trainer.step(x, y)
     assert trainer.stats.cache_hits >= 1
+
+
+@pytest.mark.parametrize("policy", ["modnn", "auto"])
+def test_on_a_real_device_the_split_counts_the_kernels_temporaries(policy):
+    """On device="cpu" the plan holds each kernel's measured temporaries (a convolution's
+    column buffers: 32 MiB here at the full batch). moDNN sized sub-batches without them:
+    below the full batch's lowest peak it kept the full batch, whose plan then peaked
+    above the budget, and the step was refused though two sub-batches fit. Now it splits,
+    the plan fits, and the gradients are eager's up to summation order."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,))
+    with pytest.raises(InfeasibleBudgetError) as info:  # the whole batch's lowest peak
+        outcore.compile(model, LOSS, (x, y), budget=1, device="cpu")
+    lowest = info.value.lowest
+    assert lowest is not None and lowest > reference_peaks(outcore.capture(
+        model, LOSS, (x, y))).layer_lower_bound  # the temporaries: above tensors alone
+    budget = int(0.9 * lowest)
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, LOSS, (x, y), budget=budget, device="cpu",
+                                  policy=policy, allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    assert trainer.stats.predicted_peak <= budget
+    trainer.step(x, y)
+    LOSS(reference(x), y).backward()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        # sums over 64 x 64 x 64 positions in another order (and moDNN's kernels)
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)

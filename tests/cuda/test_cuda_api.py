@@ -21,9 +21,11 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import outcore
 from outcore import zoo
+from outcore.errors import SubBatchWarning
 
 from cuda_helpers import to_cuda
 
@@ -100,3 +102,27 @@ def test_bf16_autocast_on_cuda_matches_eager_autocast():
         assert (p.grad is None) == (q.grad is None)
         if q.grad is not None:
             assert torch.allclose(p.grad.float(), q.grad.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_outputs_under_sub_batches_on_cuda_are_the_whole_batchs_on_the_device() -> None:
+    """``outputs=True`` with a split batch on a GPU: each sub-batch's outputs wait in host
+    memory (``runtime.subbatch._park``) and the assembled logits come back on the device,
+    equal to eager's forward on the whole batch (the step's measured peak within the
+    budget: the parked outputs are not on the device)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10)).cuda()
+    reference = copy.deepcopy(model)
+    x = torch.randn(32, 3, 16, 16, device="cuda")
+    y = torch.randint(0, 10, (32,), device="cuda")
+    with pytest.raises(outcore.InfeasibleBudgetError) as info:  # no plan of the whole batch
+        outcore.compile(model, F.cross_entropy, (x, y), budget=1, device="cuda", outputs=True)
+    budget = int(0.9 * (info.value.lowest or info.value.required))  # below it: a split
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=budget,
+                                  device="cuda", outputs=True, allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    trainer.step(x, y)
+    assert trainer.outputs.device.type == "cuda"
+    torch.testing.assert_close(trainer.outputs, reference(x).detach(), rtol=1e-4, atol=1e-5)

@@ -30,6 +30,13 @@ Plain Python on the shapes a Graph records (no torch). Two questions, answered i
      share of the full batch (``BatchDims.coupled`` lists these ops).
 
    The loss must be a batch-derived scalar that does not scale (a reduction over samples).
+   The model's kept outputs (``outcore.compile(..., outputs=True)``, sources ``output:N``)
+   may scale: each sub-batch's are concatenated along that dimension
+   (``BatchDims.outputs``). A kept copy of the loss (a model that returns its own loss) is
+   the step's loss, summed over sub-batches with their weights. Any other kept output that
+   is batch-derived but does not scale (a statistic over the batch) cannot be assembled from
+   sub-batches and is refused; one that is not batch-derived (computed from parameters
+   only) is the same in every sub-batch.
 
 Limits (stated, not hidden): shapes alone cannot see an op that mixes samples along the
 batch dimension without changing any shape (a softmax or cumulative sum over dimension 0);
@@ -43,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from outcore.errors import CaptureError
-from outcore.graph.ir import Graph, Phase, Tensor, TensorKind
+from outcore.graph.ir import STATIC_KINDS, Graph, Phase, Tensor, TensorKind
 
 
 class BatchDimError(CaptureError):
@@ -67,12 +74,16 @@ class BatchDims:
         scales: tensor id -> the dimension that scales with the batch (absent: does not).
         derived: tensor ids computed from a scaling tensor (the scaling ones included).
         coupled: ids of forward ops that mix samples (batch statistics), in graph order.
+        outputs: kept model output position (``output:N``) -> the dimension its
+            sub-batches are concatenated along, ``LOSS_COPY`` for a copy of the loss, or
+            None when it is not batch-derived (the same in every sub-batch).
     """
 
     parts: int
     scales: dict[int, int] = field(default_factory=dict)
     derived: set[int] = field(default_factory=set)
     coupled: list[int] = field(default_factory=list)
+    outputs: dict[int, int | str | None] = field(default_factory=dict)
 
 
 
@@ -218,11 +229,51 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
         if scaled_out and (stats_in or (reads_scaled and stats_out)):
             result.coupled.append(op.id)
     for tid in graph.outputs:
-        if tid in scales:
-            t = graph.tensors[tid]
+        t = graph.tensors[tid]
+        if t.source.startswith(KEPT_OUTPUT):
+            result.outputs[int(t.source.removeprefix(KEPT_OUTPUT))] = _kept_dim(graph, t, result)
+        elif tid in scales:
             raise _refuse(f"the step's output {t.name!r} {t.shape} scales with the batch; "
                           "sub-batches can only accumulate outputs that do not (the loss, "
                           "gradients)")
+
+
+#: The source prefix of the model's outputs a step keeps (``capture(..., outputs=True)``).
+KEPT_OUTPUT = "output:"
+#: ``BatchDims.outputs``' value for a kept output that is a copy of the step's loss.
+LOSS_COPY = "loss"
+#: Ops that hand their one input on unchanged (a kept output is ``detach`` then ``clone``).
+_COPIES = frozenset({"aten.clone.default", "aten.detach.default", "aten.alias.default"})
+
+
+def _kept_dim(graph: Graph, t: Tensor, dims: BatchDims) -> int | str | None:
+    """How a kept model output is assembled from sub-batches: the dimension they are
+    concatenated along, ``LOSS_COPY`` for a copy of the loss, None when it is not
+    batch-derived. Any other batch-derived output that does not scale is refused."""
+    if t.id in dims.scales:
+        return dims.scales[t.id]
+    if t.id in dims.derived and _copy_of_loss(graph, t.id):
+        return LOSS_COPY
+    if t.id in dims.derived:
+        raise BatchDimError(
+            f"tensor {t.source.removeprefix(KEPT_OUTPUT)} of what the model returns (shape "
+            f"{tuple(t.shape)}, in pytree order) is computed over the whole batch without a "
+            "batch dimension (a statistic of the batch, a reduced loss), and outputs=True "
+            "keeps it: sub-batches cannot assemble its full-batch value. Give a budget that "
+            "holds the whole batch, drop outputs=True, or return per-sample values")
+    return None
+
+
+def _copy_of_loss(graph: Graph, tid: int) -> bool:
+    """``tid`` is the step's loss handed on through copies (clone, detach, alias)."""
+    while graph.tensors[tid].source != "loss":
+        if graph.tensors[tid].kind in STATIC_KINDS:  # made before the step: no producer
+            return False
+        op = graph.producer_op(tid)
+        if op.target not in _COPIES or len(op.inputs) != 1:
+            return False
+        tid = op.inputs[0]
+    return True
 
 
 def random_scales(graph: Graph, dims: BatchDims) -> dict[str, int]:

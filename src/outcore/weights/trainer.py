@@ -81,7 +81,7 @@ class WeightTrainer:
                  bandwidth: float | None = None, master: MasterWeights | None = None,
                  clip_grad_norm: float | None = None, profile: Any = None,
                  device_options: dict[str, Any] | None = None, weights: str = "auto",
-                 host_adam_rate: float | None = None) -> None:
+                 host_adam_rate: float | None = None, keep_outputs: bool = False) -> None:
         from outcore.planned import cost_model_for
 
         self.model = model
@@ -92,7 +92,11 @@ class WeightTrainer:
         self.budget = budget
         self._planning = (gpu, device, profile)
         self._weights = (weights, host_adam_rate)  # choose_weights' mode= and host_adam_rate=
-        graph = capture(model, loss_fn, example_batch)
+        self.keep_outputs = keep_outputs
+        #: with ``keep_outputs``: what the model returned in the last step or evaluation
+        #: (detached; ``outcore.compile(..., optimizer=..., outputs=True)``), else None
+        self.outputs: Any = None
+        graph = capture(model, loss_fn, example_batch, outputs=keep_outputs)
         self.state = state_bytes(optimizer, model, master)
         if master is not None:  # a master the optimizer does not step is allocated too
             for name, m in master.masters.items():
@@ -175,7 +179,8 @@ class WeightTrainer:
         first = self._shapes.first
         cast = self._fixed.autocast
         graph = capture(self.model, self.loss_fn, batch,
-                        autocast=cast[1] if cast is not None else None)
+                        autocast=cast[1] if cast is not None else None,
+                        outputs=self.keep_outputs)
         gpu, device, _ = self._planning
         held = sorted(first.graph.tensors[t].source for t in first.choice.placement.params)
         choice = self._choose(graph, cost_model_for(gpu, graph, device), held)
@@ -218,7 +223,7 @@ class WeightTrainer:
         """Under ``torch.no_grad()`` (validation): the forward eagerly, the loss detached,
         no gradient and no optimizer step, as the Trainer of ``outcore.compile`` does. On
         CUDA with parameters held in host memory the model cannot run eagerly: refused."""
-        from outcore.capture.batching import step_loss
+        from outcore.capture.batching import step_loss_and_output
 
         if self.on_cuda and self.choice.placement.params:
             raise OutcoreError("trainer.step under torch.no_grad() runs the model eagerly, "
@@ -226,7 +231,16 @@ class WeightTrainer:
                                "CUDA; evaluate with a model whose weights are on the GPU")
         # the captured autocast, as the step computes
         with torch.no_grad(), under_autocast(self._fixed.autocast):
-            return step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn)).detach()
+            loss, output = step_loss_and_output(self.model, self.loss_fn,
+                                                batch_of(args, self.loss_fn))
+        if self.keep_outputs:
+            self.outputs = output
+        return loss.detach()
+
+    def _kept(self, result: Any) -> None:
+        """``outputs`` from a step's ``result``: what the model returned, in its structure."""
+        if self.keep_outputs:
+            self.outputs = self.graph.source.model_output(result.outputs)
 
     def step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
         """Forward and backward on ``(x, y)``; gradients accumulate into ``.grad`` (the
@@ -248,6 +262,7 @@ class WeightTrainer:
                             for n, g in result.grads.items()}
             self.executor.apply(result, inputs=self.executor.step.batch_tensors(batch))
         self.measured_peak = result.peak_bytes
+        self._kept(result)
         return result.loss
 
     def train_step(self, *args: Any, scaler: Any = None) -> torch.Tensor:
@@ -269,6 +284,7 @@ class WeightTrainer:
         finally:
             stepped = self.stepper.join()
         self.measured_peak = result.peak_bytes
+        self._kept(result)
         rest = {n: g for n, g in result.grads.items() if n not in stepped}
         if self.master is not None:
             for name, g in rest.items():
@@ -389,7 +405,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             gpu: str | None = None, slowdown: float = 1.0, bandwidth: float | None = None,
             master: MasterWeights | None = None, clip_grad_norm: float | None = None,
             profile: Any = None, device_options: dict[str, Any] | None = None,
-            weights: str = "auto", host_adam_rate: float | None = None) -> WeightTrainer:
+            weights: str = "auto", host_adam_rate: float | None = None,
+            outputs: bool = False) -> WeightTrainer:
     """A ``WeightTrainer`` for ``model`` within ``budget`` (bytes or "2GB"); see the module
     doc. ``slowdown`` slows the emulated copy engine (races); ``bandwidth``: its link
     bytes/s instead of ``gpu``'s ratio; ``master``: fp32 master weights of a low-precision
@@ -399,10 +416,11 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     ``device_options``: keyword arguments of ``CudaDevice`` with ``device="cuda"``
     (``copy_delay_cycles``, ``poison``, ``timing``, ``host_limit``); ``weights`` ("auto",
     "device" or "host") and ``host_adam_rate``: as ``outcore.plan``'s (``choose_weights``'s
-    ``mode`` and ``host_adam_rate``)."""
+    ``mode`` and ``host_adam_rate``); ``outputs``: after each step ``trainer.outputs``
+    holds what the model returned (as ``outcore.compile(..., outputs=True)``)."""
     return WeightTrainer(model, loss_fn, example_batch, optimizer=optimizer,
                          budget=parse_bytes(budget), device=device, gpu=gpu,
                          slowdown=slowdown, bandwidth=bandwidth, master=master,
                          clip_grad_norm=clip_grad_norm, profile=profile,
                          device_options=device_options, weights=weights,
-                         host_adam_rate=host_adam_rate)
+                         host_adam_rate=host_adam_rate, keep_outputs=outputs)

@@ -510,5 +510,9 @@ def _none_fits(result: PortfolioResult, budget: int) -> InfeasibleBudgetError:
         peak = min(peaks) if peaks else budget  # only host budgets broken: the hint says so
         return InfeasibleBudgetError("outcore-auto", budget, peak, f"No candidate fits: {summary}.")
     hint = first.hint or "Raise the budget, reduce the batch, or choose another policy."
+    # why moDNN could not split further (a size the model cannot be captured at, an output
+    # sub-batches cannot assemble), which only its own error names
+    split = next((note for e in errors if (note := getattr(e, "split_refused", ""))), "")
     return InfeasibleBudgetError(first.policy, first.budget, first.required,
-                                 f"{hint} Portfolio: {summary}.")
+                                 f"{hint} Portfolio: {summary}." + (f" moDNN: {split}"
+                                                                     if split else ""))

@@ -8,7 +8,8 @@ Terms, on an outcore Graph captured at (sub-)batch size b:
   ΔWs resident; the batch and the loss are resident in outcore's executor too, so they are
   counted here. The scheduler reserves SW up front.
 * **Mmin(t, b)** (eq. 1): the data bytes task t needs at once, its distinct input and output
-  storages that are not in SW, plus the workspace of its algorithm.
+  storages that are not in SW, plus the workspace of its algorithm and the kernel's own
+  temporaries (``Op.temporaries``, measured by the allocator on "cpu" and "cuda").
 * **Mmin** (eq. 2): ``SW + max_t Mmin(t, 1)`` with the baseline (zero-workspace) algorithm,
   on the graph captured at sub-batch size 1. Every budget >= Mmin can be scheduled: at
   sub-batch size 1 each task's data fits beside SW, and Alg. 1 can always make room by
@@ -82,7 +83,9 @@ def footprint(graph: Graph, cost: Any, config: ModnnConfig) -> Footprint:
     task, fastest = [], []
     for op in graph.ops:
         storages = {graph.tensors[t].storage for t in op.inputs + op.outputs} - reserved
-        task.append(sum(graph.tensors[s].nbytes for s in storages))
+        # the kernel's own scratch (measured on real devices; the memory rule holds it
+        # during the op): without it a size that cannot fit was chosen on "cpu" and "cuda"
+        task.append(sum(graph.tensors[s].nbytes for s in storages) + op.temporaries)
         rows = cands.get(op.id)
         fastest.append(min(rows, key=lambda c: (c.time_s, c.workspace_bytes)).workspace_bytes
                        if rows else 0)
@@ -164,6 +167,8 @@ class Recaptures:
             sub.meta["batch_dims"] = list(self.split_dims)
         # the runtime draws random ops' numbers for the full batch and cuts these dims
         sub.meta["random_scales"] = random_scales(self.graph, dims)
+        if dims.outputs:  # the runtime assembles the kept model outputs (runtime.subbatch)
+            sub.meta["output_dims"] = {str(k): d for k, d in dims.outputs.items()}
 
     def available(self, b: int) -> bool:
         """True when the graph at sub-batch size ``b`` can be captured."""
@@ -209,7 +214,9 @@ def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1,
             f"{format_bytes(mmin.largest_task)} of inputs and outputs (moDNN eq. 2). Raise the "
             f"budget to at least {format_bytes(mmin.minimum)}, or shrink the model (weights "
             "always stay on the device)." + (f" {note}" if note else ""))
-    return InfeasibleBudgetError("modnn", budget, mmin.minimum, hint)
+    error = InfeasibleBudgetError("modnn", budget, mmin.minimum, hint)
+    error.split_refused = note  # type: ignore[attr-defined]  # outcore-auto's refusal says it
+    return error
 
 
 def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
@@ -256,6 +263,10 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
             "is off because this graph cannot be re-captured at a smaller batch (ctx.recapture "
             "is None, e.g. a graph loaded from JSON). Capture the model with outcore.capture "
             "so moDNN can split the batch, or raise the budget.")
-    refused = "; ".join(f"size {b}: {why}" for b, why in sorted(graphs.unavailable.items()))
+    sizes_of: dict[str, list[int]] = {}  # one reason, the sizes it refused
+    for b, why in sorted(graphs.unavailable.items()):
+        sizes_of.setdefault(why.split(": ", 1)[-1], []).append(b)
+    refused = "; ".join(f"size{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {why}"
+                        for why, bs in sizes_of.items())
     raise infeasible(budget, fp, graphs.at(smallest), smallest,
                      f"Smaller sub-batch sizes were not used ({refused})." if refused else "")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from test_step_outputs import _assert_same
 from torch import nn
 
 import outcore
@@ -66,20 +67,7 @@ def _compile(model: nn.Module, returns: str, **how: Any) -> Any:
 
 
 def _assert_close(ours: Any, eager: Any) -> None:
-    if isinstance(eager, torch.Tensor):
-        assert isinstance(ours, torch.Tensor) and not ours.requires_grad
-        assert ours.shape == eager.shape and ours.dtype == eager.dtype
-        torch.testing.assert_close(ours, eager.detach(), rtol=1e-5, atol=1e-6)
-    elif isinstance(eager, dict):
-        assert ours.keys() == eager.keys()
-        for key in eager:
-            _assert_close(ours[key], eager[key])
-    elif isinstance(eager, tuple):
-        assert type(ours) is tuple and len(ours) == len(eager)
-        for a, b in zip(ours, eager, strict=True):
-            _assert_close(a, b)
-    else:
-        assert ours == eager
+    _assert_same(ours, eager, close=True)
 
 
 @pytest.mark.parametrize("how", [{"allow_sub_batches": True}, {"policy": "modnn"}])

@@ -32,7 +32,7 @@ from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, wi
 from outcore.plan.plan import Plan
 from outcore.planned import PlannedStep
 from outcore.runtime.link_calibration import LinkCalibration
-from outcore.trainer import TrainerStats, _close, _refuse_split_input_grads
+from outcore.trainer import TrainerStats, _close
 
 #: ``batch -> PlannedStep``: captures and plans the step for a batch of a new signature
 Replan = Callable[[Any], PlannedStep]
@@ -163,7 +163,6 @@ class PlannedTrainer:
         entry = self._shapes.entry(batch)
         parts = entry.planned.plan.sub_batches
         check_batch(entry.planned.graph, batch, parts)
-        _refuse_split_input_grads(parts, batch)
         return entry, batch
 
     def _execute(self, entry: Any, batch: Any) -> torch.Tensor:
@@ -222,8 +221,9 @@ class PlannedTrainer:
 
 def _matches(planned: PlannedStep, batch: Any) -> bool:
     """Whether ``batch`` is of the signature ``planned`` was captured for: the same structure
-    and non-tensor values (baked into the step), and its tensors' shapes and dtypes (with
-    sub-batches, ``parts`` times the captured batch: ``check_batch``)."""
+    and non-tensor values (baked into the step), which tensors require grad, and its
+    tensors' shapes and dtypes (with sub-batches, ``parts`` times the captured batch:
+    ``check_batch``)."""
     from outcore.batch_check import check_batch
     from outcore.capture.batching import split_batch_leaves
 
@@ -232,11 +232,18 @@ def _matches(planned: PlannedStep, batch: Any) -> bool:
         sig = split_batch_leaves(batch)[1]
         if (sig.spec, sig.constants) != (captured.spec, captured.constants):
             return False
+        if _asks_grad(sig) != _asks_grad(captured):
+            return False  # a gradient asked for (or no longer): another step
     try:
         check_batch(planned.graph, batch, planned.plan.sub_batches)
     except BatchMismatchError:
         return False
     return True
+
+
+def _asks_grad(signature: Any) -> tuple[bool, ...]:
+    """Which of a signature's tensors require grad; () when none does."""
+    return tuple(signature.requires_grad) if any(signature.requires_grad) else ()
 
 
 def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> Replan:

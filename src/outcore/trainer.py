@@ -89,7 +89,6 @@ from outcore.errors import (
     OutcoreError,
     ReplanWarning,
     SubBatchWarning,
-    UnsupportedModelError,
 )
 from outcore.fixed_step import (
     batch_device_type,
@@ -140,10 +139,6 @@ class _Entry:
     #: the shape the plan was searched for, never against an earlier carry
     origin: PlannedStep | None = None
     origin_shape: str = ""
-    #: with ``outputs=True`` under sub-batches: the assembled outputs are handed over on the
-    #: device (False: in host memory, as they do not fit beside the step's end within its
-    #: peak; ``runtime.subbatch.outputs_fit``)
-    outputs_on_device: bool = True
 
 
 class Trainer:
@@ -315,8 +310,7 @@ class Trainer:
         # the graph holds the captured autocast's casts; an ambient autocast must not recast
         with without_autocast(batch):
             if parts > 1:
-                return run_sub_batches(entry.executor, batch, parts, loss_scale=scale,
-                                       outputs_on_device=entry.outputs_on_device)
+                return run_sub_batches(entry.executor, batch, parts, loss_scale=scale)
             if self._link is None:
                 return entry.executor.run(batch, loss_scale=scale)
             result = self._link.run(entry.executor, entry.planned, batch, loss_scale=scale)
@@ -435,6 +429,7 @@ class Trainer:
         """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a
         cached shape's when ``carry`` and one fits, else searched under the budget."""
         from outcore.runtime.executor import Executor
+        from outcore.runtime.sub_batch_assembly import after_step
         from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch
 
@@ -464,16 +459,6 @@ class Trainer:
                 from outcore.plan.allocator_rounding import within_allocator_rounding
 
                 planned = within_allocator_rounding(planned, self.budget, plan_for)
-        _refuse_split_input_grads(planned.plan.sub_batches, batch)
-        outputs_on_device = True
-        if self.keep_outputs and planned.plan.sub_batches > 1:
-            from outcore.runtime.subbatch import outputs_fit
-
-            outputs_on_device = outputs_fit(planned.graph, planned.schedule,
-                                            planned.plan.sub_batches, planned.predicted_peak)
-            if not outputs_on_device:
-                planned.notes.append(_OUTPUTS_ON_HOST)
-                announce(_OUTPUTS_ON_HOST, SubBatchWarning)
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget
@@ -483,13 +468,16 @@ class Trainer:
             text = prepare_random(executor, planned.plan.sub_batches)
             if text is not None:
                 planned.notes.append(text)
+            if self.keep_outputs and not after_step(executor,
+                                                    planned.plan.sub_batches).outputs_on_device:
+                planned.notes.append(_OUTPUTS_ON_HOST)
+                announce(_OUTPUTS_ON_HOST, SubBatchWarning)
         shape = split_batch_leaves(batch)[1].describe()
         if carried is None:
-            return _Entry(planned, executor, shape=shape, outputs_on_device=outputs_on_device)
+            return _Entry(planned, executor, shape=shape)
         self.stats.transfers += 1
         return _Entry(planned, executor, shape=shape, carried=True, uses=1,
-                      origin=carried[2], origin_shape=carried[1],
-                      outputs_on_device=outputs_on_device)
+                      origin=carried[2], origin_shape=carried[1])
 
     def _measure_temporaries(self, graph: Graph, batch: Any, rng_state: torch.Tensor) -> None:
         """On ``device="cpu"`` or ``"cuda"``: each op's kernel temporaries, measured by the
@@ -529,15 +517,6 @@ def _refuse_nothing_to_train(model: nn.Module, batch: Any) -> None:
         "raise ('element 0 of tensors does not require grad'). Unfreeze the parameters you "
         "train (p.requires_grad_(True)), or call trainer.step under torch.no_grad() to only "
         "evaluate the loss.")
-
-
-def _refuse_split_input_grads(parts: int, batch: Any) -> None:
-    """Before anything runs: a batch tensor's gradient is not assembled from sub-batches."""
-    if parts > 1 and any(split_batch_leaves(batch)[1].requires_grad):
-        raise UnsupportedModelError(
-            f"the plan splits the batch into {parts} sub-batches, and a batch tensor requires "
-            "grad: its gradient is not assembled from sub-batches yet. Pass "
-            "allow_sub_batches=False (or another policy than modnn), or a larger budget.")
 
 
 def _close(device: Any) -> None:

@@ -26,7 +26,7 @@ import outcore
 from outcore.errors import InfeasibleBudgetError, SubBatchWarning
 from outcore.graph.batch_dims import LOSS_COPY
 from outcore.graph.bounds import reference_peaks
-from outcore.runtime.subbatch import assemble_outputs, outputs_fit
+from outcore.runtime.sub_batch_assembly import after_step, assemble_outputs
 
 X, Y = torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,))
 
@@ -107,9 +107,7 @@ def test_outputs_too_large_for_the_device_are_handed_over_in_host_memory() -> No
     reference = copy.deepcopy(model)
     with pytest.warns(SubBatchWarning, match="handed over in host memory"):
         trainer = _compile(model, "features", allow_sub_batches=True)
-    planned = trainer.planned
-    assert not outputs_fit(planned.graph, planned.schedule, planned.plan.sub_batches,
-                           planned.predicted_peak)
+    assert not after_step(trainer.executor, trainer.plan.sub_batches).outputs_on_device
     assert any("host memory" in note for note in trainer.stats.notes)
     trainer.step(X, Y)
     _assert_close(trainer.outputs, reference(X))
@@ -119,9 +117,7 @@ def test_outputs_too_large_for_the_device_are_handed_over_in_host_memory() -> No
 def test_small_outputs_fit_beside_the_steps_end() -> None:
     with pytest.warns(SubBatchWarning):
         trainer = _compile(_Net("tensor"), "tensor", allow_sub_batches=True)
-    planned = trainer.planned
-    assert outputs_fit(planned.graph, planned.schedule, planned.plan.sub_batches,
-                       planned.predicted_peak)
+    assert after_step(trainer.executor, trainer.plan.sub_batches).outputs_on_device
     assert not any("host memory" in note for note in trainer.stats.notes)
 
 

@@ -335,3 +335,48 @@ def unequal_plans(rank: int, world: int) -> Any:
                               distributed=True, timeout=datetime.timedelta(seconds=30))
     trainer.step(*mine)
     return "stepped"
+
+
+def input_grads_split(rank: int, world: int) -> dict[str, Any]:
+    """A rank's share whose images require grad, split into sub-batches (a budget below the
+    share's lowest peak): the step's ``x.grad`` against eager's on the share (DDP does not
+    reduce input gradients), twice (the second accumulates), and the parameters' averaged
+    gradients against the mean of the shares' eager ones."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    import outcore
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    g = torch.Generator().manual_seed(1)
+    full = (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
+    shards = [_shard(full, r, world) for r in range(world)]
+    ddp = {n: sum(s[n] for s in (_eager_grads(model, F.cross_entropy, sh) for sh in shards))
+           / world for n, _ in model.named_parameters()}
+    reference = copy.deepcopy(model)
+    x, y = (t.clone() for t in shards[rank])
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    try:
+        outcore.compile(model, F.cross_entropy, (xs, y), budget=1, device="cpu-emulated")
+    except outcore.InfeasibleBudgetError as exc:
+        budget = int(0.9 * (exc.lowest or exc.required))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = outcore.compile(model, F.cross_entropy, (xs, y), budget=budget,
+                                  device="cpu-emulated", distributed=True,
+                                  allow_sub_batches=True,
+                                  timeout=datetime.timedelta(seconds=60))
+    errors = []
+    for _ in range(2):
+        trainer.step(xs, y)
+        F.cross_entropy(reference(xr), y).backward()
+        errors.append(float((xs.grad - xr.grad).abs().max() / xr.grad.abs().max()))
+    trainer.close()
+    got = {n: p.grad / 2 for n, p in model.named_parameters()}  # two steps accumulated
+    return {"sub_batches": trainer.planned.plan.sub_batches, "input": errors,
+            "ddp": _max_err(got, ddp)}

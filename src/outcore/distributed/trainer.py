@@ -260,26 +260,37 @@ class DataParallelTrainer(PlannedTrainer):
         """A plan without buckets (sub-batches): run it with ``.grad`` taken out, then
         all-reduce ``(gradient + prior .grad) / N`` per parameter as DDP does. A failed step
         or all-reduce (another rank refused its share, or failed) puts every ``.grad`` back
-        and the buffers (BatchNorm running statistics) as the step found them: nothing of a
-        step that did not average is left applied."""
+        (a batch tensor's too) and the buffers (BatchNorm running statistics) as the step
+        found them: nothing of a step that did not average is left applied."""
+        from outcore.capture.batching import split_batch_leaves
         from outcore.runtime.devices.base import untracked
 
-        params = list(self.model.parameters())  # a tied parameter once
+        # a tied parameter once; a batch tensor that requires grad gets its rows' gradient
+        # (DDP does not reduce input gradients), and gets its .grad back on a failure too
+        inputs = [t for t in split_batch_leaves(batch)[0] if t.requires_grad]
+        input_grads = [t.grad for t in inputs]
+        params = list(self.model.parameters())
         taken = [p.grad for p in params]
         buffers = list(self.model.buffers())
         with untracked():  # a host copy outside the plan's device memory (a few floats)
             saved = [b.detach().to("cpu", copy=True) for b in buffers]
-        for p in params:
-            p.grad = None
+        for t in (*params, *inputs):
+            t.grad = None
         try:
             result = super()._run(entry, batch)
             self._collective("the all-reduce of the accumulated gradients",
                              lambda: self._allreduce_grads(params, taken))
+            with torch.no_grad():  # this step's rows' gradient added to what was there
+                for t, prior in zip(inputs, input_grads, strict=True):
+                    if prior is not None:
+                        t.grad = prior if t.grad is None else prior.add_(t.grad)
             return result
         except BaseException:
             with torch.no_grad():
                 for p, prior in zip(params, taken, strict=True):
                     p.grad = prior
+                for t, prior in zip(inputs, input_grads, strict=True):
+                    t.grad = prior
                 for b, value in zip(buffers, saved, strict=True):
                     b.copy_(value)
             raise

@@ -30,6 +30,7 @@ Plain Python on the shapes a Graph records (no torch). Two questions, answered i
      share of the full batch (``BatchDims.coupled`` lists these ops).
 
    The loss must be a batch-derived scalar that does not scale (a reduction over samples).
+   A batch tensor's gradient (the tensor requires grad) scales as the tensor does.
    The model's kept outputs (``outcore.compile(..., outputs=True)``, sources ``output:N``)
    may scale: each sub-batch's are concatenated along that dimension
    (``BatchDims.outputs``). A kept copy of the loss (a model that returns its own loss) is
@@ -190,7 +191,8 @@ def follow(full: Graph, sub: Graph, parts: int) -> BatchDims:
                 "which sub-batches cannot share. Give a budget that holds the whole batch, "
                 "or keep the shapes fixed (F.cross_entropy(..., ignore_index=-100), "
                 "torch.where(mask, t, 0))")
-        if a.kind in (TensorKind.PARAMETER, TensorKind.BUFFER) or a.source.startswith("grad:"):
+        if a.kind in (TensorKind.PARAMETER, TensorKind.BUFFER) or (
+                a.source.startswith("grad:") and not a.source.startswith(INPUT_GRAD)):
             raise _refuse(f"{a.kind} {a.name!r} changes shape with the batch ({a.shape} vs "
                           f"{b.shape}); sub-batches would not share it")
         result.scales[a.id] = d
@@ -232,7 +234,8 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
         t = graph.tensors[tid]
         if t.source.startswith(KEPT_OUTPUT):
             result.outputs[int(t.source.removeprefix(KEPT_OUTPUT))] = _kept_dim(graph, t, result)
-        elif tid in scales:
+        elif tid in scales and not t.source.startswith(INPUT_GRAD):  # (a batch tensor's
+            # gradient: assembled along its batch dimension, runtime.sub_batch_assembly)
             raise _refuse(f"the step's output {t.name!r} {t.shape} scales with the batch; "
                           "sub-batches can only accumulate outputs that do not (the loss, "
                           "gradients)")
@@ -240,6 +243,8 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
 
 #: The source prefix of the model's outputs a step keeps (``capture(..., outputs=True)``).
 KEPT_OUTPUT = "output:"
+#: The source prefix of a batch tensor's gradient (a batch tensor that requires grad).
+INPUT_GRAD = "grad:input:"
 #: ``BatchDims.outputs``' value for a kept output that is a copy of the step's loss.
 LOSS_COPY = "loss"
 #: Ops that hand their one input on unchanged (a kept output is ``detach`` then ``clone``).

@@ -31,13 +31,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from outcore.errors import UnsupportedModelError
-from outcore.graph.batch_dims import KEPT_OUTPUT, LOSS_COPY, input_batch_dims
-from outcore.graph.ir import Graph
-from outcore.plan.memory import memory_curve
-from outcore.plan.schedule import Schedule
+from outcore.graph.batch_dims import input_batch_dims
 from outcore.runtime.executor import Executor, StepResult
 from outcore.runtime.loss_split import sub_batch_weights
+from outcore.runtime.sub_batch_assembly import Assembly
 from outcore.runtime.sub_batch_rng import install
 
 
@@ -60,13 +57,16 @@ def split_batch(batch: Any, parts: int, dims: Sequence[int] | None = None) -> li
     # each chunk gets its own storage, laid out as the full batch was: a view would keep the
     # whole batch's storage (counted by the step's memory tracker, not by the plan), and a
     # strided view (a batch-second split) would be captured as another computation
-    chunks = [[c.clone() for c in leaf.chunk(parts, dim=next(dim_of))]
+    # (a tensor that requires grad: each chunk a leaf of its own that requires it, whose
+    # gradients ``runtime.sub_batch_assembly`` assembles into the tensor's)
+    chunks = [[c.detach().clone().requires_grad_(leaf.requires_grad)
+               for c in leaf.chunk(parts, dim=next(dim_of))]
               if isinstance(leaf, torch.Tensor) else [leaf] * parts for leaf in leaves]
     return [tree_unflatten([c[i] for c in chunks], spec) for i in range(parts)]
 
 
 def run_sub_batches(executor: Executor, batch: Any, parts: int,
-                    loss_scale: float = 1.0, *, outputs_on_device: bool = True) -> StepResult:
+                    loss_scale: float = 1.0) -> StepResult:
     """Run ``executor`` (built for one sub-batch) over ``parts`` sub-batches of ``batch``.
 
     Each sub-batch's gradient is weighted as the traced loss reduces
@@ -79,26 +79,17 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
     sub-batch are applied as it ends (as BatchNorm would on that many samples) and restored
     if a later one fails.
 
-    The model's kept outputs (``outputs=True``) are assembled as the whole batch's
-    (``assemble_outputs``); each sub-batch's wait in host memory while the next runs, so the
-    device holds no more than the plan counted. ``outputs_on_device=False`` leaves the
-    assembled outputs in host memory (the caller found that the whole batch's do not fit
-    beside the step's end within its peak).
+    A batch tensor that requires grad gets the whole batch's gradient in that commit, and
+    the model's kept outputs (``outputs=True``) are the whole batch's, in the result
+    (``runtime.sub_batch_assembly``: parked in host memory while the sub-batches run).
     """
-    if any(t.source.startswith(KEPT_OUTPUT) for t in executor.graph.tensors) and \
-            "output_dims" not in executor.graph.meta:
-        raise UnsupportedModelError(
-            f"graph {executor.graph.name!r} keeps the model's outputs, but how to assemble "
-            "them from sub-batches was not proven when it was captured (a sub-batch graph "
-            "made outside moDNN's re-capture); nothing was run. Plan it with "
-            "allow_sub_batches=True or policy='modnn', or drop outputs=True")
     dims = executor.graph.meta.get("batch_dims")
+    assembly = Assembly(executor, batch, parts, dims)  # refuses before anything runs
     subs = split_batch(batch, parts, dims)
     weights = sub_batch_weights(executor.graph, subs)
     sums: dict[str, torch.Tensor] = {}
     results: list[StepResult] = []
     losses: list[torch.Tensor] = []
-    kept: list[dict[int, torch.Tensor]] = []  # each sub-batch's kept model outputs, parked
     saved: dict[str, torch.Tensor] = {}  # buffers as they were, restored if a sub-batch fails
     rng = install(executor, parts)  # random ops draw eager's numbers (rows of one full draw)
     if rng is not None:
@@ -114,8 +105,8 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
             if weight:  # weight 0: every target ignored, its own loss and grads are 0 / 0
                 _accumulate(sums, result.grads, weight)
                 losses.append(result.loss * weight)
-            kept.append({k: _park(t) for k, t in result.outputs.items()})
-            result.grads, result.buffers, result.outputs = {}, {}, {}
+            assembly.add(result, weight)
+            result.grads, result.buffers = {}, {}
             results.append(result)
     except BaseException:
         if saved:
@@ -125,54 +116,12 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
         if rng is not None:
             rng.end_step()
     loss = torch.stack(losses).sum() if losses else torch.zeros_like(results[0].loss)
-    executor.apply_grads(sums)
-    outputs = assemble_outputs(executor.graph, kept, loss)
-    if outputs_on_device:
-        outputs = {k: t.to(results[-1].loss.device) for k, t in outputs.items()}
+    input_grads, targets = assembly.input_grads()
+    executor.apply_grads({**sums, **input_grads}, None, targets)
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results), grads=sums,
                       seconds=sum(r.seconds for r in results),
-                      peak_measured=all(r.peak_measured for r in results), outputs=outputs)
-
-
-def outputs_fit(graph: Graph, schedule: Schedule, parts: int, peak: int) -> bool:
-    """Whether the whole batch's kept model outputs (``parts`` times one sub-batch's, the
-    most they take) fit on the device beside what ``schedule`` holds at its end without
-    raising the step's ``peak`` (the plan's predicted peak, within its budget): then they
-    are handed over on the device, else in host memory (``run_sub_batches``)."""
-    kept = sum(t.nbytes for t in graph.tensors if t.source.startswith(KEPT_OUTPUT))
-    if not kept:
-        return True
-    end = memory_curve(graph, schedule).device
-    return (end[-1] if end else 0) + parts * kept <= peak
-
-
-def _park(t: torch.Tensor) -> torch.Tensor:
-    """A kept output held in host memory while later sub-batches run (the device's copy
-    freed); a tensor already in host memory (cpu, the emulated devices) as it is."""
-    return t if t.device.type == "cpu" else t.to("cpu")
-
-
-def assemble_outputs(graph: Graph, kept: Sequence[dict[int, torch.Tensor]],
-                     loss: torch.Tensor) -> dict[int, torch.Tensor]:
-    """The whole batch's kept model outputs from each sub-batch's, by position, as
-    ``graph.meta["output_dims"]`` says (``outcore.graph.batch_dims``: proven when the
-    sub-batch graph was captured): concatenated along the batch dimension; a copy of the
-    loss is the step's loss (``loss``: the sub-batches' weighted sum, as the caller
-    computed it); an output that no sample reaches (parameters only) is the first
-    sub-batch's, equal in all. In host memory when the parts were."""
-    if not kept or not kept[0]:
-        return {}
-    dims = graph.meta["output_dims"]
-    out: dict[int, torch.Tensor] = {}
-    for k in kept[0]:
-        how = dims.get(str(k))
-        if how == LOSS_COPY:
-            out[k] = loss.detach().to(kept[0][k].device).to(kept[0][k].dtype)
-        elif how is None:
-            out[k] = kept[0][k]
-        else:
-            out[k] = torch.cat([part[k] for part in kept], dim=int(how))
-    return out
+                      peak_measured=all(r.peak_measured for r in results),
+                      outputs=assembly.outputs(loss))
 
 
 def _accumulate(sums: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],

@@ -263,6 +263,47 @@ def test_an_input_gradient_under_sub_batches_is_the_whole_batchs(device: str) ->
     assert trainer.stats.measured_peak <= budget
 
 
+class _ScalesItsBatch(nn.Module):
+    """Changes its batch in place, per sample (``x.mul_(0.5)``), before a conv net."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(16 * 16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return self.net(x)
+
+
+def test_a_batch_changed_in_place_under_sub_batches_is_changed_as_eager() -> None:
+    """The forward's in-place change of its batch under a split (it was refused: the new
+    value is a step output that scales): each sub-batch's new rows land in the caller's
+    tensor in the step's commit, as eager's forward leaves it."""
+    torch.manual_seed(0)
+    model = _ScalesItsBatch()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    with pytest.raises(InfeasibleBudgetError) as info:  # the whole batch's lowest peak
+        outcore.compile(model, F.cross_entropy, (x.clone(), y), budget=1, device="cpu-emulated")
+    budget = int(0.9 * (info.value.lowest or info.value.required))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = outcore.compile(model, F.cross_entropy, (x.clone(), y), budget=budget,
+                                  device="cpu-emulated", allow_sub_batches=True)
+    assert trainer.plan.sub_batches > 1
+    ours, theirs = x.clone(), x.clone()
+    got = trainer.step(ours, y)
+    want = F.cross_entropy(reference(theirs), y)
+    want.backward()
+    torch.testing.assert_close(got, want.detach())
+    assert not torch.equal(theirs, x)  # eager changed it, so the comparison can fail
+    assert torch.equal(ours, theirs)
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_an_input_gradient_that_cannot_fit_after_a_split_step_is_refused() -> None:
     """The whole batch's input gradient is on the device after the step, as eager's is:
     where it does not fit beside what the step holds at its end without raising the

@@ -30,7 +30,8 @@ Plain Python on the shapes a Graph records (no torch). Two questions, answered i
      share of the full batch (``BatchDims.coupled`` lists these ops).
 
    The loss must be a batch-derived scalar that does not scale (a reduction over samples).
-   A batch tensor's gradient (the tensor requires grad) scales as the tensor does.
+   A batch tensor's gradient (the tensor requires grad) and its new value after an
+   in-place change in the forward (``x.mul_(0.5)``) scale as the tensor does.
    The model's kept outputs (``outcore.compile(..., outputs=True)``, sources ``output:N``)
    may scale: each sub-batch's are concatenated along that dimension
    (``BatchDims.outputs``). A kept copy of the loss (a model that returns its own loss) is
@@ -234,8 +235,9 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
         t = graph.tensors[tid]
         if t.source.startswith(KEPT_OUTPUT):
             result.outputs[int(t.source.removeprefix(KEPT_OUTPUT))] = _kept_dim(graph, t, result)
-        elif tid in scales and not t.source.startswith(INPUT_GRAD):  # (a batch tensor's
-            # gradient: assembled along its batch dimension, runtime.sub_batch_assembly)
+        elif tid in scales and not t.source.startswith((INPUT_GRAD, INPUT_UPDATE)):
+            # (a batch tensor's gradient, or its value after an in-place change in the
+            # forward: assembled along its batch dimension, runtime.sub_batch_assembly)
             raise _refuse(f"the step's output {t.name!r} {t.shape} scales with the batch; "
                           "sub-batches can only accumulate outputs that do not (the loss, "
                           "gradients)")
@@ -245,6 +247,8 @@ def _follow_ops(graph: Graph, result: BatchDims) -> None:
 KEPT_OUTPUT = "output:"
 #: The source prefix of a batch tensor's gradient (a batch tensor that requires grad).
 INPUT_GRAD = "grad:input:"
+#: The source prefix of a batch tensor's new value (the forward changed it in place).
+INPUT_UPDATE = "update:input:"
 #: ``BatchDims.outputs``' value for a kept output that is a copy of the step's loss.
 LOSS_COPY = "loss"
 #: Ops that hand their one input on unchanged (a kept output is ``detach`` then ``clone``).

@@ -1,6 +1,7 @@
 """What a split step hands back besides parameter gradients: the model's kept outputs
-(``outputs=True``) and the gradients of batch tensors that require grad, assembled from
-each sub-batch's into the whole batch's (``runtime.subbatch.run_sub_batches``).
+(``outputs=True``), the gradients of batch tensors that require grad, and the new values of
+batch tensors the forward changed in place (``x.mul_(0.5)``), assembled from each
+sub-batch's into the whole batch's (``runtime.subbatch.run_sub_batches``).
 
 Invariants:
 
@@ -14,6 +15,8 @@ Invariants:
   fills them. They must land on the tensor's device: when the whole batch's do not fit
   beside what the step holds at its end without raising its peak, the step is refused
   before anything runs (``AfterStep``).
+* In-place changes of batch tensors: each sub-batch's new rows, concatenated, are written
+  into the user's tensor in the same commit, as eager's forward leaves it.
 * Kept outputs: concatenated along the batch dimension ``outcore.graph.batch_dims`` proved
   when the sub-batch graph was captured (``graph.meta["output_dims"]``); a copy of the loss
   is the step's loss; an output no sample reaches is the first sub-batch's. They come back
@@ -110,26 +113,38 @@ class Assembly:
                           else outputs_on_device)
         self.kept: list[dict[int, torch.Tensor]] = []
         self.grads: list[dict[int, torch.Tensor]] = []
+        self.updates: list[dict[int, torch.Tensor]] = []
 
     def add(self, result: StepResult, weight: float) -> None:
-        """Park ``result``'s outputs and its input gradients times ``weight`` (zeros for a
-        weight of 0: its loss, and so its gradients, are 0 / 0) and clear them there."""
+        """Park ``result``'s outputs, its input gradients times ``weight`` (zeros for a
+        weight of 0: its loss, and so its gradients, are 0 / 0) and its batch tensors' new
+        values, and take them out of ``result`` (its ``buffers`` keep the module's)."""
         self.kept.append({k: park(t) for k, t in result.outputs.items()})
         with torch.no_grad():
             self.grads.append({i: park(g * weight if weight else torch.zeros_like(g))
                                for i, g in result.input_grads.items()})
+        self.updates.append({int(n.removeprefix(INPUT_PREFIX)): park(t)
+                             for n, t in result.buffers.items() if n.startswith(INPUT_PREFIX)})
         result.outputs, result.input_grads = {}, {}
+        result.buffers = {n: t for n, t in result.buffers.items()
+                          if not n.startswith(INPUT_PREFIX)}
 
-    def input_grads(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """The whole batch's input gradients and the tensors they go to, by ``StepResult``
-        name (``input:<index>``), on each tensor's device."""
-        grads: dict[str, torch.Tensor] = {}
+    def inputs(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor],
+                              dict[str, torch.Tensor]]:
+        """The whole batch's input gradients, the batch tensors' new values, and the tensors
+        they go to, by ``StepResult`` name (``input:<index>``), on each tensor's device."""
         targets: dict[str, torch.Tensor] = {}
-        for i in (self.grads[0] if self.grads else {}):
-            whole = torch.cat([part[i] for part in self.grads], dim=self.dims[i])
-            grads[f"{INPUT_PREFIX}{i}"] = whole.to(self.tensors[i].device)
-            targets[f"{INPUT_PREFIX}{i}"] = self.tensors[i]
-        return grads, targets
+
+        def whole(parts: list[dict[int, torch.Tensor]]) -> dict[str, torch.Tensor]:
+            out = {}
+            for i in (parts[0] if parts else {}):
+                joined = torch.cat([part[i] for part in parts], dim=self.dims[i])
+                out[f"{INPUT_PREFIX}{i}"] = joined.to(self.tensors[i].device)
+                targets[f"{INPUT_PREFIX}{i}"] = self.tensors[i]
+            return out
+
+        grads, updates = whole(self.grads), whole(self.updates)
+        return grads, updates, targets
 
     def outputs(self, loss: torch.Tensor) -> dict[int, torch.Tensor]:
         """The whole batch's kept outputs (``assemble_outputs``), on the loss's device when

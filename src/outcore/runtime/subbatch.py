@@ -79,9 +79,10 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
     sub-batch are applied as it ends (as BatchNorm would on that many samples) and restored
     if a later one fails.
 
-    A batch tensor that requires grad gets the whole batch's gradient in that commit, and
-    the model's kept outputs (``outputs=True``) are the whole batch's, in the result
-    (``runtime.sub_batch_assembly``: parked in host memory while the sub-batches run).
+    A batch tensor that requires grad gets the whole batch's gradient in that commit (one
+    the forward changes in place, its new value), and the model's kept outputs
+    (``outputs=True``) are the whole batch's, in the result (``runtime.sub_batch_assembly``:
+    parked in host memory while the sub-batches run).
     """
     dims = executor.graph.meta.get("batch_dims")
     assembly = Assembly(executor, batch, parts, dims)  # refuses before anything runs
@@ -99,13 +100,13 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
             if rng is not None:
                 rng.sub_batch(i)
             result = executor.run(sub, apply=False, loss_scale=loss_scale)
+            assembly.add(result, weight)  # (its batch tensors' new values taken out)
             if not saved and result.buffers:
                 saved = {n: b.clone() for n, b in executor.named_buffers(result.buffers)}
             executor.apply_buffers(result)
             if weight:  # weight 0: every target ignored, its own loss and grads are 0 / 0
                 _accumulate(sums, result.grads, weight)
                 losses.append(result.loss * weight)
-            assembly.add(result, weight)
             result.grads, result.buffers = {}, {}
             results.append(result)
     except BaseException:
@@ -116,8 +117,8 @@ def run_sub_batches(executor: Executor, batch: Any, parts: int,
         if rng is not None:
             rng.end_step()
     loss = torch.stack(losses).sum() if losses else torch.zeros_like(results[0].loss)
-    input_grads, targets = assembly.input_grads()
-    executor.apply_grads({**sums, **input_grads}, None, targets)
+    input_grads, updates, targets = assembly.inputs()
+    executor.apply_grads({**sums, **input_grads}, updates, targets)
     return StepResult(loss=loss, peak_bytes=max(r.peak_bytes for r in results), grads=sums,
                       seconds=sum(r.seconds for r in results),
                       peak_measured=all(r.peak_measured for r in results),

@@ -253,7 +253,8 @@ def plan(graph: Graph, budget: int | str | None = None, *, policy: str = "auto",
     if bound and simulate and limit is not None and result.plan.sub_batches == 1:
         _attach_bound(result, limit, model, graph)
     if result.plan.sub_batches > 1:
-        result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches))
+        result.notes.insert(0, sub_batching.announce_split(graph, result.plan.sub_batches,
+                                                           result.graph))
     if graph.meta.get("rounding") and graph.meta["rounding"] not in result.notes:
         result.notes.append(graph.meta["rounding"])  # said at capture (RoundingWarning)
     variants_text = announce_variants(result.graph, result.schedule.variants)

@@ -26,6 +26,7 @@ never splits unless asked:
 from __future__ import annotations
 
 from outcore.errors import InfeasibleBudgetError, SubBatchWarning
+from outcore.graph.batch_dims import INPUT_UPDATE
 from outcore.graph.ir import Graph, Phase
 from outcore.log import announce
 from outcore.units import format_bytes
@@ -34,10 +35,15 @@ from outcore.units import format_bytes
 BATCH_COUPLED = ("batch_norm", "_native_batch_norm_legit", "native_batch_norm")
 
 
-def batch_coupled_ops(graph: Graph) -> list[str]:
-    """Forward ops whose output depends on the other samples of the batch."""
-    return [op.name for op in graph.ops
-            if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
+def batch_coupled_ops(graph: Graph, sub_graph: Graph | None = None) -> list[str]:
+    """Forward ops whose output depends on the other samples of the batch: BatchNorm-like
+    targets, and every op ``outcore.graph.batch_dims.follow`` proved to couple samples when
+    ``sub_graph`` was captured (``meta["coupled_ops"]``: a ``x - x.mean(0)``, any
+    statistic over the batch read back into the samples)."""
+    names = [op.name for op in graph.ops
+             if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
+    proven = sub_graph.meta.get("coupled_ops", []) if sub_graph is not None else []
+    return names + [n for n in proven if n not in names]
 
 
 #: the buffers ``torch.nn`` normalisation layers update (told apart by ``BATCH_COUPLED``)
@@ -46,9 +52,11 @@ _NORM_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 def updated_buffers(graph: Graph) -> list[str]:
     """The buffers the step updates in place, but those of BatchNorm-like layers (their
-    running statistics): a step counter, an EMA, anything a forward changes with ``+=``."""
+    running statistics): a step counter, an EMA, anything a forward changes with ``+=``. A
+    batch tensor the forward changes is not one: each sub-batch writes its own rows
+    (``runtime.sub_batch_assembly``)."""
     names = [t.source.removeprefix("update:model.") for t in graph.tensors
-             if t.source.startswith("update:")]
+             if t.source.startswith("update:") and not t.source.startswith(INPUT_UPDATE)]
     return [n for n in names if n.rsplit(".", 1)[-1] not in _NORM_BUFFERS]
 
 
@@ -75,18 +83,23 @@ def refuse_below_bound(policy: str, limit: int, bound: int, can_split: bool) -> 
 
 
 def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
-    """What splitting into ``parts`` sub-batches changes, for this graph."""
-    coupled = batch_coupled_ops(graph)
+    """What splitting into ``parts`` sub-batches changes, for this graph (and the sub-batch
+    graph it runs as: ``batch_coupled_ops``)."""
+    coupled = batch_coupled_ops(graph, sub_graph)
     updated = updated_buffers(graph)
     they, them = ("they", "them") if len(updated) > 1 else ("it", "it")
     others = (f"; the forward updates {_listed(updated, 'buffer')} once per sub-batch "
               f"({parts} times per step), so {they} and the gradients of what reads {them} "
               "differ from eager PyTorch's") if updated else ""
     if coupled:
+        norms = batch_coupled_ops(graph)  # BatchNorm-like: running statistics too
+        what = (f"compute their statistics per sub-batch and update running statistics "
+                f"{parts} times per step, so gradients and BatchNorm buffers differ"
+                if norms else "read statistics of the sub-batch instead of the whole batch, "
+                "so what the forward computes and the gradients differ")
         return (f"the batch is split into {parts} sub-batches (opted in): {len(coupled)} "
-                f"batch-coupled ops ({_listed(coupled, '')}) compute their statistics per "
-                f"sub-batch and update running statistics {parts} times per step, so "
-                f"gradients and BatchNorm buffers differ from eager PyTorch's{others}")
+                f"batch-coupled ops ({_listed(coupled, '')}) {what} from eager "
+                f"PyTorch's{others}")
     if updated:
         return (f"the batch is split into {parts} sub-batches (opted in): the model has no "
                 f"batch-coupled layers, but{others.removeprefix(';')}")
@@ -101,8 +114,8 @@ def _listed(names: list[str], what: str) -> str:
     return f"{what}{'s' if what and len(names) > 1 else ''} {shown}".strip()
 
 
-def announce_split(graph: Graph, parts: int) -> str:
+def announce_split(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
     """Warn and log that the batch is split; returns the note."""
-    text = note(graph, parts)
+    text = note(graph, parts, sub_graph)
     announce(text, SubBatchWarning, stacklevel=4)
     return text

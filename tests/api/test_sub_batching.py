@@ -210,3 +210,30 @@ def test_on_a_real_device_the_split_counts_the_kernels_temporaries(policy):
     for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         # sums over 64 x 64 x 64 positions in another order (and moDNN's kernels)
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+class CenteredOnTheBatch(nn.Module):
+    """Subtracts the batch's mean (a statistic over samples that is not BatchNorm): a
+    sub-batch centres on its own mean, so the split computes something else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = plain_net()
+
+    def forward(self, x):
+        return self.net(x - x.mean(0, keepdim=True))
+
+
+def test_a_coupling_that_is_not_batchnorm_is_named_in_the_note():
+    """The note said "no batch-coupled layers, so gradients equal the full batch's" for any
+    coupling but BatchNorm's targets, though ``batch_dims.follow`` had proven the op
+    couples samples; it now names every proven op and says what differs."""
+    model = CenteredOnTheBatch()
+    with pytest.warns(SubBatchWarning, match="batch-coupled ops") as seen:
+        trainer = outcore.compile(model, LOSS, BATCH, budget=under_bound(model),
+                                  device="cpu-emulated", allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    note = trainer.stats.notes[0]
+    assert "sub" in note and "differ from eager" in note, note
+    assert "up to summation order" not in note and "BatchNorm" not in note, note
+    assert any("batch-coupled ops" in str(w.message) for w in seen)

@@ -167,6 +167,8 @@ class Recaptures:
             sub.meta["batch_dims"] = list(self.split_dims)
         # the runtime draws random ops' numbers for the full batch and cuts these dims
         sub.meta["random_scales"] = random_scales(self.graph, dims)
+        # every op proven to couple samples, for the split's note (sub_batching.note)
+        sub.meta["coupled_ops"] = [self.graph.ops[o].name for o in dims.coupled]
         if dims.outputs:  # the runtime assembles the kept model outputs (runtime.subbatch)
             sub.meta["output_dims"] = {str(k): d for k, d in dims.outputs.items()}
 

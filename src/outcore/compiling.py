@@ -68,7 +68,8 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             are handed over on the device when they fit beside the step's end within the
             plan's peak, else in host memory, said in a warning and ``stats.notes``. With
             ``optimizer`` too (the weights trainer's ``outputs``, after ``step`` and
-            ``train_step``). Not with ``distributed`` (refused).
+            ``train_step``), and with ``distributed`` (each rank's outputs of its share, as
+            DDP's forward returns the local output).
         allow_sub_batches: let the plan split the batch (changes BatchNorm statistics; off
             unless True or policy="modnn"); announced and shown in ``stats.notes``.
         cache: reuse a plan from the on-disk cache (see ``outcore.plan``).
@@ -105,11 +106,6 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
     if optimizer is not None:
         dp_options += WEIGHTS_OPTIONS
     check_policy(policy, {k: v for k, v in options.items() if k not in dp_options})
-    if outputs and distributed not in (False, None):
-        raise InvalidArgumentError(outputs, "outputs=True without distributed=",
-                                   "The model's outputs are kept by one process's trainer "
-                                   "for now: compute what you need from them in the loss, "
-                                   "or evaluate under torch.no_grad().")
     if optimizer is not None:  # first: it refuses distributed= (not planned together yet)
         return _compile_weights(model, loss_fn, example_batch, optimizer, limit, device, gpu,
                                 policy, distributed, options, outputs)
@@ -124,7 +120,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
                                      budget=budget, device=device, gpu=gpu, policy=policy,
                                      autocast=autocast, cache_size=cache_size,
                                      allow_sub_batches=allow_sub_batches, cache=cache,
-                                     host_budget=host_budget, **options)
+                                     host_budget=host_budget, outputs=outputs, **options)
     if autocast is None:
         autocast_now = autocast_state(None, example_batch, model)
         autocast = autocast_now[1] if autocast_now is not None else None

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from outcore.capture.batching import batch_of, own_storage, step_loss
+from outcore.capture.batching import batch_of, own_storage, step_loss_and_output
 from outcore.errors import BatchMismatchError, OutcoreError
 from outcore.fixed_step import SHAPES, FixedStep, ShapeCache, under_autocast, without_autocast
 from outcore.plan.plan import Plan
@@ -91,6 +91,10 @@ class PlannedTrainer:
         #: the loss function and the autocast the step was captured with
         self.loss_fn = step.loss_fn
         self.autocast: tuple[str, torch.dtype] | None = step.autocast
+        #: the step was captured keeping the model's outputs (``capture(..., outputs=True)``):
+        #: ``outputs`` holds what the model returned in the last step or evaluation
+        self.keep_outputs = planned.graph.source.outputs is not None
+        self.outputs: Any = None
         first = self._make_entry(planned)
         self._current = first
         #: the emulated link, scaled to this model (``outcore.runtime.link_calibration``); the
@@ -176,6 +180,8 @@ class PlannedTrainer:
         with without_autocast(batch):  # the graph holds the captured autocast's casts
             result = self._run(entry, batch)
         self.stats.measured_peak = result.peak_bytes
+        if self.keep_outputs:
+            self.outputs = entry.planned.graph.source.model_output(result.outputs)
         self.stats.step_seconds = result.seconds
         self.stats.steps += 1
         self.stats.history.append(float(result.loss))
@@ -204,7 +210,10 @@ class PlannedTrainer:
         gradient, under the captured autocast, in the mode the model is in; nothing planned
         or accumulated."""
         with torch.no_grad(), under_autocast(self.autocast):
-            loss = step_loss(self.model, self.loss_fn, batch_of(args, self.loss_fn))
+            loss, output = step_loss_and_output(self.model, self.loss_fn,
+                                                batch_of(args, self.loss_fn))
+        if self.keep_outputs:
+            self.outputs = output
         self.stats.eval_steps += 1
         return loss.detach()
 
@@ -264,10 +273,12 @@ def replan_like(model: nn.Module, planned: PlannedStep, budget: int | None) -> R
     policy = policy_of_label(planned.plan.policy)
 
     def replan(batch: Any) -> PlannedStep:
-        graph = capture(model, step.loss_fn, batch, autocast=cast)
+        keep = planned.graph.source.outputs is not None
+        graph = capture(model, step.loss_fn, batch, autocast=cast, outputs=keep)
 
         def recapture(parts: int) -> Any:
-            return capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast)
+            return capture(model, step.loss_fn, split_batch(batch, parts)[0], autocast=cast,
+                           outputs=keep)
 
         return plan(graph, budget, policy=policy, simulate=False,
                     recapture=recapture if split else None, allow_sub_batches=split)

@@ -8,8 +8,9 @@ them in the model's own structure. The class tested: a tensor, a tuple with a st
 object holding tensors (a key/value cache: given as None, not the trace's object; found on
 GPT-2, whose output holds its cache), a dict (the model's own loss in it), under plans that
 keep, offload and recompute, over steps and shapes, an evaluation under ``torch.no_grad()``,
-and the combinations refused. Under sub-batches (``test_sub_batches``): each sub-batch's
-outputs assembled into the whole batch's.
+through a ``PlannedTrainer`` (data parallel's: ``tests/distributed``). Under sub-batches
+(``test_step_outputs_sub_batches.py``): each sub-batch's outputs assembled into the whole
+batch's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from exact import assert_grads_equal
 from torch import nn
 
 import outcore
-from outcore.errors import InvalidArgumentError
+from outcore.trainer import PlannedTrainer
 
 
 class _Cache:
@@ -149,11 +150,37 @@ def test_kept_outputs_are_counted_by_the_plan() -> None:
     assert peaks[1] >= peaks[0] + 64 * 3 * 4
 
 
-def test_the_combinations_not_supported_are_refused() -> None:
-    model = _Classifier()
-    with pytest.raises(InvalidArgumentError, match=r"outputs=True without distributed="):
-        outcore.compile(model, F.cross_entropy, _batch(0), budget="1MB", distributed=True,
-                        device="cpu-emulated", outputs=True)
+def test_a_planned_trainer_keeps_the_outputs_its_step_was_captured_with() -> None:
+    """``PlannedTrainer`` (and the data-parallel trainer built on it) keeps the outputs
+    when the planned step was captured with ``outputs=True``, on a new batch signature too
+    (planned again keeping them) and in an evaluation."""
+    torch.manual_seed(0)
+    model = _Classifier("tuple")
+    reference = copy.deepcopy(model)
+
+    def loss_fn(out: Any, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(_first(out), y)
+
+    graph = outcore.capture(model, loss_fn, _batch(0), outputs=True)
+    planned = outcore.plan(graph, None, policy="offload-all")
+    trainer = PlannedTrainer(model, planned, device=None, budget=None)
+    assert trainer.keep_outputs
+    for seed, n in ((1, 4), (2, 6)):
+        torch.manual_seed(seed)
+        trainer.step(*_batch(seed, n))
+        torch.manual_seed(seed)
+        _assert_same(trainer.outputs, reference(_batch(seed, n)[0]))
+    model.eval()
+    reference.eval()
+    with torch.no_grad():  # the eager forward's own output (its cache object too)
+        trainer.step(*_batch(3))
+        out, want = trainer.outputs, reference(_batch(3)[0])
+        _assert_same(out[:3], want[:3])
+        assert isinstance(out[3], _Cache)
+    plain = PlannedTrainer(model, outcore.plan(outcore.capture(model, loss_fn, _batch(0)),
+                                               None, policy="offload-all"),
+                           device=None, budget=None)
+    assert not plain.keep_outputs and plain.outputs is None
 
 
 def test_without_outputs_nothing_is_kept() -> None:

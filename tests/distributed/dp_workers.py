@@ -380,3 +380,45 @@ def input_grads_split(rank: int, world: int) -> dict[str, Any]:
     got = {n: p.grad / 2 for n, p in model.named_parameters()}  # two steps accumulated
     return {"sub_batches": trainer.planned.plan.sub_batches, "input": errors,
             "ddp": _max_err(got, ddp)}
+
+
+def outputs_on_ranks(rank: int, world: int) -> dict[str, Any]:
+    """``outcore.compile(..., distributed=True, outputs=True)``: each rank's
+    ``trainer.outputs`` against eager's forward on its share, unbounded and split into
+    sub-batches (a budget below the share's lowest peak), and after an evaluation."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    import outcore
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    full = (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
+    x, y = (t.clone() for t in _shard(full, rank, world))
+    try:
+        outcore.compile(model, F.cross_entropy, (x, y), budget=1, device="cpu-emulated")
+    except outcore.InfeasibleBudgetError as exc:
+        low = int(0.9 * (exc.lowest or exc.required))
+    rows: dict[str, Any] = {}
+    for name, budget in (("unbounded", None), ("split", low)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=budget,
+                                      device="cpu-emulated", distributed=True, outputs=True,
+                                      allow_sub_batches=True,
+                                      timeout=datetime.timedelta(seconds=60))
+        trainer.step(x, y)
+        want = reference(x).detach()
+        rows[name] = {"sub_batches": trainer.planned.plan.sub_batches,
+                      "error": float((trainer.outputs - want).abs().max())}
+        with torch.no_grad():
+            trainer.step(x, y)
+        rows[name]["eval"] = torch.equal(trainer.outputs, reference(x))
+        trainer.close()
+    return rows

@@ -124,3 +124,13 @@ def test_an_input_gradient_under_sub_batches_on_two_ranks() -> None:
         # the share's sum split into sub-batches (a conv weight's gradient sums 8 x 32 x 32
         # positions per sample), then averaged: float32 re-association, seen 4e-5
         assert row["ddp"] <= 1e-4, row
+
+
+def test_each_rank_keeps_the_outputs_of_its_share() -> None:
+    """``outputs=True`` with ``distributed=`` (it was refused): each rank's
+    ``trainer.outputs`` is eager's forward on its share (DDP's local output), unbounded and
+    under sub-batches, and the eager forward's after an evaluation."""
+    for rows in dp_workers.launch(dp_workers.outputs_on_ranks, 2, deadline=300):
+        assert rows["unbounded"]["sub_batches"] == 1 and rows["split"]["sub_batches"] > 1
+        for row in rows.values():
+            assert row["error"] <= 1e-5 and row["eval"], rows

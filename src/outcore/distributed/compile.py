@@ -52,12 +52,15 @@ def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
                           bucket_cap: int = DEFAULT_BUCKET_CAP,
                           timeout: datetime.timedelta | None = None,
                           host: str | None = None, autocast: torch.dtype | None = None,
-                          cache_size: int = SHAPES, **options: Any) -> DataParallelTrainer:
+                          cache_size: int = SHAPES, outputs: bool = False,
+                          **options: Any) -> DataParallelTrainer:
     """Capture, plan and prepare this rank's share (module doc); see ``outcore.compile``.
 
     ``host``: the multi-GPU host profile (``outcore.cost.profiles.HOSTS``) whose shared
     link the plan assumes; default the host of ``gpu``. ``autocast``: captured (default:
-    the one in effect); ``cache_size``: share signatures kept; ``options`` go to ``plan``.
+    the one in effect); ``cache_size``: share signatures kept; ``outputs``: keep what the
+    model returned on this rank's share (``trainer.outputs``, as DDP's forward returns the
+    local output); ``options`` go to ``plan``.
     """
     ctx = rank_context(distributed, device, timeout)
     # A report left by an earlier trainer's failed step would end the others' wait for
@@ -66,7 +69,8 @@ def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
     _guard(ctx, "the broadcast of rank 0's parameters and buffers",
            lambda: broadcast_state(model, ctx))
     try:
-        graph = capture_rank(model, loss_fn, example_batch, ctx, autocast=autocast)
+        graph = capture_rank(model, loss_fn, example_batch, ctx, autocast=autocast,
+                             outputs=outputs)
     except BaseException as exc:
         ctx.report_failure(exc)
         if isinstance(exc, Exception):  # the agreement data_parallel_trainer's ranks enter
@@ -77,8 +81,7 @@ def compile_data_parallel(model: nn.Module, loss_fn: LossFn,
         from outcore.runtime.subbatch import split_batch
 
         first = split_batch(_as_stepped(example_batch), parts)[0]
-        return capture_rank(model, loss_fn, first, ctx,
-                            autocast=autocast)
+        return capture_rank(model, loss_fn, first, ctx, autocast=autocast, outputs=outputs)
 
     return data_parallel_trainer(model, graph, ctx, budget=budget, device=device, gpu=gpu,
                                  policy=policy, bucket_cap=bucket_cap, host=host,
@@ -122,6 +125,7 @@ def _build(model: nn.Module, graph: Graph, ctx: RankContext, budget: int | str |
     dev = rank_device(device, limit, gpu, host, ctx.world_size)
     step = graph.source.step_module
     cast = step.autocast[1] if step.autocast is not None else None
+    keep = graph.source.outputs is not None  # captured with outputs=True
     split = planned.plan.sub_batches > 1
     built: list[DataParallelTrainer] = []
 
@@ -130,12 +134,11 @@ def _build(model: nn.Module, graph: Graph, ctx: RankContext, budget: int | str |
         from outcore.runtime.subbatch import split_batch
 
         layout = built[0].layout
-        share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast)
+        share = capture_rank(model, step.loss_fn, batch, ctx, autocast=cast, outputs=keep)
 
         def again(parts: int) -> Graph:
             first = split_batch(_as_stepped(batch), parts)[0]
-            return capture_rank(model, step.loss_fn, first, ctx,
-                                autocast=cast)
+            return capture_rank(model, step.loss_fn, first, ctx, autocast=cast, outputs=keep)
 
         return plan_rank(share, limit, policy, cost, again if split else None, bucket_cap,
                          ctx.world_size, options if split else
@@ -174,12 +177,14 @@ def _guard(ctx: RankContext, what: str, fn: Callable[[], None]) -> None:
 
 
 def capture_rank(model: nn.Module, loss_fn: LossFn, batch: Any,
-                 ctx: RankContext, autocast: torch.dtype | None = None) -> Graph:
-    """Capture this rank's step on ``batch`` (under ``autocast``, else the ambient one); a
-    ``nn.SyncBatchNorm`` captures with batch statistics over the ranks
-    (``outcore.distributed.sync_bn``)."""
+                 ctx: RankContext, autocast: torch.dtype | None = None,
+                 outputs: bool = False) -> Graph:
+    """Capture this rank's step on ``batch`` (under ``autocast``, else the ambient one;
+    keeping the model's outputs with ``outputs``); a ``nn.SyncBatchNorm`` captures with
+    batch statistics over the ranks (``outcore.distributed.sync_bn``)."""
     with traced_sync_batchnorm(model, ctx.group):
-        return capture(model, loss_fn, own_storage(batch), autocast=autocast)
+        return capture(model, loss_fn, own_storage(batch), autocast=autocast,
+                       outputs=outputs)
 
 
 def rank_cost(gpu: str | None, host: str | None, world_size: int) -> Any:

@@ -193,8 +193,9 @@ class OutputPathError(OutcoreError):
 
 class UnsupportedModelError(OutcoreError):
     """The model or batch uses a feature whose effect a planned step cannot reproduce as
-    eager PyTorch would (a gradient hook on a parameter, an input gradient under
-    sub-batches); raised before anything is written, with what to change."""
+    eager PyTorch would (a module backward hook, a gradient hook in the data-parallel or
+    weights trainers, an input gradient too large to assemble after a split step); raised
+    before anything is written, with what to change."""
 
 
 class NothingToTrainError(OutcoreError, RuntimeError):

@@ -55,14 +55,16 @@ class AfterStep:
     room: int
 
 
-_AFTER: WeakKeyDictionary[Executor, AfterStep] = WeakKeyDictionary()
+#: per executor, per split count: its ``AfterStep`` (computed once)
+_AFTER: WeakKeyDictionary[Executor, dict[int, AfterStep]] = WeakKeyDictionary()
 
 
 def after_step(executor: Executor, parts: int) -> AfterStep:
     """``AfterStep`` for ``executor``'s schedule split in ``parts`` (computed once per
     executor: one replay of the memory rule). Each sub-batch's share is one ``parts``-th
     of the whole batch's, the most any split gives."""
-    found = _AFTER.get(executor)
+    known = _AFTER.setdefault(executor, {})
+    found = known.get(parts)
     if found is None:
         graph = executor.graph
         kept = sum(t.nbytes for t in graph.tensors if t.source.startswith(KEPT_OUTPUT))
@@ -72,7 +74,7 @@ def after_step(executor: Executor, parts: int) -> AfterStep:
         found = AfterStep(outputs_on_device=parts * (kept + grads) <= room,
                           input_grads_fit=parts * grads <= room,
                           input_grad_bytes=parts * grads, room=room)
-        _AFTER[executor] = found
+        known[parts] = found
     return found
 
 

@@ -459,6 +459,15 @@ class Trainer:
                 from outcore.plan.allocator_rounding import within_allocator_rounding
 
                 planned = within_allocator_rounding(planned, self.budget, plan_for)
+            if self.budget is not None and planned.plan.sub_batches > 1 and any(
+                    t.requires_grad for t in split_batch_leaves(batch)[0]):
+                from outcore.runtime.sub_batch_assembly import with_room_for_input_grads
+
+                planned = with_room_for_input_grads(
+                    planned, self.budget, plan_for, lambda limit: plan(
+                        graph, limit, policy=self.policy, gpu=self._gpu_for(graph),
+                        simulate=False, allow_sub_batches=False, cache=self.cache,
+                        host_budget=self.host_budget, **self.options))
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget

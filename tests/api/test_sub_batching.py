@@ -237,3 +237,40 @@ def test_a_coupling_that_is_not_batchnorm_is_named_in_the_note():
     assert "sub" in note and "differ from eager" in note, note
     assert "up to summation order" not in note and "BatchNorm" not in note, note
     assert any("batch-coupled ops" in str(w.message) for w in seen)
+
+
+def test_a_split_is_planned_again_with_room_for_the_input_gradients(monkeypatch):
+    """``with_room_for_input_grads``' control: a split whose end lacks room for the whole
+    batch's input gradients is planned again for the budget less the shortfall, and the
+    plan that leaves room is kept with a note saying so; the step unsplit only when none
+    does (its refusal then says why)."""
+    from types import SimpleNamespace
+
+    from outcore.runtime import sub_batch_assembly as sba
+
+    def planned(parts, room):
+        return SimpleNamespace(plan=SimpleNamespace(sub_batches=parts, policy="p"),
+                               graph=None, schedule=room, notes=[])
+
+    monkeypatch.setattr(sba, "room_after", lambda graph, room, parts: sba.AfterStep(
+        outputs_on_device=False, input_grads_fit=room >= 100, input_grad_bytes=100,
+        room=room))
+    asked = []
+
+    def plan_for(target):
+        asked.append(target)
+        return planned(4, 100 if len(asked) == 2 else 70)
+
+    got = sba.with_room_for_input_grads(planned(2, 60), 1000, plan_for, lambda b: None)
+    assert asked == [960, 930] and got.schedule == 100  # shortfalls 40, then 30
+    assert "planned for" in got.notes[0] and "input gradients" in got.notes[0]
+    unsplit = planned(1, 0)
+    assert sba.with_room_for_input_grads(planned(2, 60), 1000, lambda t: planned(2, 60),
+                                         lambda b: unsplit) is unsplit
+
+    def refuse(budget):
+        raise InfeasibleBudgetError("p", budget, 1200, "the whole batch needs more")
+
+    with pytest.raises(InfeasibleBudgetError, match="sub-batches were tried") as info:
+        sba.with_room_for_input_grads(planned(2, 60), 1000, lambda t: planned(2, 60), refuse)
+    assert info.value.required == 1200

@@ -77,7 +77,9 @@ def eager_step(model: nn.Module, case: Case, batch: Any, parts: int = 1) -> torc
         loss.backward()
         return loss.detach()
     losses = []
-    xs, ys = (split_batch(t.detach(), parts) for t in batch)
+    # (a tensor that requires grad is cut into views, so its .grad gathers every part's)
+    xs, ys = (t.chunk(parts) if t.requires_grad else split_batch(t.detach(), parts)
+              for t in batch)
     for x, y in zip(xs, ys, strict=True):
         loss = case.loss_fn(model(x), y)
         (loss / parts).backward()

@@ -309,8 +309,9 @@ def test_a_batch_changed_in_place_under_sub_batches_is_changed_as_eager() -> Non
 def test_an_input_gradient_that_cannot_fit_after_a_split_step_is_refused() -> None:
     """The whole batch's input gradient is on the device after the step, as eager's is:
     where it does not fit beside what the step holds at its end without raising the
-    plan's peak (an MLP whose input is as large as its activations), the split step is
-    refused before anything runs, naming the way out."""
+    plan's peak (an MLP whose input is as large as its activations), ``compile`` plans
+    for smaller budgets, then the whole batch, and refuses with why when none fits; a
+    ``PlannedTrainer`` given a split plan refuses the step before anything runs."""
     from outcore.graph.bounds import reference_peaks
 
     torch.manual_seed(0)
@@ -331,8 +332,11 @@ def test_an_input_gradient_that_cannot_fit_after_a_split_step_is_refused() -> No
             fixed.step(x.clone().requires_grad_(), y)
         split.close()
         xg = x.clone().requires_grad_()
-        trainer = outcore.compile(model, F.cross_entropy, (xg, y), budget=budget,
-                                  device="cpu-emulated", allow_sub_batches=True)
-        with pytest.raises(UnsupportedModelError, match="input gradients"):
-            trainer.step(xg, y)
+        with pytest.raises(InfeasibleBudgetError, match="sub-batches were tried") as info:
+            outcore.compile(model, F.cross_entropy, (xg, y), budget=budget,
+                            device="cpu-emulated", allow_sub_batches=True)
+        assert info.value.required > budget and "input gradients" in str(info.value)
+        with outcore.compile(model, F.cross_entropy, (xg, y), budget=info.value.required,
+                             device="cpu-emulated", allow_sub_batches=True) as fits:
+            assert fits.plan.sub_batches == 1  # the budget it named holds the whole batch
     assert xg.grad is None and all(p.grad is None for p in model.parameters())

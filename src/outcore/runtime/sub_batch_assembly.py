@@ -26,7 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -38,6 +38,7 @@ from outcore.errors import UnsupportedModelError
 from outcore.graph.batch_dims import INPUT_GRAD, KEPT_OUTPUT, LOSS_COPY, input_batch_dims
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
+from outcore.plan.schedule import Schedule
 from outcore.runtime.executor import INPUT_PREFIX, Executor, StepResult
 from outcore.units import format_bytes
 
@@ -59,23 +60,78 @@ class AfterStep:
 _AFTER: WeakKeyDictionary[Executor, dict[int, AfterStep]] = WeakKeyDictionary()
 
 
+def room_after(graph: Graph, schedule: Schedule, parts: int) -> AfterStep:
+    """``AfterStep`` of ``schedule`` (one sub-batch of ``graph``) split in ``parts``: one
+    replay of the memory rule. Each sub-batch's share is one ``parts``-th of the whole
+    batch's, the most any split gives."""
+    kept = sum(t.nbytes for t in graph.tensors if t.source.startswith(KEPT_OUTPUT))
+    grads = sum(t.nbytes for t in graph.tensors if t.source.startswith(INPUT_GRAD))
+    trace = memory_curve(graph, schedule)
+    room = trace.peak - (trace.device[-1] if trace.device else 0)
+    return AfterStep(outputs_on_device=parts * (kept + grads) <= room,
+                     input_grads_fit=parts * grads <= room,
+                     input_grad_bytes=parts * grads, room=room)
+
+
 def after_step(executor: Executor, parts: int) -> AfterStep:
-    """``AfterStep`` for ``executor``'s schedule split in ``parts`` (computed once per
-    executor: one replay of the memory rule). Each sub-batch's share is one ``parts``-th
-    of the whole batch's, the most any split gives."""
+    """``room_after`` for ``executor``'s schedule, computed once per executor and split."""
     known = _AFTER.setdefault(executor, {})
-    found = known.get(parts)
-    if found is None:
-        graph = executor.graph
-        kept = sum(t.nbytes for t in graph.tensors if t.source.startswith(KEPT_OUTPUT))
-        grads = sum(t.nbytes for t in graph.tensors if t.source.startswith(INPUT_GRAD))
-        trace = memory_curve(graph, executor.schedule)
-        room = trace.peak - (trace.device[-1] if trace.device else 0)
-        found = AfterStep(outputs_on_device=parts * (kept + grads) <= room,
-                          input_grads_fit=parts * grads <= room,
-                          input_grad_bytes=parts * grads, room=room)
-        known[parts] = found
-    return found
+    if parts not in known:
+        known[parts] = room_after(executor.graph, executor.schedule, parts)
+    return known[parts]
+
+
+#: Plans ``with_room_for_input_grads`` makes for smaller budgets before it gives up.
+ROOM_TRIES = 3
+
+
+def with_room_for_input_grads(planned: Any, budget: int, plan_for: Callable[[int], Any],
+                              unsplit: Callable[[int], Any]) -> Any:
+    """A plan (``PlannedStep``) whose split step leaves room at its end for the whole
+    batch's input gradients within its peak (``AfterStep.input_grads_fit``): when
+    ``planned``'s does not, the step is planned again for the budget less the shortfall,
+    up to ``ROOM_TRIES`` times, and the plan that leaves it is returned with a note; when
+    none does, the step unsplit (``unsplit(budget)``, whose refusal names the least budget
+    that holds the whole batch). Invariant: the result does not split, or its split
+    step's input gradients fit."""
+    from outcore.errors import InfeasibleBudgetError
+
+    target = budget
+    for tries in range(ROOM_TRIES + 1):
+        parts = planned.plan.sub_batches
+        if parts == 1:
+            return planned
+        after = room_after(planned.graph, planned.schedule, parts)
+        if after.input_grads_fit:
+            if target != budget:
+                planned.notes.append(
+                    f"planned for {format_bytes(target)} so that the whole batch's input "
+                    f"gradients ({format_bytes(after.input_grad_bytes)}) fit on the device "
+                    f"at the end of the split step within the budget of "
+                    f"{format_bytes(budget)}")
+            return planned
+        target -= after.input_grad_bytes - after.room
+        if tries == ROOM_TRIES or target <= 0:
+            break
+        try:
+            planned = plan_for(target)
+        except InfeasibleBudgetError:
+            break
+    try:
+        return unsplit(budget)
+    except InfeasibleBudgetError as exc:
+        grads = format_bytes(room_after(planned.graph, planned.schedule,
+                                        planned.plan.sub_batches).input_grad_bytes)
+        out = InfeasibleBudgetError(
+            exc.policy, exc.budget, exc.required,
+            f"No plan of the whole batch fits, and sub-batches were tried: a batch tensor "
+            f"requires grad, and no split step of this budget (plans for budgets down to "
+            f"{format_bytes(target)}) left room at its end for the whole batch's input "
+            f"gradients ({grads}), which land on the device as eager's do. Raise the budget "
+            f"to {format_bytes(exc.required)}, shrink the batch, or step a batch that does "
+            "not require grad.")
+        out.lowest = exc.lowest
+        raise out from exc
 
 
 def park(t: torch.Tensor) -> torch.Tensor:

@@ -267,8 +267,8 @@ def select_sub_batch(graphs: Recaptures, budget: int, cost: Any,
             "so moDNN can split the batch, or raise the budget.")
     sizes_of: dict[str, list[int]] = {}  # one reason, the sizes it refused
     for b, why in sorted(graphs.unavailable.items()):
-        sizes_of.setdefault(why.split(": ", 1)[-1], []).append(b)
-    refused = "; ".join(f"size{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}: {why}"
-                        for why, bs in sizes_of.items())
+        sizes_of.setdefault(why.split("cannot be captured: ", 1)[-1], []).append(b)
+    refused = "; ".join(f"size{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))} "
+                        f"cannot be captured: {why}" for why, bs in sizes_of.items())
     raise infeasible(budget, fp, graphs.at(smallest), smallest,
                      f"Smaller sub-batch sizes were not used ({refused})." if refused else "")

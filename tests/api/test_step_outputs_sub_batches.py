@@ -93,6 +93,24 @@ def test_sub_batches_assemble_the_whole_batchs_outputs(returns: str, how: dict) 
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_on_a_real_device_the_split_steps_outputs_are_the_whole_batchs() -> None:
+    """device="cpu" (kernel temporaries measured and planned): a budget below the whole
+    batch's lowest peak splits, and the outputs are eager's forward on the whole batch."""
+    torch.manual_seed(0)
+    model = _Net("tensor")
+    reference = copy.deepcopy(model)
+    with pytest.raises(InfeasibleBudgetError) as info:  # the whole batch's lowest peak
+        outcore.compile(model, _loss, (X, Y), budget=1, device="cpu", outputs=True)
+    budget = int(0.9 * (info.value.lowest or info.value.required))
+    with pytest.warns(SubBatchWarning):
+        trainer = outcore.compile(model, _loss, (X, Y), budget=budget, device="cpu",
+                                  outputs=True, allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    trainer.step(X, Y)
+    _assert_close(trainer.outputs, reference(X))
+    assert trainer.stats.predicted_peak <= budget
+
+
 def test_an_output_reduced_over_the_batch_is_refused_with_why() -> None:
     with pytest.raises(InfeasibleBudgetError, match="computed over the whole batch") as info:
         _compile(_Net("mean"), "mean", allow_sub_batches=True)

@@ -345,14 +345,11 @@ def input_grads_split(rank: int, world: int) -> dict[str, Any]:
     import warnings
 
     import torch.nn.functional as F
-    from torch import nn
+    from split_helpers import below_the_whole_batch, conv_net
 
     import outcore
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    model = conv_net()
     g = torch.Generator().manual_seed(1)
     full = (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
     shards = [_shard(full, r, world) for r in range(world)]
@@ -361,10 +358,7 @@ def input_grads_split(rank: int, world: int) -> dict[str, Any]:
     reference = copy.deepcopy(model)
     x, y = (t.clone() for t in shards[rank])
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-    try:
-        outcore.compile(model, F.cross_entropy, (xs, y), budget=1, device="cpu-emulated")
-    except outcore.InfeasibleBudgetError as exc:
-        budget = int(0.9 * (exc.lowest or exc.required))
+    budget = below_the_whole_batch(model, F.cross_entropy, (xs, y), "cpu-emulated")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = outcore.compile(model, F.cross_entropy, (xs, y), budget=budget,
@@ -389,22 +383,16 @@ def outputs_on_ranks(rank: int, world: int) -> dict[str, Any]:
     import warnings
 
     import torch.nn.functional as F
-    from torch import nn
+    from split_helpers import below_the_whole_batch, conv_net
 
     import outcore
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    model = conv_net()
     reference = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     full = (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
     x, y = (t.clone() for t in _shard(full, rank, world))
-    try:
-        outcore.compile(model, F.cross_entropy, (x, y), budget=1, device="cpu-emulated")
-    except outcore.InfeasibleBudgetError as exc:
-        low = int(0.9 * (exc.lowest or exc.required))
+    low = below_the_whole_batch(model, F.cross_entropy, (x, y), "cpu-emulated")
     rows: dict[str, Any] = {}
     for name, budget in (("unbounded", None), ("split", low)):
         with warnings.catch_warnings():

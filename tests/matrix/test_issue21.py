@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from matrix_models import FrozenBackbone
+from split_helpers import below_the_whole_batch, conv_net
 from torch import nn
 
 import outcore
@@ -236,16 +237,11 @@ def test_a_bfloat16_model_on_a_profile_without_bfloat16_is_priced_not_refused() 
 def test_an_input_gradient_under_sub_batches_is_the_whole_batchs(device: str) -> None:
     """Item 5 with a split batch (it was refused): each sub-batch's input gradient, weighted
     as its loss enters the step's, lands in its rows of ``x.grad``, equal to eager's."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
-                          nn.Flatten(), nn.Linear(16 * 16, 10))
+    model = conv_net()
     reference = copy.deepcopy(model)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with pytest.raises(InfeasibleBudgetError) as info:  # the whole batch's lowest peak
-        outcore.compile(model, F.cross_entropy, (xs, y), budget=1, device=device)
-    budget = int(0.9 * (info.value.lowest or info.value.required))
+    budget = below_the_whole_batch(model, F.cross_entropy, (xs, y), device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = outcore.compile(model, F.cross_entropy, (xs, y), budget=budget,
@@ -268,9 +264,7 @@ class _ScalesItsBatch(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
-                                 nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                                 nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(16 * 16, 10))
+        self.net = conv_net()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x.mul_(0.5)
@@ -285,9 +279,7 @@ def test_a_batch_changed_in_place_under_sub_batches_is_changed_as_eager() -> Non
     model = _ScalesItsBatch()
     reference = copy.deepcopy(model)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
-    with pytest.raises(InfeasibleBudgetError) as info:  # the whole batch's lowest peak
-        outcore.compile(model, F.cross_entropy, (x.clone(), y), budget=1, device="cpu-emulated")
-    budget = int(0.9 * (info.value.lowest or info.value.required))
+    budget = below_the_whole_batch(model, F.cross_entropy, (x.clone(), y), "cpu-emulated")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = outcore.compile(model, F.cross_entropy, (x.clone(), y), budget=budget,

@@ -22,6 +22,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from split_helpers import below_the_whole_batch, conv_net
 
 import outcore
 from outcore import zoo
@@ -109,16 +110,11 @@ def test_outputs_under_sub_batches_on_cuda_are_the_whole_batchs_on_the_device() 
     memory (``runtime.subbatch._park``) and the assembled logits come back on the device,
     equal to eager's forward on the whole batch (the step's measured peak within the
     budget: the parked outputs are not on the device)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10)).cuda()
+    model = conv_net().cuda()
     reference = copy.deepcopy(model)
-    x = torch.randn(32, 3, 16, 16, device="cuda")
-    y = torch.randint(0, 10, (32,), device="cuda")
-    with pytest.raises(outcore.InfeasibleBudgetError) as info:  # no plan of the whole batch
-        outcore.compile(model, F.cross_entropy, (x, y), budget=1, device="cuda", outputs=True)
-    budget = int(0.9 * (info.value.lowest or info.value.required))  # below it: a split
+    x = torch.randn(64, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+    budget = below_the_whole_batch(model, F.cross_entropy, (x, y), "cuda", outputs=True)
     with pytest.warns(SubBatchWarning):
         trainer = outcore.compile(model, F.cross_entropy, (x, y), budget=budget,
                                   device="cuda", outputs=True, allow_sub_batches=True)

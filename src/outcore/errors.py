@@ -28,7 +28,8 @@ class InfeasibleBudgetError(OutcoreError):
         budget: the budget asked for, in bytes.
         required: the least memory, in bytes, that would have worked.
         lowest: where known (``outcore.plan`` fills it), the lowest peak any plan of
-            keep/offload/recompute decisions reaches at this batch (``outcore.refusal``).
+            keep/offload/recompute decisions on the activations reaches at this batch
+            (``outcore.refusal``; moDNN, which also offloads gradients, can go below it).
     """
 
     def __init__(self, policy: str, budget: int, required: int, hint: str = "") -> None:

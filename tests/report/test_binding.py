@@ -115,7 +115,7 @@ def test_an_infeasible_budget_names_the_lowest_peak_and_the_ways_out(graph):
     err = info.value
     assert err.lowest is not None and peaks.layer_lower_bound <= err.lowest < peaks.liveness
     text = str(err)
-    assert "No plan of keep/offload/recompute decisions peaks below" in text
+    assert "No plan that keeps, offloads or recomputes activations peaks below" in text
     assert "sub-batches" in text and "shrink the batch to about" in text and "(from 8)" in text
     # the floor is reached: a plan at exactly that budget is accepted, and none goes below
     at_floor = outcore.plan(graph, err.lowest, policy="auto", gpu="v100-pcie", cache=False)

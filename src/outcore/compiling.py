@@ -64,7 +64,7 @@ def compile(model: nn.Module, loss_fn: LossFn, example_batch: Any, *,
             LM's logits, costs its bytes in the budget). Under sub-batches
             (``allow_sub_batches``, modnn) each sub-batch's wait in host memory and the
             whole batch's are assembled along the batch dimension (a copy of the model's
-            own loss is the step's loss; an output reduced over the batch is refused); they
+            own loss is the step's loss; an output reduced over the batch is None); they
             are handed over on the device when they fit beside the step's end within the
             plan's peak, else in host memory, said in a warning and ``stats.notes``. With
             ``optimizer`` too (the weights trainer's ``outputs``, after ``step`` and

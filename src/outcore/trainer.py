@@ -115,10 +115,25 @@ from outcore.trainer_stats import (
 DEFAULT_CACHE_SIZE = 8
 
 
-_OUTPUTS_ON_HOST = (
-    "outputs=True under sub-batches: the whole batch's outputs do not fit on the device "
-    "beside what the step holds at its end within the plan's peak, so trainer.outputs is "
-    "handed over in host memory (move it with .to(device) where it fits)")
+def _split_outputs_notes(executor: Any, parts: int) -> list[str]:
+    """What ``outputs=True`` gives under a split into ``parts`` sub-batches, where it is not
+    simply the whole batch's outputs on the device (``runtime.sub_batch_assembly``)."""
+    from outcore.runtime.sub_batch_assembly import after_step, unassembled
+
+    notes = []
+    missing = unassembled(executor.graph)
+    if missing:
+        notes.append(
+            f"outputs=True under {parts} sub-batches: tensor(s) {missing} of what the model "
+            "returns (in pytree order) are statistics of the whole batch (an auxiliary loss, "
+            "a mean), which no split gives; trainer.outputs holds None in their place")
+    if not after_step(executor, parts).outputs_on_device:
+        notes.append(
+            "outputs=True under sub-batches: the whole batch's outputs do not fit on the "
+            "device beside what the step holds at its end within the plan's peak, so "
+            "trainer.outputs is handed over in host memory (move it with .to(device) where "
+            "it fits)")
+    return notes
 
 
 @dataclass
@@ -429,7 +444,6 @@ class Trainer:
         """A cache entry running ``graph`` (captured from ``batch``): its plan carried from a
         cached shape's when ``carry`` and one fits, else searched under the budget."""
         from outcore.runtime.executor import Executor
-        from outcore.runtime.sub_batch_assembly import after_step
         from outcore.runtime.sub_batch_rng import prepare as prepare_random
         from outcore.runtime.subbatch import split_batch
 
@@ -477,10 +491,10 @@ class Trainer:
             text = prepare_random(executor, planned.plan.sub_batches)
             if text is not None:
                 planned.notes.append(text)
-            if self.keep_outputs and not after_step(executor,
-                                                    planned.plan.sub_batches).outputs_on_device:
-                planned.notes.append(_OUTPUTS_ON_HOST)
-                announce(_OUTPUTS_ON_HOST, SubBatchWarning)
+            if self.keep_outputs:
+                for text in _split_outputs_notes(executor, planned.plan.sub_batches):
+                    planned.notes.append(text)
+                    announce(text, SubBatchWarning)
         shape = split_batch_leaves(batch)[1].describe()
         if carried is None:
             return _Entry(planned, executor, shape=shape)

@@ -6,7 +6,7 @@ A budget under the layer-wise bound splits the batch (``allow_sub_batches=True``
 tested: outputs along the batch dimension (first, and second: a ``(C, B, H, W)`` view), a
 tensor no sample reaches (computed from parameters only: the same in every sub-batch), the
 model's own loss in a dict (the step's loss, weighted over sub-batches), plain values; an
-output reduced over the batch, which no split can assemble, refused with why; outputs too
+output reduced over the batch, which no split can assemble, given as None and said; outputs too
 large to sit on the device beside the step's end handed over in host memory and said so.
 """
 
@@ -24,8 +24,8 @@ from test_step_outputs import _assert_same
 from torch import nn
 
 import outcore
-from outcore.errors import InfeasibleBudgetError, SubBatchWarning
-from outcore.graph.batch_dims import LOSS_COPY
+from outcore.errors import SubBatchWarning
+from outcore.graph.batch_dims import LOSS_COPY, UNASSEMBLED
 from outcore.graph.bounds import reference_peaks
 from outcore.runtime.sub_batch_assembly import after_step, assemble_outputs
 
@@ -110,10 +110,21 @@ def test_on_a_real_device_the_split_steps_outputs_are_the_whole_batchs() -> None
     assert trainer.stats.predicted_peak <= budget
 
 
-def test_an_output_reduced_over_the_batch_is_refused_with_why() -> None:
-    with pytest.raises(InfeasibleBudgetError, match="computed over the whole batch") as info:
-        _compile(_Net("mean"), "mean", allow_sub_batches=True)
-    assert "outputs=True" in str(info.value) and "per-sample" in str(info.value)
+def test_a_statistic_of_the_batch_is_given_as_none_and_said() -> None:
+    """An output reduced over the batch (``logits.mean()``; a mixture-of-experts router's
+    auxiliary loss) has no full-batch value any split gives: None in its place, named in
+    a warning and the notes; the logits beside it are the whole batch's."""
+    torch.manual_seed(0)
+    model = _Net("mean")
+    reference = copy.deepcopy(model)
+    with pytest.warns(SubBatchWarning, match=r"tensor\(s\) \[1\] .* None"):
+        trainer = _compile(model, "mean", allow_sub_batches=True)
+    assert trainer.stats.sub_batches > 1
+    assert any("statistics of the whole batch" in note for note in trainer.stats.notes)
+    trainer.step(X, Y)
+    logits, mean = trainer.outputs
+    assert mean is None
+    _assert_close(logits, reference(X)[0])
 
 
 def test_outputs_too_large_for_the_device_are_handed_over_in_host_memory() -> None:
@@ -140,12 +151,15 @@ def test_small_outputs_fit_beside_the_steps_end() -> None:
 
 def test_assembly_rules() -> None:
     """Along each output's batch dimension; the loss's copy is the weighted loss given;
-    an output no sample reaches is the first sub-batch's."""
-    graph = SimpleNamespace(meta={"output_dims": {"0": 1, "1": LOSS_COPY, "2": None}})
+    an output no sample reaches is the first sub-batch's; a statistic of the batch is
+    left out."""
+    graph = SimpleNamespace(meta={"output_dims": {"0": 1, "1": LOSS_COPY, "2": None,
+                                                  "3": UNASSEMBLED}})
     parts = [{0: torch.full((2, 3), float(i)), 1: torch.tensor(9.0 + i),
-              2: torch.tensor([7.0])} for i in range(2)]
+              2: torch.tensor([7.0]), 3: torch.tensor(float(i))} for i in range(2)]
     out = assemble_outputs(graph, parts, torch.tensor(1.5, dtype=torch.float64))
     assert torch.equal(out[0], torch.cat([parts[0][0], parts[1][0]], dim=1))
     assert out[1].dtype == torch.float32 and float(out[1]) == 1.5
     assert out[2] is parts[0][2]
+    assert 3 not in out  # a statistic of the batch: None in the model's output
     assert assemble_outputs(graph, [], torch.tensor(0.0)) == {}

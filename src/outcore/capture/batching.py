@@ -332,8 +332,8 @@ class Skeleton:
     def tensor_count(self) -> int:
         return sum(c is TENSOR for c in self.constants)
 
-    def rebuild(self, tensors: Sequence[torch.Tensor]) -> Any:
-        """The tree with ``tensors`` in the tensors' places."""
+    def rebuild(self, tensors: Sequence[torch.Tensor | None]) -> Any:
+        """The tree with ``tensors`` in the tensors' places (None where one is not given)."""
         given = iter(tensors)
         leaves = [next(given) if c is TENSOR else c for c in self.constants]
         return tree_unflatten(leaves, self.spec)

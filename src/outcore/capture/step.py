@@ -76,10 +76,11 @@ class CapturedStep:
 
     def model_output(self, kept: dict[int, torch.Tensor]) -> Any:
         """What the model returned in a step, from its kept outputs (``StepResult.outputs``);
-        None for a step that keeps none."""
+        None for a step that keeps none, and None in the place of an output the step could
+        not give (a statistic of the batch under sub-batches: ``batch_dims.UNASSEMBLED``)."""
         if self.outputs is None:
             return None
-        return self.outputs.rebuild([kept[i] for i in range(len(kept))])
+        return self.outputs.rebuild([kept.get(i) for i in range(self.outputs.tensor_count)])
 
     @property
     def op_nodes(self) -> list[fx.Node]:

@@ -36,8 +36,9 @@ Plain Python on the shapes a Graph records (no torch). Two questions, answered i
    may scale: each sub-batch's are concatenated along that dimension
    (``BatchDims.outputs``). A kept copy of the loss (a model that returns its own loss) is
    the step's loss, summed over sub-batches with their weights. Any other kept output that
-   is batch-derived but does not scale (a statistic over the batch) cannot be assembled from
-   sub-batches and is refused; one that is not batch-derived (computed from parameters
+   is batch-derived but does not scale (a statistic over the batch: a mixture-of-experts
+   router's auxiliary loss) cannot be assembled from sub-batches: it is given as None, and
+   the split's note says so; one that is not batch-derived (computed from parameters
    only) is the same in every sub-batch.
 
 Limits (stated, not hidden): shapes alone cannot see an op that mixes samples along the
@@ -77,8 +78,9 @@ class BatchDims:
         derived: tensor ids computed from a scaling tensor (the scaling ones included).
         coupled: ids of forward ops that mix samples (batch statistics), in graph order.
         outputs: kept model output position (``output:N``) -> the dimension its
-            sub-batches are concatenated along, ``LOSS_COPY`` for a copy of the loss, or
-            None when it is not batch-derived (the same in every sub-batch).
+            sub-batches are concatenated along, ``LOSS_COPY`` for a copy of the loss,
+            ``UNASSEMBLED`` for a statistic of the batch (given as None), or None when it
+            is not batch-derived (the same in every sub-batch).
     """
 
     parts: int
@@ -251,25 +253,24 @@ INPUT_GRAD = "grad:input:"
 INPUT_UPDATE = "update:input:"
 #: ``BatchDims.outputs``' value for a kept output that is a copy of the step's loss.
 LOSS_COPY = "loss"
+#: ``BatchDims.outputs``' value for a statistic of the batch (a router's load-balancing
+#: loss, ``logits.mean()``): sub-batches cannot assemble it, so it is given as None
+UNASSEMBLED = "unassembled"
 #: Ops that hand their one input on unchanged (a kept output is ``detach`` then ``clone``).
 _COPIES = frozenset({"aten.clone.default", "aten.detach.default", "aten.alias.default"})
 
 
 def _kept_dim(graph: Graph, t: Tensor, dims: BatchDims) -> int | str | None:
     """How a kept model output is assembled from sub-batches: the dimension they are
-    concatenated along, ``LOSS_COPY`` for a copy of the loss, None when it is not
-    batch-derived. Any other batch-derived output that does not scale is refused."""
+    concatenated along, ``LOSS_COPY`` for a copy of the loss, ``UNASSEMBLED`` for any other
+    batch-derived output that does not scale (a statistic of the batch: no split gives its
+    full-batch value), None when it is not batch-derived."""
     if t.id in dims.scales:
         return dims.scales[t.id]
     if t.id in dims.derived and _copy_of_loss(graph, t.id):
         return LOSS_COPY
     if t.id in dims.derived:
-        raise BatchDimError(
-            f"tensor {t.source.removeprefix(KEPT_OUTPUT)} of what the model returns (shape "
-            f"{tuple(t.shape)}, in pytree order) is computed over the whole batch without a "
-            "batch dimension (a statistic of the batch, a reduced loss), and outputs=True "
-            "keeps it: sub-batches cannot assemble its full-batch value. Give a budget that "
-            "holds the whole batch, drop outputs=True, or return per-sample values")
+        return UNASSEMBLED
     return None
 
 

@@ -35,7 +35,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from outcore.errors import UnsupportedModelError
-from outcore.graph.batch_dims import INPUT_GRAD, KEPT_OUTPUT, LOSS_COPY, input_batch_dims
+from outcore.graph.batch_dims import (
+    INPUT_GRAD,
+    KEPT_OUTPUT,
+    LOSS_COPY,
+    UNASSEMBLED,
+    input_batch_dims,
+)
 from outcore.graph.ir import Graph
 from outcore.plan.memory import memory_curve
 from outcore.plan.schedule import Schedule
@@ -134,6 +140,13 @@ def with_room_for_input_grads(planned: Any, budget: int, plan_for: Callable[[int
         raise out from exc
 
 
+def unassembled(graph: Graph) -> list[int]:
+    """Kept model outputs (positions) that sub-batches cannot assemble (statistics of the
+    batch, ``batch_dims.UNASSEMBLED``): the step gives None in their places."""
+    dims = graph.meta.get("output_dims", {})
+    return sorted(int(k) for k, how in dims.items() if how == UNASSEMBLED)
+
+
 def park(t: torch.Tensor) -> torch.Tensor:
     """A part held in host memory while later sub-batches run (the device's copy freed); a
     tensor already in host memory (cpu, the emulated devices) as it is."""
@@ -220,13 +233,16 @@ def assemble_outputs(graph: Graph | Any, kept: Sequence[dict[int, torch.Tensor]]
     sub-batch graph was captured): concatenated along the batch dimension; a copy of the
     loss is the step's loss (``loss``: the sub-batches' weighted sum, as the caller
     computed it); an output that no sample reaches (parameters only) is the first
-    sub-batch's, equal in all. In host memory when the parts were."""
+    sub-batch's, equal in all; a statistic of the batch is left out (the model's output
+    gets None in its place). In host memory when the parts were."""
     if not kept or not kept[0]:
         return {}
     dims = graph.meta["output_dims"]
     out: dict[int, torch.Tensor] = {}
     for k in kept[0]:
         how = dims.get(str(k))
+        if how == UNASSEMBLED:
+            continue  # a statistic of the batch: given as None (``unassembled``)
         if how == LOSS_COPY:
             out[k] = loss.detach().to(kept[0][k].device).to(kept[0][k].dtype)
         elif how is None:

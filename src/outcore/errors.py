@@ -30,6 +30,8 @@ class InfeasibleBudgetError(OutcoreError):
         lowest: where known (``outcore.plan`` fills it), the lowest peak any plan of
             keep/offload/recompute decisions on the activations reaches at this batch
             (``outcore.refusal``; moDNN, which also offloads gradients, can go below it).
+        split_refused: moDNN's reasons for the sub-batch sizes it could not use ("" when
+            none), which outcore-auto's refusal repeats.
     """
 
     def __init__(self, policy: str, budget: int, required: int, hint: str = "") -> None:
@@ -40,6 +42,8 @@ class InfeasibleBudgetError(OutcoreError):
         self.required = required
         self.hint = hint
         self.lowest: int | None = None
+        #: why smaller sub-batches were not used (moDNN's), for outcore-auto's refusal
+        self.split_refused = ""
         msg = (
             f"policy {policy!r} cannot fit a budget of {format_bytes(budget)}: "
             f"it needs at least {format_bytes(required)} ({required} bytes)."

@@ -35,15 +35,18 @@ from outcore.units import format_bytes
 BATCH_COUPLED = ("batch_norm", "_native_batch_norm_legit", "native_batch_norm")
 
 
-def batch_coupled_ops(graph: Graph, sub_graph: Graph | None = None) -> list[str]:
-    """Forward ops whose output depends on the other samples of the batch: BatchNorm-like
-    targets, and every op ``outcore.graph.batch_dims.follow`` proved to couple samples when
-    ``sub_graph`` was captured (``meta["coupled_ops"]``: a ``x - x.mean(0)``, any
-    statistic over the batch read back into the samples)."""
-    names = [op.name for op in graph.ops
-             if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
-    proven = sub_graph.meta.get("coupled_ops", []) if sub_graph is not None else []
-    return names + [n for n in proven if n not in names]
+def batch_coupled_ops(graph: Graph) -> list[str]:
+    """Forward ops of BatchNorm-like targets: their output depends on the other samples of
+    the batch, and they update running statistics."""
+    return [op.name for op in graph.ops
+            if op.phase is Phase.FORWARD and any(k in op.target for k in BATCH_COUPLED)]
+
+
+def proven_coupled_ops(sub_graph: Graph | None) -> list[str]:
+    """Every op ``outcore.graph.batch_dims.follow`` proved to couple samples when
+    ``sub_graph`` was captured (``meta["coupled_ops"]``: BatchNorm, a ``x - x.mean(0)``,
+    any statistic over the batch read back into the samples)."""
+    return list(sub_graph.meta.get("coupled_ops", [])) if sub_graph is not None else []
 
 
 #: the buffers ``torch.nn`` normalisation layers update (told apart by ``BATCH_COUPLED``)
@@ -84,15 +87,15 @@ def refuse_below_bound(policy: str, limit: int, bound: int, can_split: bool) -> 
 
 def note(graph: Graph, parts: int, sub_graph: Graph | None = None) -> str:
     """What splitting into ``parts`` sub-batches changes, for this graph (and the sub-batch
-    graph it runs as: ``batch_coupled_ops``)."""
-    coupled = batch_coupled_ops(graph, sub_graph)
+    graph it runs as: ``proven_coupled_ops``)."""
+    norms = batch_coupled_ops(graph)  # BatchNorm-like: running statistics too
+    coupled = norms + [n for n in proven_coupled_ops(sub_graph) if n not in norms]
     updated = updated_buffers(graph)
     they, them = ("they", "them") if len(updated) > 1 else ("it", "it")
     others = (f"; the forward updates {_listed(updated, 'buffer')} once per sub-batch "
               f"({parts} times per step), so {they} and the gradients of what reads {them} "
               "differ from eager PyTorch's") if updated else ""
     if coupled:
-        norms = batch_coupled_ops(graph)  # BatchNorm-like: running statistics too
         what = (f"compute their statistics per sub-batch and update running statistics "
                 f"{parts} times per step, so gradients and BatchNorm buffers differ"
                 if norms else "read statistics of the sub-batch instead of the whole batch, "

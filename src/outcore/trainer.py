@@ -457,11 +457,12 @@ class Trainer:
             self._measure_temporaries(sub, part, start)
             return sub
 
-        def plan_for(budget: int | None) -> PlannedStep:
+        def plan_for(budget: int | None, split: bool | None = self.allow_sub_batches
+                     ) -> PlannedStep:
             return plan(graph, budget, policy=self.policy,
                         gpu=self._gpu_for(graph),
                         recapture=recapture, simulate=False,
-                        allow_sub_batches=self.allow_sub_batches, cache=self.cache,
+                        allow_sub_batches=split, cache=self.cache,
                         host_budget=self.host_budget, **self.options)
 
         carried = self._carried(graph) if carry else None
@@ -478,10 +479,7 @@ class Trainer:
                 from outcore.runtime.sub_batch_assembly import with_room_for_input_grads
 
                 planned = with_room_for_input_grads(
-                    planned, self.budget, plan_for, lambda limit: plan(
-                        graph, limit, policy=self.policy, gpu=self._gpu_for(graph),
-                        simulate=False, allow_sub_batches=False, cache=self.cache,
-                        host_budget=self.host_budget, **self.options))
+                    planned, self.budget, plan_for, lambda limit: plan_for(limit, False))
         reserve = getattr(self.device, "reserve_host", None)
         if callable(reserve):  # a pinned pool: one segment for the plan's host copies, bounded
             self.device.pool.limit = planned.host_budget

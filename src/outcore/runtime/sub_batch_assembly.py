@@ -60,6 +60,8 @@ class AfterStep:
     input_grads_fit: bool
     input_grad_bytes: int
     room: int
+    #: the step keeps the model's outputs (``outputs=True``)
+    keeps_outputs: bool = False
 
 
 #: per executor, per split count: its ``AfterStep`` (computed once)
@@ -70,13 +72,15 @@ def room_after(graph: Graph, schedule: Schedule, parts: int) -> AfterStep:
     """``AfterStep`` of ``schedule`` (one sub-batch of ``graph``) split in ``parts``: one
     replay of the memory rule. Each sub-batch's share is one ``parts``-th of the whole
     batch's, the most any split gives."""
-    kept = sum(t.nbytes for t in graph.tensors if t.source.startswith(KEPT_OUTPUT))
+    kept_outputs = [t for t in graph.tensors if t.source.startswith(KEPT_OUTPUT)]
+    kept = sum(t.nbytes for t in kept_outputs)
     grads = sum(t.nbytes for t in graph.tensors if t.source.startswith(INPUT_GRAD))
     trace = memory_curve(graph, schedule)
     room = trace.peak - (trace.device[-1] if trace.device else 0)
     return AfterStep(outputs_on_device=parts * (kept + grads) <= room,
                      input_grads_fit=parts * grads <= room,
-                     input_grad_bytes=parts * grads, room=room)
+                     input_grad_bytes=parts * grads, room=room,
+                     keeps_outputs=bool(kept_outputs))
 
 
 def after_step(executor: Executor, parts: int) -> AfterStep:
@@ -159,17 +163,16 @@ class Assembly:
     cannot be assembled, so a refusal changes nothing."""
 
     def __init__(self, executor: Executor, batch: Any, parts: int,
-                 dims: Sequence[int] | None, outputs_on_device: bool | None = None) -> None:
+                 dims: Sequence[int] | None) -> None:
         graph = executor.graph
-        if any(t.source.startswith(KEPT_OUTPUT) for t in graph.tensors) and \
-                "output_dims" not in graph.meta:
+        self.after = after_step(executor, parts)  # once per executor: no walk per step
+        if self.after.keeps_outputs and "output_dims" not in graph.meta:
             raise UnsupportedModelError(
                 f"graph {graph.name!r} keeps the model's outputs, but how to assemble them "
                 "from sub-batches was not proven when it was captured (a sub-batch graph "
                 "made outside moDNN's re-capture); nothing was run. Plan it with "
                 "allow_sub_batches=True or policy='modnn', or drop outputs=True")
         self.graph = graph
-        self.after = after_step(executor, parts)
         self.tensors = [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor)]
         if any(t.requires_grad for t in self.tensors) and not self.after.input_grads_fit:
             raise UnsupportedModelError(
@@ -180,8 +183,6 @@ class Assembly:
                 f"{format_bytes(self.after.room)}); nothing was run. Give a larger budget, or "
                 "pass allow_sub_batches=False.")
         self.dims = input_batch_dims([t.shape for t in self.tensors], None, dims).dims
-        self.on_device = (self.after.outputs_on_device if outputs_on_device is None
-                          else outputs_on_device)
         self.kept: list[dict[int, torch.Tensor]] = []
         self.grads: list[dict[int, torch.Tensor]] = []
         self.updates: list[dict[int, torch.Tensor]] = []
@@ -221,7 +222,7 @@ class Assembly:
         """The whole batch's kept outputs (``assemble_outputs``), on the loss's device when
         they fit there (``AfterStep.outputs_on_device``), else in host memory."""
         out = assemble_outputs(self.graph, self.kept, loss)
-        if self.on_device:
+        if self.after.outputs_on_device:
             out = {k: t.to(loss.device) for k, t in out.items()}
         return out
 

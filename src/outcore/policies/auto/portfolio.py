@@ -512,7 +512,7 @@ def _none_fits(result: PortfolioResult, budget: int) -> InfeasibleBudgetError:
     hint = first.hint or "Raise the budget, reduce the batch, or choose another policy."
     # why moDNN could not split further (a size the model cannot be captured at, an output
     # sub-batches cannot assemble), which only its own error names
-    split = next((note for e in errors if (note := getattr(e, "split_refused", ""))), "")
+    split = next((e.split_refused for e in errors if e.split_refused), "")
     return InfeasibleBudgetError(first.policy, first.budget, first.required,
                                  f"{hint} Portfolio: {summary}." + (f" moDNN: {split}"
                                                                      if split else ""))

@@ -217,7 +217,7 @@ def infeasible(budget: int, mmin: Footprint, graph: Graph, size: int = 1,
             f"budget to at least {format_bytes(mmin.minimum)}, or shrink the model (weights "
             "always stay on the device)." + (f" {note}" if note else ""))
     error = InfeasibleBudgetError("modnn", budget, mmin.minimum, hint)
-    error.split_refused = note  # type: ignore[attr-defined]  # outcore-auto's refusal says it
+    error.split_refused = note
     return error
 
 
